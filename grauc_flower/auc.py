@@ -1,0 +1,185 @@
+"""The pairwise AUC surrogate, its Lipschitz constant, the empirical AUC and DeLong SEs.
+
+All Flower-free.  Notation follows METHODS.md A.1–A.2: a site holds ``n`` positives
+``x_pos`` (``n x p``) and ``m`` negatives ``x_neg`` (``m x p``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import expit
+from scipy.stats import rankdata
+
+#: Elements of the ``n x m`` pair matrix held in memory at once (8 MiB per float64 array).
+DEFAULT_CHUNK_ELEMENTS = 1 << 20
+
+
+def _row_chunks(n: int, m: int, chunk_elements: int):
+    rows = max(1, chunk_elements // max(m, 1))
+    for start in range(0, n, rows):
+        yield start, min(n, start + rows)
+
+
+@dataclass(frozen=True)
+class PairwiseLogistic:
+    """``f(b) = (1/(n m)) sum_ij log(1 + exp(-b^T (x+_i - x-_j))) + (eta/2) ||b||^2``.
+
+    Parameters
+    ----------
+    x_pos : ndarray, shape (n, p)
+    x_neg : ndarray, shape (m, p)
+    eta : float
+        Ridge ``eta >= 0``.
+    chunk_elements : int
+        At most this many pair terms are held in memory at once.
+
+    Notes
+    -----
+    Value and gradient cost ``O(n m + (n + m) p)``: scores ``s+ = X+ b``, ``s- = X- b``, then
+    the pair matrix ``W_ij = sigma(-(s+_i - s-_j))`` (chunked over rows), its row sums ``r``
+    and column sums ``k``, and ``grad = -(X+^T r - X-^T k) / (n m) + eta b``
+    (METHODS.md A.2).  ``log(1 + exp(-t))`` is ``logaddexp(0, -t)``.
+    """
+
+    x_pos: np.ndarray
+    x_neg: np.ndarray
+    eta: float = 0.0
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "x_pos", np.ascontiguousarray(self.x_pos, dtype=float))
+        object.__setattr__(self, "x_neg", np.ascontiguousarray(self.x_neg, dtype=float))
+
+    @property
+    def n_pos(self) -> int:
+        return self.x_pos.shape[0]
+
+    @property
+    def n_neg(self) -> int:
+        return self.x_neg.shape[0]
+
+    @property
+    def empty(self) -> bool:
+        """True when one class is missing: the surrogate is then only the ridge term."""
+        return self.n_pos == 0 or self.n_neg == 0
+
+    def value(self, b: np.ndarray) -> float:
+        return self.value_and_grad(b, need_grad=False)[0]
+
+    def grad(self, b: np.ndarray) -> np.ndarray:
+        return self.value_and_grad(b)[1]
+
+    def value_and_grad(self, b: np.ndarray, need_grad: bool = True):
+        b = np.asarray(b, dtype=float)
+        ridge = 0.5 * self.eta * float(b @ b)
+        if self.empty:
+            return ridge, self.eta * b
+        n, m = self.n_pos, self.n_neg
+        s_pos = self.x_pos @ b
+        s_neg = self.x_neg @ b
+        total = 0.0
+        row = np.empty(n) if need_grad else None
+        col = np.zeros(m) if need_grad else None
+        for i0, i1 in _row_chunks(n, m, self.chunk_elements):
+            diff = s_pos[i0:i1, None] - s_neg[None, :]
+            total += float(np.logaddexp(0.0, -diff).sum())
+            if need_grad:
+                w = expit(-diff)
+                row[i0:i1] = w.sum(axis=1)
+                col += w.sum(axis=0)
+        value = total / (n * m) + ridge
+        if not need_grad:
+            return value, None
+        grad = -(self.x_pos.T @ row - self.x_neg.T @ col) / (n * m) + self.eta * b
+        return value, grad
+
+    def hessian(self, b: np.ndarray) -> np.ndarray:
+        """``(1/(n m)) sum_ij sigma(t_ij) sigma(-t_ij) d_ij d_ij^T + eta I``.
+
+        Cost ``O(n m p + (n + m) p^2)``, chunked like the gradient.
+        """
+        b = np.asarray(b, dtype=float)
+        p = b.shape[0]
+        h = self.eta * np.eye(p)
+        if self.empty:
+            return h
+        n, m = self.n_pos, self.n_neg
+        s_pos = self.x_pos @ b
+        s_neg = self.x_neg @ b
+        row = np.empty(n)
+        col = np.zeros(m)
+        cross = np.zeros((p, p))
+        for i0, i1 in _row_chunks(n, m, self.chunk_elements):
+            t = s_pos[i0:i1, None] - s_neg[None, :]
+            w = expit(t) * expit(-t)
+            row[i0:i1] = w.sum(axis=1)
+            col += w.sum(axis=0)
+            cross += self.x_pos[i0:i1].T @ (w @ self.x_neg)
+        a = (self.x_pos * row[:, None]).T @ self.x_pos + (self.x_neg * col[:, None]).T @ self.x_neg
+        return h + (a - cross - cross.T) / (n * m)
+
+    def lipschitz(self) -> float:
+        """``mu = lambda_max((1/(4 n m)) sum_ij d_ij d_ij^T) + eta`` in ``O((n+m) p^2)``.
+
+        Notes
+        -----
+        ``sum_ij d d^T = m X+^T X+ + n X-^T X- - S+ S-^T - S- S+^T`` with ``S+ = sum_i x+_i``
+        (METHODS.md A.2; the paper's ``mu_z``).
+        """
+        if self.empty:
+            return float(self.eta)
+        n, m = self.n_pos, self.n_neg
+        s_pos = self.x_pos.sum(axis=0)
+        s_neg = self.x_neg.sum(axis=0)
+        outer = np.outer(s_pos, s_neg)
+        mat = m * (self.x_pos.T @ self.x_pos) + n * (self.x_neg.T @ self.x_neg) - outer - outer.T
+        return float(np.linalg.eigvalsh(mat / (4.0 * n * m))[-1]) + float(self.eta)
+
+
+def split_by_class(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    y = np.asarray(y)
+    return x[y == 1], x[y == 0]
+
+
+def auc(scores: np.ndarray, y: np.ndarray) -> float:
+    """Empirical AUC with ties counted ½ (the Mann–Whitney statistic; pROC's AUC).
+
+    Returns ``nan`` when a class is missing (callers report that explicitly).
+    """
+    scores = np.asarray(scores, dtype=float)
+    y = np.asarray(y)
+    n = int(np.sum(y == 1))
+    m = int(np.sum(y == 0))
+    if n == 0 or m == 0:
+        return float("nan")
+    ranks = rankdata(scores)
+    return float((ranks[y == 1].sum() - n * (n + 1) / 2.0) / (n * m))
+
+
+def delong(scores: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """AUC and its DeLong (1988) standard error (pROC's default ``var(roc)``).
+
+    Notes
+    -----
+    Placement values ``V10_i = (1/m) sum_j psi(x+_i, x-_j)``,
+    ``V01_j = (1/n) sum_i psi(x+_i, x-_j)`` with ``psi = 1, 1/2, 0`` for ``>, =, <``;
+    ``Var = S10 / n + S01 / m`` with ``S`` the sample variances (divisor ``n - 1``).
+    Computed from midranks in ``O(N log N)`` (Sun & Xu 2014).
+    """
+    scores = np.asarray(scores, dtype=float)
+    y = np.asarray(y)
+    pos, neg = scores[y == 1], scores[y == 0]
+    n, m = pos.size, neg.size
+    if n == 0 or m == 0:
+        return float("nan"), float("nan")
+    r_all = rankdata(np.concatenate([pos, neg]))
+    r_pos = rankdata(pos)
+    r_neg = rankdata(neg)
+    v10 = (r_all[:n] - r_pos) / m
+    v01 = 1.0 - (r_all[n:] - r_neg) / n
+    a = float(v10.mean())
+    s10 = v10.var(ddof=1) if n > 1 else 0.0
+    s01 = v01.var(ddof=1) if m > 1 else 0.0
+    return a, float(np.sqrt(s10 / n + s01 / m))

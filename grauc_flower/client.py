@@ -1,0 +1,140 @@
+"""The GrAUC-PFL ``NumPyClient``: an institution's local work, on its own data only.
+
+What leaves the client: coefficient vectors, counts, per-feature sums (for federated
+standardization), its location and scalar metrics (loss, AUC).  Never a data row.
+
+Tasks (``config["task"]``):
+
+``register``  -> no parameters; metrics ``site, lat, lon, n_pos, n_neg, index``;
+                 parameters ``[sum_x, sum_x2]`` (per-feature sums, for standardization).
+``admm``      <- ``[beta_z, pull_z]`` and ``rho-sigma``, ``local-solver``: forms
+                 ``beta_tilde = beta_z - pull_z / c_z`` with its own curvature ``c_z`` and takes
+                 the local step -> ``[beta_z_new]``, metrics ``site, loss``.
+``local``     -> the individual fit ``argmin f_z`` -> ``[beta_z]``.
+``fedavg``    <- ``[beta]``: ``fedavg-local-steps`` gradient steps of size ``fedavg-lr`` (or
+                 ``1/mu_z``) -> ``[beta]``, metrics ``site, loss`` (at the received beta).
+Every task may carry ``center``/``scale`` bytes: the site standardizes ``(x - center)/scale``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.client import NumPyClient
+
+from strategies.wire import unpack
+
+from .auc import PairwiseLogistic, delong, split_by_class
+from .data import SiteData
+from .local import curvature, linearized_step, local_fit, prox_step
+
+
+class GrAUCClient(NumPyClient):
+    """One institution.  ``index`` is its position in the federation's site list."""
+
+    def __init__(self, data: SiteData, ridge: float, index: int = -1) -> None:
+        self.data = data
+        self.ridge = float(ridge)
+        self.index = int(index)
+        self._cache: dict = {}
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _scaling(self, config) -> tuple[np.ndarray | None, np.ndarray | None]:
+        p = self.data.n_features
+        return unpack(config.get("center"), p), unpack(config.get("scale"), p)
+
+    def _transform(self, x: np.ndarray, config) -> np.ndarray:
+        center, scale = self._scaling(config)
+        if center is None:
+            return x
+        return (x - center) / scale
+
+    def _datafit(self, config) -> PairwiseLogistic:
+        key = (config.get("center"), config.get("scale"))
+        if key not in self._cache:
+            x = self._transform(self.data.x_train, config)
+            x_pos, x_neg = split_by_class(x, self.data.y_train)
+            self._cache = {key: PairwiseLogistic(x_pos, x_neg, eta=self.ridge)}
+        return self._cache[key]
+
+    def _check_site(self, config) -> None:
+        expected = config.get("site")
+        if expected is not None and expected != self.data.site:
+            raise RuntimeError(
+                f"site mismatch: the server addressed {expected!r}, this is {self.data.site!r}"
+            )
+
+    # -- Flower API ---------------------------------------------------------------------------
+    def get_parameters(self, config):
+        return [np.zeros(self.data.n_features)]
+
+    def get_properties(self, config):
+        return self._registration()
+
+    def _registration(self) -> dict:
+        return {
+            "site": self.data.site,
+            "lat": float(self.data.lat),
+            "lon": float(self.data.lon),
+            "n_pos": self.data.n_pos,
+            "n_neg": self.data.n_neg,
+            "index": self.index,
+        }
+
+    def fit(self, parameters, config):
+        task = config.get("task")
+        n = int(self.data.y_train.shape[0])
+        if task == "register":
+            x = self.data.x_train
+            metrics = {"task": "register", **self._registration()}
+            return [x.sum(axis=0), (x * x).sum(axis=0)], n, metrics
+        self._check_site(config)
+        f = self._datafit(config)
+        if task == "admm":
+            beta, pull = parameters
+            solver = str(config["local-solver"])
+            c = float(
+                curvature(solver, np.array([f.lipschitz()]), 1.0, float(config["rho-sigma"]))[0]
+            )
+            beta_tilde = beta - pull / c
+            if solver == "prox":
+                new = prox_step(f, beta_tilde, c, x0=beta)
+            else:
+                new = linearized_step(f, beta_tilde, beta, c)
+            return [new], n, {"task": "admm", "site": self.data.site, "loss": f.value(new)}
+        if task == "local":
+            new = local_fit(f)
+            return [new], n, {"task": "local", "site": self.data.site, "loss": f.value(new)}
+        if task == "fedavg":
+            (beta,) = parameters
+            loss = f.value(beta)
+            lr = float(config.get("fedavg-lr", 0.0)) or 1.0 / max(f.lipschitz(), 1e-12)
+            new = beta.copy()
+            for _ in range(int(config["fedavg-local-steps"])):
+                new = new - lr * f.grad(new)
+            return [new], n, {"task": "fedavg", "site": self.data.site, "loss": loss}
+        raise ValueError(f"unknown task {task!r}")
+
+    def evaluate(self, parameters, config):
+        """Test AUC (DeLong SE) of ``parameters[0]``; on the training data when the site has
+        no test data (``split = train`` in the metrics)."""
+        self._check_site(config)
+        (beta,) = parameters
+        if self.data.y_test.shape[0] > 0:
+            x, y, split = self.data.x_test, self.data.y_test, "test"
+        else:
+            x, y, split = self.data.x_train, self.data.y_train, "train"
+        scores = self._transform(x, config) @ beta
+        a, se = delong(scores, y)
+        n_pos = int(np.sum(y == 1))
+        n_neg = int(np.sum(y == 0))
+        metrics = {
+            "site": self.data.site,
+            "auc": a,
+            "auc_se": se,
+            "n_pos": n_pos,
+            "n_neg": n_neg,
+            "split": split,
+        }
+        x_pos, x_neg = split_by_class(self._transform(x, config), y)
+        loss = PairwiseLogistic(x_pos, x_neg).value(beta) if n_pos and n_neg else 0.0
+        return float(loss), int(y.shape[0]), metrics

@@ -1,0 +1,290 @@
+"""Institution data: the paper's simulations (METHODS.md A.7) and CSV input (fit command)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from strategies.errors import InputError
+
+#: Group centres of the simulated institutions: around Los Angeles and around New York.
+GROUP_CENTRES = ((34.05, -118.24), (40.71, -74.01))
+LEVEL_SHIFT = {0: 0.0, 1: 0.3, 2: 0.6, 3: 0.9}
+SIM2_SIZES = (30, 50, 100, 200, 300)
+
+
+@dataclass(frozen=True)
+class SiteData:
+    """One institution's data.  ``x_test``/``y_test`` may be empty (shape ``(0, p)``)."""
+
+    site: str
+    lat: float
+    lon: float
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    @property
+    def n_pos(self) -> int:
+        return int(np.sum(self.y_train == 1))
+
+    @property
+    def n_neg(self) -> int:
+        return int(np.sum(self.y_train == 0))
+
+    @property
+    def n_features(self) -> int:
+        return self.x_train.shape[1]
+
+
+def class_sizes(n_total: int, prevalence: float, minimum: int = 4) -> tuple[int, int]:
+    """``(n_pos, n_neg)`` with ``n_pos = round(prevalence N)``, at least ``minimum`` each."""
+    n_pos = max(minimum, int(round(prevalence * n_total)))
+    n_neg = max(minimum, n_total - n_pos)
+    return n_pos, n_neg
+
+
+def mean_shift(level: int, group: int, p: int) -> np.ndarray:
+    """``mu*`` of the positives (METHODS.md A.7): group 1 ``(0.9+D, 0.9, 0.9-D)``, group 2
+    ``(0.9-D, 0.9, 0.9+D)``, zero beyond the third coordinate; ``D`` by level (0 for none)."""
+    d = LEVEL_SHIFT[level]
+    mu = np.zeros(p)
+    first = (0.9 + d, 0.9, 0.9 - d) if group == 0 else (0.9 - d, 0.9, 0.9 + d)
+    mu[: min(3, p)] = first[: min(3, p)]
+    return mu
+
+
+def _draw(rng, n_pos: int, n_neg: int, mu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    p = mu.shape[0]
+    x = np.vstack([rng.standard_normal((n_pos, p)) + mu, rng.standard_normal((n_neg, p))])
+    y = np.concatenate([np.ones(n_pos, dtype=np.int64), np.zeros(n_neg, dtype=np.int64)])
+    return x, y
+
+
+def simulate(
+    simulation: int = 1,
+    n_sites: int = 20,
+    n_features: int = 10,
+    n_train: int = 50,
+    n_test: int = 200,
+    prevalence: float = 0.3,
+    level: int = 3,
+    seed: int = 0,
+) -> list[SiteData]:
+    """The paper's simulations 1–4 (METHODS.md A.7).
+
+    Sites ``0 .. Z/2-1`` lie around Los Angeles, the rest around New York, each jittered
+    uniformly by up to 1 degree.  Simulation 1: mean groups follow geography.  2: as 1 with
+    each site's training size drawn once from {30, 50, 100, 200, 300}.  3: the two mean groups
+    are assigned at random, unrelated to location.  4: one mean for all (shift 0).
+    """
+    if simulation not in (1, 2, 3, 4):
+        raise InputError(f"simulation: must be 1, 2, 3 or 4, got {simulation}")
+    rng = np.random.default_rng(seed)
+    geo = np.repeat([0, 1], [n_sites // 2, n_sites - n_sites // 2])
+    centres = np.array(GROUP_CENTRES)[geo]
+    coords = centres + rng.uniform(-1.0, 1.0, size=(n_sites, 2))
+    if simulation == 3:
+        mean_group = rng.permutation(geo)
+    else:
+        mean_group = geo
+    sizes = rng.choice(SIM2_SIZES, size=n_sites) if simulation == 2 else np.full(n_sites, n_train)
+    lvl = 0 if simulation == 4 else level
+    width = len(str(n_sites))
+    sites = []
+    for z in range(n_sites):
+        mu = mean_shift(lvl, int(mean_group[z]), n_features)
+        x_tr, y_tr = _draw(rng, *class_sizes(int(sizes[z]), prevalence), mu)
+        x_te, y_te = _draw(rng, *class_sizes(n_test, prevalence), mu)
+        sites.append(
+            SiteData(
+                site=f"S{z + 1:0{width}d}",
+                lat=float(coords[z, 0]),
+                lon=float(coords[z, 1]),
+                x_train=x_tr,
+                y_train=y_tr,
+                x_test=x_te,
+                y_test=y_te,
+            )
+        )
+    return sites
+
+
+# ---------------------------------------------------------------------------------------
+# CSV input
+
+
+def _read_csv(path: str, what: str, dtype=None) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path, dtype=dtype)
+    except FileNotFoundError:
+        raise InputError(f"{what}: file not found: {path}") from None
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{what}: file is empty: {path}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{what}: cannot parse {path}: {first}") from None
+    if df.shape[0] == 0:
+        raise InputError(f"{what}: file has no rows: {path}")
+    return df
+
+
+def numeric_columns(df: pd.DataFrame, columns: list[str], what: str) -> np.ndarray:
+    """The columns as a float matrix; a missing or non-numeric value names its column."""
+    out = np.empty((df.shape[0], len(columns)))
+    for k, col in enumerate(columns):
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = values.isna() | ~np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raw = df[col].iloc[row]
+            kind = "missing" if pd.isna(raw) or str(raw).strip() == "" else "non-numeric"
+            raise InputError(
+                f"{what}: column {col!r} has a {kind} value ({raw!r}) at data row {row + 2}"
+            )
+        out[:, k] = values.to_numpy(dtype=float)
+    return out
+
+
+def read_sites(path: str) -> pd.DataFrame:
+    """Read ``SITES.csv`` (``site, lat, lon``) and validate it.  Returns one row per site."""
+    df = _read_csv(path, "sites", dtype={"site": str})
+    for col in ("site", "lat", "lon"):
+        if col not in df.columns:
+            raise InputError(f"sites: missing column {col!r} in {path}")
+    if df["site"].isna().any():
+        raise InputError("sites: column 'site' has a missing value")
+    df = df.assign(site=df["site"].astype(str).str.strip())
+    coords = numeric_columns(df, ["lat", "lon"], "sites")
+    df = df.assign(lat=coords[:, 0], lon=coords[:, 1])
+    bad_lat = df[(df["lat"] < -90) | (df["lat"] > 90)]
+    if len(bad_lat):
+        raise InputError(
+            f"sites: lat out of range [-90, 90] for site {bad_lat['site'].iloc[0]!r}: "
+            f"{bad_lat['lat'].iloc[0]}"
+        )
+    bad_lon = df[(df["lon"] < -180) | (df["lon"] > 180)]
+    if len(bad_lon):
+        raise InputError(
+            f"sites: lon out of range [-180, 180] for site {bad_lon['site'].iloc[0]!r}: "
+            f"{bad_lon['lon'].iloc[0]}"
+        )
+    for site, grp in df.groupby("site", sort=False):
+        if len(grp) > 1 and (grp["lat"].nunique() > 1 or grp["lon"].nunique() > 1):
+            raise InputError(f"sites: site {site!r} is listed twice with different coordinates")
+    return df.drop_duplicates("site").reset_index(drop=True)[["site", "lat", "lon"]]
+
+
+def read_data(path: str) -> tuple[pd.DataFrame, list[str]]:
+    """Read ``DATA.csv`` (``site``, ``y`` and the features).  Returns the frame and the
+    feature names (every other column, in file order)."""
+    df = _read_csv(path, "data", dtype={"site": str})
+    for col in ("site", "y"):
+        if col not in df.columns:
+            raise InputError(f"data: missing column {col!r} in {path}")
+    features = [c for c in df.columns if c not in ("site", "y")]
+    if not features:
+        raise InputError("data: no feature columns (every column but 'site' and 'y')")
+    if df["site"].isna().any():
+        raise InputError("data: column 'site' has a missing value")
+    y = pd.to_numeric(df["y"], errors="coerce")
+    if y.isna().any():
+        row = int(np.flatnonzero(y.isna().to_numpy())[0])
+        raise InputError(f"data: column 'y' has a missing or non-numeric value at row {row + 2}")
+    if not np.isin(y.to_numpy(), (0, 1)).all():
+        bad = y[~np.isin(y.to_numpy(), (0, 1))].iloc[0]
+        raise InputError(f"data: column 'y' must be 0 or 1, found {bad!r}")
+    df = df.assign(site=df["site"].astype(str).str.strip(), y=y.astype(np.int64))
+    return df, features
+
+
+def sites_from_frames(
+    data: pd.DataFrame,
+    features: list[str],
+    sites: pd.DataFrame,
+    allow_missing_class: bool = False,
+) -> list[SiteData]:
+    """Split the data by site, in the order of the sites file.  Checks every data site has
+    coordinates and (unless ``allow_missing_class``) both classes."""
+    x = numeric_columns(data, features, "data")
+    known = set(sites["site"])
+    unknown = [s for s in pd.unique(data["site"]) if s not in known]
+    if unknown:
+        raise InputError(f"sites: site {unknown[0]!r} is in the data but not in the sites file")
+    present = set(data["site"])
+    out = []
+    y_all = data["y"].to_numpy()
+    site_col = data["site"].to_numpy()
+    p = len(features)
+    for row in sites.itertuples(index=False):
+        if row.site not in present:
+            continue
+        mask = site_col == row.site
+        y = y_all[mask]
+        if not allow_missing_class and (np.all(y == 1) or np.all(y == 0)):
+            missing = "negatives (y = 0)" if np.all(y == 1) else "positives (y = 1)"
+            raise InputError(
+                f"data: site {row.site!r} has no {missing} in its training data "
+                "(use --missing-class borrow to let it take its model from its neighbours)"
+            )
+        out.append(
+            SiteData(
+                site=str(row.site),
+                lat=float(row.lat),
+                lon=float(row.lon),
+                x_train=x[mask],
+                y_train=y,
+                x_test=np.zeros((0, p)),
+                y_test=np.zeros(0, dtype=np.int64),
+            )
+        )
+    return out
+
+
+def load_csv(data_path: str, sites_path: str, allow_missing_class: bool = False):
+    """Load ``DATA.csv`` and ``SITES.csv``; returns ``(sites, feature_names)``."""
+    sites = read_sites(sites_path)
+    data, features = read_data(data_path)
+    return sites_from_frames(data, features, sites, allow_missing_class), features
+
+
+def load_site_file(path: str, node_config) -> SiteData:
+    """One institution's own file (deployment): columns ``y`` and the features (a ``site``
+    column, if present, must hold only this site).  The site id and location come from the
+    node config (``site``, ``lat``, ``lon``)."""
+    for key in ("site", "lat", "lon"):
+        if key not in node_config:
+            raise InputError(f"node-config: missing {key!r} (e.g. site=S01 lat=34.1 lon=-118.2)")
+    site = str(node_config["site"])
+    df, features = read_data_single(path)
+    if "site" in df.columns:
+        others = set(df["site"].astype(str)) - {site}
+        if others:
+            raise InputError(f"data: {path} holds rows of other sites: {sorted(others)[:3]}")
+        features = [f for f in features if f != "site"]
+    x = numeric_columns(df, features, "data")
+    y = df["y"].to_numpy()
+    p = x.shape[1]
+    return SiteData(
+        site,
+        float(node_config["lat"]),
+        float(node_config["lon"]),
+        x,
+        y,
+        np.zeros((0, p)),
+        np.zeros(0, dtype=np.int64),
+    )
+
+
+def read_data_single(path: str) -> tuple[pd.DataFrame, list[str]]:
+    df = _read_csv(path, "data", dtype={"site": str})
+    if "y" not in df.columns:
+        raise InputError(f"data: missing column 'y' in {path}")
+    y = pd.to_numeric(df["y"], errors="coerce")
+    if y.isna().any() or not np.isin(y.to_numpy(), (0, 1)).all():
+        raise InputError("data: column 'y' must be 0 or 1 with no missing values")
+    df = df.assign(y=y.astype(np.int64))
+    return df, [c for c in df.columns if c != "y"]

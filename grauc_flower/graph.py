@@ -1,0 +1,153 @@
+"""The geographic graph over institutions and its edge weights (METHODS.md A.3), Flower-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import igraph as ig
+import numpy as np
+from geopy.distance import geodesic
+
+GRAPHS = ("mst", "knn", "complete")
+EARTH_RADIUS_KM = 6371.0088
+
+
+def geodesic_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
+    """Geodesic distance (WGS-84 ellipsoid, Karney's algorithm via geopy) in km."""
+    return float(geodesic((lat1, lon1), (lat2, lon2)).km)
+
+
+def distance_matrix(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    """All pairwise geodesic distances (km), ``Z x Z``."""
+    z = len(lat)
+    d = np.zeros((z, z))
+    for u in range(z):
+        for v in range(u + 1, z):
+            d[u, v] = d[v, u] = geodesic_km(lat[u], lon[u], lat[v], lon[v])
+    return d
+
+
+def unit_vectors(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    """Points on the unit sphere (``Z x 3``) for latitude/longitude in degrees."""
+    phi = np.radians(np.asarray(lat, dtype=float))
+    lam = np.radians(np.asarray(lon, dtype=float))
+    return np.column_stack([np.cos(phi) * np.cos(lam), np.cos(phi) * np.sin(lam), np.sin(phi)])
+
+
+def _tree_from_ranked(n: int, pairs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """MST of the graph with the given candidate pairs, ties broken lexicographically.
+
+    Each candidate gets its rank in the order (length, u, v) as a unique integer weight, so
+    the tree is unique and independent of igraph's internal tie-breaking.
+    """
+    order = np.lexsort((pairs[:, 1], pairs[:, 0], lengths))
+    ranks = np.empty(len(order), dtype=float)
+    ranks[order] = np.arange(len(order), dtype=float)
+    g = ig.Graph(n=n, edges=pairs.tolist())
+    tree = g.spanning_tree(weights=ranks, return_tree=False)
+    edges = pairs[np.asarray(tree, dtype=np.int64)]
+    return _canonical(edges)
+
+
+def _canonical(edges: np.ndarray) -> np.ndarray:
+    edges = np.sort(np.asarray(edges, dtype=np.int64).reshape(-1, 2), axis=1)
+    edges = np.unique(edges, axis=0)
+    return edges
+
+
+def mst_edges(dist: np.ndarray) -> np.ndarray:
+    """Minimum spanning tree of the complete graph with distances ``dist`` (``Z - 1`` edges,
+    or a forest's edges if ``Z == 1``).  Deterministic: ties by lexicographic ``(u, v)``."""
+    z = dist.shape[0]
+    if z < 2:
+        return np.zeros((0, 2), dtype=np.int64)
+    u, v = np.triu_indices(z, k=1)
+    return _tree_from_ranked(z, np.column_stack([u, v]), dist[u, v])
+
+
+def knn_edges(dist: np.ndarray, k: int) -> np.ndarray:
+    """Symmetrized ``k``-nearest-neighbour graph (ties by site index)."""
+    z = dist.shape[0]
+    if z < 2:
+        return np.zeros((0, 2), dtype=np.int64)
+    k = min(k, z - 1)
+    out = []
+    for u in range(z):
+        d = dist[u].copy()
+        d[u] = np.inf
+        nearest = np.lexsort((np.arange(z), d))[:k]
+        out.extend((u, int(v)) for v in nearest)
+    return _canonical(np.array(out))
+
+
+def complete_edges(z: int) -> np.ndarray:
+    u, v = np.triu_indices(z, k=1)
+    return np.column_stack([u, v]).astype(np.int64)
+
+
+def edge_weights(d_edges: np.ndarray, bandwidth: float, w_dist: float, q: float) -> np.ndarray:
+    """``w_e = max(exp(-w_dist d_e^2 / H), q)`` (METHODS.md A.3; ``H`` = ``bandwidth``).
+
+    ``w_dist = 0`` gives every edge weight 1.  ``H = 0`` (all sites at one place) gives 1.
+    """
+    d_edges = np.asarray(d_edges, dtype=float)
+    if w_dist == 0 or bandwidth <= 0:
+        return np.ones_like(d_edges)
+    return np.maximum(np.exp(-w_dist * d_edges**2 / bandwidth), q)
+
+
+@dataclass(frozen=True)
+class SiteGraph:
+    """The graph over sites: ``edges`` ``(n_edges, 2)`` (``u < v``, site indices),
+    geodesic ``length_km`` per edge, and the bandwidth ``H`` (median squared distance)."""
+
+    edges: np.ndarray
+    length_km: np.ndarray
+    bandwidth: float
+
+    def weights(self, w_dist: float, q: float) -> np.ndarray:
+        return edge_weights(self.length_km, self.bandwidth, w_dist, q)
+
+
+def build_graph(
+    lat: np.ndarray,
+    lon: np.ndarray,
+    kind: str = "mst",
+    k: int = 3,
+    edges: np.ndarray | None = None,
+) -> SiteGraph:
+    """Build the site graph.
+
+    Parameters
+    ----------
+    lat, lon : ndarray, shape (Z,)
+        Degrees.
+    kind : {"mst", "knn", "complete"}
+        Ignored when ``edges`` is given (a user edge list of site indices).
+    k : int
+        Neighbours for ``knn``.
+
+    Notes
+    -----
+    ``H`` is the median over all pairs ``u < v`` of the squared geodesic distance.
+    """
+    lat = np.asarray(lat, dtype=float)
+    lon = np.asarray(lon, dtype=float)
+    z = lat.shape[0]
+    dist = distance_matrix(lat, lon)
+    iu = np.triu_indices(z, k=1)
+    bandwidth = float(np.median(dist[iu] ** 2)) if z > 1 else 0.0
+    if edges is not None:
+        e = _canonical(edges)
+        if np.any(e[:, 0] == e[:, 1]):
+            raise ValueError("edges: an edge joins a site to itself")
+    elif kind == "mst":
+        e = mst_edges(dist)
+    elif kind == "knn":
+        e = knn_edges(dist, k)
+    elif kind == "complete":
+        e = complete_edges(z)
+    else:
+        raise ValueError(f"graph: must be one of {', '.join(GRAPHS)}, got {kind!r}")
+    length = dist[e[:, 0], e[:, 1]] if len(e) else np.zeros(0)
+    return SiteGraph(edges=e, length_km=length, bandwidth=bandwidth)

@@ -1,0 +1,234 @@
+"""RowFed data: the B.7 simulation and the Communities and Crime loader (Flower-free)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Row ``j < 6`` of the true ``Theta`` has ``N_CLUSTERS[j]`` client clusters (B.7).
+N_CLUSTERS = (1, 1, 2, 2, 3, 3)
+#: Entries of a cluster's row vector and their probabilities (about a third zero, B.7).
+ENTRY_VALUES = (-1.0, -0.5, 0.0, 0.5, 1.0)
+ENTRY_PROBS = (1 / 6, 1 / 6, 1 / 3, 1 / 6, 1 / 6)
+#: Columns never used as predictors by :func:`load_crime` (identifiers, folds, derived labels).
+NON_PREDICTORS = (
+    "communityname",
+    "community",
+    "communityCode",
+    "county",
+    "countyCode",
+    "state",
+    "fold",
+    "high_crime",
+    ">0.06black",
+)
+
+
+def ar1_covariance(d: int, r: float = 0.5) -> np.ndarray:
+    """``Sigma_ij = r^|i - j|`` (``d x d``)."""
+    idx = np.arange(d)
+    return r ** np.abs(idx[:, None] - idx[None, :])
+
+
+def canonical_labels(labels: np.ndarray) -> np.ndarray:
+    """Relabel a partition ``0, 1, ...`` by first appearance."""
+    labels = np.asarray(labels)
+    _, first, inv = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))
+    return rank[inv.reshape(-1)].reshape(labels.shape)
+
+
+@dataclass(frozen=True)
+class SimulatedData:
+    """Output of :func:`simulate`.
+
+    ``x_train[m]`` ``(n_train, p)``, ``y_train[m]`` ``(n_train, q)`` (same for test),
+    ``theta`` the true ``Theta*`` ``(M, p, q)``, ``partitions`` ``(M, p)``: the true cluster
+    label of client ``m`` for row ``j`` (one cluster for zero rows).
+    """
+
+    x_train: list[np.ndarray]
+    y_train: list[np.ndarray]
+    x_test: list[np.ndarray]
+    y_test: list[np.ndarray]
+    theta: np.ndarray
+    partitions: np.ndarray
+
+
+def true_theta(
+    n_sites: int,
+    p: int,
+    q: int,
+    rng: np.random.Generator,
+    n_clusters: Sequence[int] = N_CLUSTERS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """True ``Theta*`` ``(M, p, q)`` and row partitions ``(M, p)`` of B.7.
+
+    Notes
+    -----
+    **[choice]** (the paper's design is lost): rows ``j < len(n_clusters)`` are non-zero,
+    the rest zero.  Row ``j`` has ``K_j = n_clusters[j]`` clusters; each cluster's q-vector
+    has i.i.d. entries from ``ENTRY_VALUES`` with probabilities ``ENTRY_PROBS``, redrawn
+    until the ``K_j`` vectors are non-zero and distinct (so the true partition is the one
+    drawn).  Clients are assigned to clusters by a fresh random permutation per row, cut
+    into ``K_j`` near-equal parts (``K_j <= M`` clusters, none empty), independently across
+    rows.
+    """
+    theta = np.zeros((n_sites, p, q))
+    parts = np.zeros((n_sites, p), dtype=np.int64)
+    for j, k in enumerate(n_clusters[:p]):
+        k = min(int(k), n_sites)
+        while True:
+            vecs = rng.choice(ENTRY_VALUES, size=(k, q), p=ENTRY_PROBS)
+            nonzero = np.all(np.any(vecs != 0, axis=1))
+            distinct = len({tuple(v) for v in vecs}) == k
+            if nonzero and distinct:
+                break
+        lab = np.empty(n_sites, dtype=np.int64)
+        lab[rng.permutation(n_sites)] = np.arange(n_sites) % k
+        lab = canonical_labels(lab)
+        parts[:, j] = lab
+        theta[:, j, :] = vecs[lab]
+    return theta, parts
+
+
+def simulate(
+    n_sites: int,
+    n_train: int,
+    n_test: int,
+    p: int,
+    q: int,
+    seed: int,
+    corr: float = 0.5,
+    noise: float = 1.0,
+    n_clusters: Sequence[int] = N_CLUSTERS,
+) -> SimulatedData:
+    """The B.7 simulation: ``Y_m = X_m Theta*_m + E_m``.
+
+    Parameters
+    ----------
+    n_sites : int
+        ``M`` (paper: 10, 20, 50).
+    n_train, n_test : int
+        Samples per client.
+    p, q : int
+    seed : int
+        ``numpy.random.default_rng(seed)`` drives everything.
+    corr : float
+        ``Sigma_x = (corr^|i-j|)`` (``p x p``) and ``Sigma_e = (corr^|i-j|)`` (``q x q``).
+    noise : float
+        ``E_m`` rows ``~ N(0, noise^2 Sigma_e)``.
+    n_clusters : sequence of int
+        ``K_j`` of the non-zero rows (see :func:`true_theta`).
+
+    Returns
+    -------
+    SimulatedData
+    """
+    rng = np.random.default_rng(seed)
+    theta, parts = true_theta(n_sites, p, q, rng, n_clusters)
+    lx = np.linalg.cholesky(ar1_covariance(p, corr))
+    le = np.linalg.cholesky(ar1_covariance(q, corr))
+    out: dict[str, list[np.ndarray]] = {k: [] for k in ("xtr", "ytr", "xte", "yte")}
+    for m in range(n_sites):
+        for n, kx, ky in ((n_train, "xtr", "ytr"), (n_test, "xte", "yte")):
+            x = rng.standard_normal((n, p)) @ lx.T
+            e = noise * rng.standard_normal((n, q)) @ le.T
+            out[kx].append(x)
+            out[ky].append(x @ theta[m] + e)
+    return SimulatedData(out["xtr"], out["ytr"], out["xte"], out["yte"], theta, parts)
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """Per-client real data: ``x[m]`` ``(n_m, p)``, ``y[m]`` ``(n_m, q)`` (centred when
+    loaded with ``center=True``; ``x_mean[m]``, ``y_mean[m]`` undo it), ``clients`` the
+    state FIPS codes, and the column names used."""
+
+    x: list[np.ndarray]
+    y: list[np.ndarray]
+    clients: list[int]
+    predictors: list[str]
+    responses: list[str]
+    x_mean: list[np.ndarray]
+    y_mean: list[np.ndarray]
+
+
+def load_crime(
+    path: str,
+    responses: Sequence[str],
+    min_rows: int = 3,
+    predictors: Sequence[str] | None = None,
+    exclude: Sequence[str] = (),
+    center: bool = True,
+) -> ClientData:
+    """Communities and Crime with US states as clients (METHODS.md B.8).
+
+    Parameters
+    ----------
+    path : str
+        A CSV with a header: the normalized copy (one-hot ``state_<FIPS>`` columns) or a
+        file with a ``state`` (FIPS) column such as the UCI unnormalized data with its
+        column names; ``?`` is read as missing.
+    responses : sequence of str
+        Response columns (``q = len(responses)``).
+    min_rows : int
+        Keep states with at least this many communities (paper: 3).
+    predictors : sequence of str, optional
+        Predictor columns; by default every numeric column that is not a response, a state
+        column, in ``NON_PREDICTORS`` or in ``exclude``.  Default predictors with any missing
+        value are dropped **[choice]**; then rows with a missing value are dropped.
+    exclude : sequence of str
+        Further columns to leave out of the default predictors (e.g. the other crime
+        variables of the unnormalized file).
+    center : bool
+        Centre ``x`` and ``y`` within each client **[choice]**: the model (B.1) has no
+        intercept, so centring gives each state its own intercept.
+
+    Returns
+    -------
+    ClientData
+        Clients ordered by FIPS code.
+    """
+    import pandas as pd
+
+    df = pd.read_csv(path, na_values="?")
+    responses = list(responses)
+    missing = [c for c in responses if c not in df.columns]
+    if missing:
+        raise ValueError(f"responses: columns not in {path}: {missing}")
+    state_cols = [c for c in df.columns if c.startswith("state_")]
+    if state_cols:
+        onehot = df[state_cols].to_numpy()
+        if not np.all(onehot.sum(axis=1) == 1):
+            raise ValueError("state_*: every row needs exactly one state")
+        state = np.array([int(c.split("_", 1)[1]) for c in state_cols])[onehot.argmax(axis=1)]
+    elif "state" in df.columns:
+        state = df["state"].to_numpy()
+    else:
+        raise ValueError(f"{path}: needs state_<FIPS> columns or a 'state' column")
+    if predictors is None:
+        drop = set(responses) | set(state_cols) | set(NON_PREDICTORS) | set(exclude)
+        numeric = df.select_dtypes(include="number").columns
+        predictors = [c for c in numeric if c not in drop and not df[c].isna().any()]
+    predictors = list(predictors)
+    data = df[predictors + responses].astype(float)
+    keep_rows = ~data.isna().any(axis=1).to_numpy()
+    data, state = data[keep_rows], np.asarray(state)[keep_rows]
+    xs, ys, clients, x_means, y_means = [], [], [], [], []
+    for s in np.unique(state):
+        rows = state == s
+        if rows.sum() < min_rows:
+            continue
+        x = data.loc[rows, predictors].to_numpy()
+        y = data.loc[rows, responses].to_numpy()
+        xm = x.mean(axis=0) if center else np.zeros(x.shape[1])
+        ym = y.mean(axis=0) if center else np.zeros(y.shape[1])
+        xs.append(x - xm)
+        ys.append(y - ym)
+        x_means.append(xm)
+        y_means.append(ym)
+        clients.append(int(s))
+    return ClientData(xs, ys, clients, predictors, responses, x_means, y_means)

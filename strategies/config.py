@@ -1,0 +1,153 @@
+"""Run configuration: one frozen, validated object per method.
+
+Every key has its default here and again, with the same value, in ``pyproject.toml``'s
+``[tool.flwr.app.config]`` (Flower needs them there; ``tests/test_config.py`` checks they
+agree).  ``configs/*.toml`` only override.  Errors name the key and the allowed range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+
+from .errors import InputError
+
+GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled")
+
+
+def _check(cond: bool, key: str, msg: str, value) -> None:
+    if not cond:
+        raise InputError(f"{key}: {msg}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GrAUCConfig:
+    """Settings of a GrAUC-PFL fit and its baselines (run-config keys in brackets)."""
+
+    lam: float = 0.1  # [grauc.lam] fused-lasso level lambda >= 0
+    ridge: float = 1e-3  # [grauc.ridge] ridge eta >= 0
+    w_dist: float = 1.0  # [grauc.w-dist] Gaussian-kernel decay of edge weights >= 0
+    q: float = 0.01  # [grauc.q] smallest edge weight, in [0, 1]
+    rho: float = 0.1  # [grauc.rho] ADMM penalty > 0
+    graph: str = "mst"  # [grauc.graph] mst | knn | complete
+    knn_k: int = 3  # [grauc.knn-k] neighbours for graph = knn
+    penalty: str = "l1"  # [grauc.penalty] l1 | group
+    local_solver: str = "prox"  # [grauc.local-solver] prox | linearized
+    init: str = "random"  # [grauc.init] random (N(0, I), the paper) | zeros
+    tol: float = 1e-6  # [grauc.tol] absolute and relative residual tolerance > 0
+    max_rounds: int = 300  # [grauc.max-rounds] ADMM round limit >= 1
+    min_fit_fraction: float = 1.0  # [grauc.min-fit-fraction] sites needed for a round
+    standardize: str = "none"  # [grauc.standardize] none | federated
+    missing_class: str = "error"  # [grauc.missing-class] error | borrow
+    fedavg_rounds: int = 100  # [grauc.fedavg-rounds] FedAvg rounds >= 1
+    fedavg_local_steps: int = 5  # [grauc.fedavg-local-steps] local gradient steps >= 1
+    fedavg_lr: float = 0.0  # [grauc.fedavg-lr] local step size; 0 = 1/mu_z per site
+    seed: int = 0  # [seed] random seed (initial coefficients)
+
+    def __post_init__(self) -> None:
+        _check(self.lam >= 0, "lam", "must be >= 0", self.lam)
+        _check(self.ridge >= 0, "ridge", "must be >= 0", self.ridge)
+        _check(self.w_dist >= 0, "w-dist", "must be >= 0", self.w_dist)
+        _check(0 <= self.q <= 1, "q", "must be in [0, 1]", self.q)
+        _check(self.rho > 0, "rho", "must be > 0", self.rho)
+        _check(
+            self.graph in ("mst", "knn", "complete"),
+            "graph",
+            "must be mst, knn or complete",
+            self.graph,
+        )
+        _check(self.knn_k >= 1, "knn-k", "must be >= 1", self.knn_k)
+        _check(self.penalty in ("l1", "group"), "penalty", "must be l1 or group", self.penalty)
+        _check(
+            self.local_solver in ("prox", "linearized"),
+            "local-solver",
+            "must be prox or linearized",
+            self.local_solver,
+        )
+        _check(self.init in ("random", "zeros"), "init", "must be random or zeros", self.init)
+        _check(self.tol > 0, "tol", "must be > 0", self.tol)
+        _check(self.max_rounds >= 1, "max-rounds", "must be >= 1", self.max_rounds)
+        _check(
+            0 < self.min_fit_fraction <= 1,
+            "min-fit-fraction",
+            "must be in (0, 1]",
+            self.min_fit_fraction,
+        )
+        _check(
+            self.standardize in ("none", "federated"),
+            "standardize",
+            "must be none or federated",
+            self.standardize,
+        )
+        _check(
+            self.missing_class in ("error", "borrow"),
+            "missing-class",
+            "must be error or borrow",
+            self.missing_class,
+        )
+        _check(self.fedavg_rounds >= 1, "fedavg-rounds", "must be >= 1", self.fedavg_rounds)
+        _check(
+            self.fedavg_local_steps >= 1,
+            "fedavg-local-steps",
+            "must be >= 1",
+            self.fedavg_local_steps,
+        )
+        _check(self.fedavg_lr >= 0, "fedavg-lr", "must be >= 0", self.fedavg_lr)
+
+    def replace(self, **changes) -> GrAUCConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _coerce(cls, key: str, value):
+    """Coerce a run-config value to the field's type, naming the key on failure."""
+    types = {f.name: f.type for f in fields(cls)}
+    name = key.replace("-", "_")
+    kind = types[name]
+    try:
+        if kind == "float":
+            return float(value)
+        if kind == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if kind == "str":
+            return str(value)
+        if kind == "bool":
+            return bool(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{key}: expected a {kind}, got {value!r}") from None
+    return value
+
+
+def from_run_config(cls, run_config: dict, prefix: str):
+    """Build ``cls`` from a Flower run config (keys ``prefix.<name-with-dashes>``)."""
+    kwargs = {}
+    names = {f.name for f in fields(cls)}
+    for key, value in run_config.items():
+        if key == "seed" and "seed" in names:
+            kwargs["seed"] = _coerce(cls, "seed", value)
+        elif key.startswith(prefix + "."):
+            short = key[len(prefix) + 1 :]
+            if short.replace("-", "_") not in names:
+                raise InputError(f"{key}: unknown setting")
+            kwargs[short.replace("-", "_")] = _coerce(cls, short, value)
+    return cls(**kwargs)
+
+
+def to_run_config(cfg, prefix: str) -> dict:
+    """The inverse of :func:`from_run_config` (for ``flwr run --run-config``)."""
+    out = {}
+    for f in fields(cfg):
+        key = "seed" if f.name == "seed" else f"{prefix}.{f.name.replace('_', '-')}"
+        out[key] = getattr(cfg, f.name)
+    return out
+
+
+def parse_methods(value: str, allowed: tuple[str, ...]) -> list[str]:
+    methods = [m.strip() for m in str(value).split(",") if m.strip()]
+    if not methods:
+        raise InputError(f"method: give one or more of {', '.join(allowed)}")
+    for m in methods:
+        if m not in allowed:
+            raise InputError(f"method: must be one of {', '.join(allowed)}, got {m!r}")
+    return methods

@@ -1,0 +1,417 @@
+"""Flower strategies for GrAUC-PFL and its baselines.  They unpack, call the pure steps of
+:mod:`strategies.admm` and pack; all per-site state is keyed by site id."""
+
+from __future__ import annotations
+
+import time
+from logging import INFO, WARNING
+
+import numpy as np
+import scipy.sparse as sp
+from flwr.common import (
+    EvaluateIns,
+    FitIns,
+    Parameters,
+    log,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.strategy import FedAvg, Strategy
+
+from grauc_flower.graph import SiteGraph, build_graph
+
+from . import admm
+from .config import GrAUCConfig
+from .penalties import Penalty
+from .registry import EMPTY, Registry
+
+
+def grauc_problem(graph: SiteGraph, n_sites: int, cfg: GrAUCConfig) -> admm.Problem:
+    """The fused-lasso split ``delta = Omega beta`` with per-edge level ``lam w_e``."""
+    d = admm.incidence_matrix(graph.edges, n_sites)
+    lam = cfg.lam * graph.weights(cfg.w_dist, cfg.q)
+    grouping = "block" if cfg.penalty == "group" else "entry"
+    return admm.Problem((admm.Split(d, Penalty("lasso"), lam, grouping),), n_sites)
+
+
+def initial_beta(n_sites: int, p: int, cfg: GrAUCConfig) -> np.ndarray:
+    """``beta_z^0 ~ N(0, I_p)`` per site with the seed (the paper), or zeros."""
+    if cfg.init == "zeros":
+        return np.zeros((n_sites, p))
+    return np.random.default_rng(cfg.seed).standard_normal((n_sites, p))
+
+
+class SiteStrategy(Strategy):
+    """Base: registers every site first (one round), then runs the method's rounds.
+
+    Subclasses implement ``_setup()``, ``_instructions(clients)`` and ``_aggregate(...)``.
+    ``done`` turns true when the method has finished; evaluation then runs once.
+    """
+
+    def __init__(
+        self,
+        n_sites: int,
+        registry: Registry | None = None,
+        standardize: str = "none",
+        min_fit_fraction: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.n_sites = int(n_sites)
+        self.registry = registry if registry is not None else Registry()
+        self.standardize = standardize
+        self.min_fit_fraction = float(min_fit_fraction)
+        self.done = False
+        self.ready = False
+        self.evaluation: dict[str, dict] = {}
+        self.evaluated = False
+        self.missing: set[str] = set()
+        self._t0 = time.perf_counter()
+
+    # -- Flower hooks -----------------------------------------------------------------------
+    def initialize_parameters(self, client_manager):
+        return EMPTY
+
+    def _clients(self, client_manager):
+        client_manager.wait_for(self.n_sites, timeout=600)
+        return [client_manager.all()[cid] for cid in sorted(client_manager.all())]
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        if self.done:
+            return []
+        clients = self._clients(client_manager)
+        todo = self.registry.registration_instructions(clients)
+        if not self.ready:
+            if len(self.registry.sites) >= self.n_sites and not todo:
+                self._become_ready()
+            else:
+                return todo
+        known = [c for c in clients if c.cid in self.registry.cid_to_site]
+        return todo + self._instructions(known)
+
+    def aggregate_fit(self, server_round, results, failures):
+        results = self.registry.handle_registrations(results)
+        failed = self.registry.log_failures(failures, server_round)
+        if not self.ready:
+            return EMPTY, {}
+        answered = {str(res.metrics["site"]): (proxy, res) for proxy, res in results}
+        for site in answered:
+            self.missing.discard(site)
+        self.missing.update(set(failed) - set(answered))
+        needed = int(np.ceil(self.min_fit_fraction * self.n_sites))
+        if len(answered) < needed and not isinstance(self, IndividualStrategy):
+            log(
+                WARNING,
+                "round %s: %d of %d sites answered (need %d); round skipped",
+                server_round,
+                len(answered),
+                self.n_sites,
+                needed,
+            )
+            return EMPTY, {}
+        return self._aggregate(server_round, answered)
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        if not self.done or self.evaluated:
+            return []
+        ins = []
+        for proxy in self._clients(client_manager):
+            site = self.registry.cid_to_site.get(proxy.cid)
+            if site is None or site not in self.site_index:
+                continue
+            beta = self.coefficients_std()[self.site_index[site]]
+            cfg = {"site": site, **self.registry.scaling_config()}
+            ins.append((proxy, EvaluateIns(ndarrays_to_parameters([beta]), cfg)))
+        return ins
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        self.registry.log_failures(failures, server_round)
+        for _, res in results:
+            self.evaluation[str(res.metrics["site"])] = dict(res.metrics)
+        self.evaluated = True
+        aucs = [m["auc"] for m in self.evaluation.values() if np.isfinite(m["auc"])]
+        return None, {"mean_auc": float(np.mean(aucs)) if aucs else float("nan")}
+
+    def evaluate(self, server_round, parameters):
+        return None
+
+    # -- shared ----------------------------------------------------------------------------
+    def _become_ready(self) -> None:
+        if self.standardize == "federated" and self.registry.center is None:
+            self.registry.standardize()
+        self.sites = self.registry.order()
+        self.site_index = {s: k for k, s in enumerate(self.sites)}
+        first = self.registry.sites[self.sites[0]]
+        self.n_features = int(first.sum_x.shape[0])
+        self._setup()
+        self.ready = True
+
+    def coefficients_std(self) -> np.ndarray:
+        """Coefficients on the (possibly standardized) working scale, ``(Z, p)``."""
+        raise NotImplementedError
+
+    def coefficients(self) -> np.ndarray:
+        """Coefficients on the input scale of the features, ``(Z, p)``."""
+        beta = self.coefficients_std()
+        if self.registry.scale is None:
+            return beta
+        return beta / self.registry.scale
+
+
+class GrAUCStrategy(SiteStrategy):
+    """GrAUC-PFL: ``aggregate_fit`` does the fused-lasso ``delta`` and dual updates, and
+    computes each site's graph pull ``[Omega^T (gamma + rho (Omega beta - delta))]_z`` that
+    ``configure_fit`` sends with its ``beta_z`` in its own ``FitIns``."""
+
+    def __init__(
+        self,
+        cfg: GrAUCConfig,
+        n_sites: int,
+        registry: Registry | None = None,
+        graph_edges: np.ndarray | None = None,
+        progress=None,
+    ) -> None:
+        super().__init__(n_sites, registry, cfg.standardize, cfg.min_fit_fraction)
+        self.cfg = cfg
+        self.graph_edges = graph_edges
+        self.progress = progress
+        self.history = admm.History()
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        info = [self.registry.sites[s] for s in self.sites]
+        lat = np.array([i.lat for i in info])
+        lon = np.array([i.lon for i in info])
+        self.graph = build_graph(lat, lon, cfg.graph, cfg.knn_k, self.graph_edges)
+        self.problem = grauc_problem(self.graph, len(self.sites), cfg)
+        self.sigma_max = self.problem.sigma_max()
+        beta0 = initial_beta(len(self.sites), self.n_features, cfg)
+        self.state = admm.init_state(self.problem, beta0, cfg.rho, threshold=False)
+        self.loss = np.full(len(self.sites), np.nan)
+        log(
+            INFO,
+            "GrAUC-PFL: %d sites, %d edges (%s), p = %d, sigma_max = %.4g",
+            len(self.sites),
+            len(self.graph.edges),
+            cfg.graph,
+            self.n_features,
+            self.sigma_max,
+        )
+
+    def pull(self) -> np.ndarray:
+        """``[Omega^T (gamma + rho (Omega beta - delta))]_z`` for every site, ``(Z, p)``."""
+        st = self.state
+        a_beta = self.problem.apply_all(st.beta)
+        v = tuple(
+            g + st.rho * (ab - d) for g, ab, d in zip(st.gamma, a_beta, st.delta, strict=True)
+        )
+        return self.problem.apply_t_sum(v)
+
+    def _instructions(self, clients):
+        pull = self.pull()
+        common = {
+            "task": "admm",
+            "local-solver": self.cfg.local_solver,
+            "rho-sigma": float(self.state.rho * self.sigma_max),
+            **self.registry.scaling_config(),
+        }
+        ins = []
+        for proxy in clients:
+            site = self.registry.cid_to_site[proxy.cid]
+            z = self.site_index[site]
+            params = ndarrays_to_parameters([self.state.beta[z], pull[z]])
+            ins.append((proxy, FitIns(params, {**common, "site": site})))
+        return ins
+
+    def _aggregate(self, server_round, answered):
+        beta = self.state.beta.copy()
+        for site, (_, res) in answered.items():
+            z = self.site_index[site]
+            beta[z] = parameters_to_ndarrays(res.parameters)[0]
+            self.loss[z] = float(res.metrics["loss"])
+        rho = self.state.rho
+        self.state, res = admm.server_update(
+            self.problem, self.state, beta, self.cfg.tol, self.cfg.tol
+        )
+        objective = float(np.sum(self.loss) + self.problem.penalty_value(beta))
+        self.history.append(
+            round=self.state.round,
+            objective=objective,
+            primal_residual=res.primal,
+            dual_residual=res.dual,
+            rho=rho,
+            n_answered=len(answered),
+        )
+        self.done = res.converged or self.state.round >= self.cfg.max_rounds
+        self.converged = res.converged
+        if self.progress is not None:
+            self.progress(self.state.round, objective, res, time.perf_counter() - self._t0)
+        metrics = {"objective": objective, "primal_residual": res.primal, "dual_residual": res.dual}
+        return ndarrays_to_parameters([beta]), metrics
+
+    def coefficients_std(self) -> np.ndarray:
+        return self.state.beta
+
+    def clusters(self) -> np.ndarray:
+        """Fused groups per coordinate, ``(Z, p)`` labels, read off ``delta``."""
+        return admm.fused_groups(self.graph.edges, self.state.delta[0], len(self.sites))
+
+
+class IndividualStrategy(SiteStrategy):
+    """Individual: each site fits alone (one round, no communication of coefficients in)."""
+
+    def __init__(self, cfg: GrAUCConfig, n_sites: int, registry: Registry | None = None) -> None:
+        super().__init__(n_sites, registry, cfg.standardize, cfg.min_fit_fraction)
+        self.cfg = cfg
+
+    def _setup(self) -> None:
+        self.beta = np.full((len(self.sites), self.n_features), np.nan)
+        self.loss = np.full(len(self.sites), np.nan)
+
+    def _instructions(self, clients):
+        common = {"task": "local", **self.registry.scaling_config()}
+        return [
+            (c, FitIns(EMPTY, {**common, "site": self.registry.cid_to_site[c.cid]}))
+            for c in clients
+        ]
+
+    def _aggregate(self, server_round, answered):
+        for site, (_, res) in answered.items():
+            z = self.site_index[site]
+            self.beta[z] = parameters_to_ndarrays(res.parameters)[0]
+            self.loss[z] = float(res.metrics["loss"])
+        self.done = not np.isnan(self.beta).any()
+        self.converged = self.done
+        return EMPTY, {}
+
+    def coefficients_std(self) -> np.ndarray:
+        return self.beta
+
+
+class FixedModelStrategy(SiteStrategy):
+    """Evaluates one given coefficient vector at every site (the pooled reference)."""
+
+    def __init__(
+        self,
+        beta: np.ndarray,
+        n_sites: int,
+        registry: Registry | None = None,
+        standardize: str = "none",
+    ) -> None:
+        super().__init__(n_sites, registry, standardize)
+        self.beta = np.asarray(beta, dtype=float)
+
+    def _setup(self) -> None:
+        self.done = True
+        self.converged = True
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        if self.ready:
+            return []
+        ins = super().configure_fit(server_round, parameters, client_manager)
+        if self.ready:  # everyone registered: nothing to fit
+            return []
+        return ins
+
+    def _instructions(self, clients):
+        return []
+
+    def _aggregate(self, server_round, answered):
+        return EMPTY, {}
+
+    def coefficients_std(self) -> np.ndarray:
+        return np.tile(self.beta, (len(self.sites), 1))
+
+
+class FinalEvalFedAvg(FedAvg):
+    """Flower's own FedAvg; evaluates only after its last round (every site, its test AUC).
+
+    The surrogate clients run local gradient steps (``task = fedavg``).  Results are keyed by
+    the site id each client reports.
+    """
+
+    def __init__(
+        self,
+        cfg: GrAUCConfig,
+        n_sites: int,
+        registry: Registry | None = None,
+        initial: np.ndarray | None = None,
+        progress=None,
+    ) -> None:
+        self.cfg = cfg
+        self.registry = registry if registry is not None else Registry()
+        self.n_sites = n_sites
+        self.evaluation: dict[str, dict] = {}
+        self.history = admm.History()
+        self.progress = progress
+        self._t0 = time.perf_counter()
+        self.beta: np.ndarray | None = None
+        self.done = False
+        self.converged = False
+
+        def fit_config(server_round: int):
+            return {
+                "task": "fedavg",
+                "fedavg-local-steps": cfg.fedavg_local_steps,
+                "fedavg-lr": cfg.fedavg_lr,
+                **self.registry.scaling_config(),
+            }
+
+        def eval_config(server_round: int):
+            return {**self.registry.scaling_config()}
+
+        super().__init__(
+            fraction_fit=1.0,
+            fraction_evaluate=1.0,
+            min_fit_clients=n_sites,
+            min_evaluate_clients=n_sites,
+            min_available_clients=n_sites,
+            on_fit_config_fn=fit_config,
+            on_evaluate_config_fn=eval_config,
+            initial_parameters=None if initial is None else ndarrays_to_parameters([initial]),
+            accept_failures=True,
+        )
+
+    def aggregate_fit(self, server_round, results, failures):
+        losses = {str(r.metrics["site"]): float(r.metrics["loss"]) for _, r in results}
+        n = {str(r.metrics["site"]): r.num_examples for _, r in results}
+        total = sum(n.values())
+        params, metrics = super().aggregate_fit(server_round, results, failures)
+        if params is not None:
+            self.beta = parameters_to_ndarrays(params)[0]
+        # objective of the previous global beta: sum_z (N_z Z / N) f_z (what FedAvg minimizes)
+        objective = float(sum(len(n) * n[s] / total * losses[s] for s in losses)) if total else 0
+        self.history.append(
+            round=server_round,
+            objective=objective,
+            primal_residual=np.nan,
+            dual_residual=np.nan,
+            rho=np.nan,
+            n_answered=len(results),
+        )
+        if self.progress is not None:
+            self.progress(server_round, objective, None, time.perf_counter() - self._t0)
+        self.done = server_round >= self.cfg.fedavg_rounds
+        self.converged = self.done
+        return params, metrics
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        if server_round < self.cfg.fedavg_rounds:
+            return []
+        return super().configure_evaluate(server_round, parameters, client_manager)
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        for _, res in results:
+            self.evaluation[str(res.metrics["site"])] = dict(res.metrics)
+        return super().aggregate_evaluate(server_round, results, failures)
+
+
+__all__ = [
+    "GrAUCStrategy",
+    "IndividualStrategy",
+    "FixedModelStrategy",
+    "FinalEvalFedAvg",
+    "grauc_problem",
+    "initial_beta",
+    "sp",
+    "Parameters",
+]
