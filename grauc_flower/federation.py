@@ -170,7 +170,7 @@ def _standardize_from_data(registry: Registry, sites) -> None:
 def max_rounds_for(method: str, cfg: GrAUCConfig) -> int:
     """A round budget for the server loop (registration + the method's own rounds)."""
     if method == "fedavg":
-        return cfg.fedavg_rounds + 2
+        return cfg.fedavg_rounds + 3
     if method == "grauc":
         return cfg.max_rounds + 3
     return 4

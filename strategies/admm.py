@@ -246,7 +246,7 @@ def fused_groups(edges: np.ndarray, delta: np.ndarray, n_sites: int) -> np.ndarr
 
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     block = delta.shape[1:]
-    flat = delta.reshape(delta.shape[0], -1)
+    flat = delta.reshape(delta.shape[0], int(np.prod(block, dtype=np.int64)))
     labels = np.zeros((n_sites, flat.shape[1]), dtype=np.int64)
     for k in range(flat.shape[1]):
         keep = flat[:, k] == 0.0

@@ -72,7 +72,8 @@ class SiteStrategy(Strategy):
         return EMPTY
 
     def _clients(self, client_manager):
-        client_manager.wait_for(self.n_sites, timeout=600)
+        if not self.ready:  # registration waits for every site; later rounds use who is there
+            client_manager.wait_for(self.n_sites, timeout=600)
         return [client_manager.all()[cid] for cid in sorted(client_manager.all())]
 
     def configure_fit(self, server_round, parameters, client_manager):
@@ -207,6 +208,12 @@ class GrAUCStrategy(SiteStrategy):
         return self.problem.apply_t_sum(v)
 
     def _instructions(self, clients):
+        if len(self.graph.edges) == 0:  # no edges: each site's model is its own fit
+            common = {"task": "local", **self.registry.scaling_config()}
+            return [
+                (c, FitIns(EMPTY, {**common, "site": self.registry.cid_to_site[c.cid]}))
+                for c in clients
+            ]
         pull = self.pull()
         common = {
             "task": "admm",
@@ -229,6 +236,21 @@ class GrAUCStrategy(SiteStrategy):
             beta[z] = parameters_to_ndarrays(res.parameters)[0]
             self.loss[z] = float(res.metrics["loss"])
         rho = self.state.rho
+        if len(self.graph.edges) == 0:
+            self.state = admm.AdmmState(
+                beta, self.state.delta, self.state.gamma, rho, self.state.round + 1
+            )
+            res = admm.Residuals(0.0, 0.0, 0.0, 0.0)
+            self.history.append(
+                round=self.state.round,
+                objective=float(np.sum(self.loss)),
+                primal_residual=0.0,
+                dual_residual=0.0,
+                rho=rho,
+                n_answered=len(answered),
+            )
+            self.done = self.converged = len(answered) == len(self.sites)
+            return ndarrays_to_parameters([beta]), {}
         self.state, res = admm.server_update(
             self.problem, self.state, beta, self.cfg.tol, self.cfg.tol
         )
@@ -322,6 +344,11 @@ class FixedModelStrategy(SiteStrategy):
         return np.tile(self.beta, (len(self.sites), 1))
 
 
+def _mean_auc(metrics) -> dict:
+    aucs = [m["auc"] for _, m in metrics if np.isfinite(m.get("auc", np.nan))]
+    return {"mean_auc": float(np.mean(aucs))} if aucs else {}
+
+
 class FinalEvalFedAvg(FedAvg):
     """Flower's own FedAvg; evaluates only after its last round (every site, its test AUC).
 
@@ -345,6 +372,7 @@ class FinalEvalFedAvg(FedAvg):
         self.progress = progress
         self._t0 = time.perf_counter()
         self.beta: np.ndarray | None = None
+        self.offset = 0  # registration rounds before FedAvg's own
         self.done = False
         self.converged = False
 
@@ -369,9 +397,28 @@ class FinalEvalFedAvg(FedAvg):
             on_evaluate_config_fn=eval_config,
             initial_parameters=None if initial is None else ndarrays_to_parameters([initial]),
             accept_failures=True,
+            fit_metrics_aggregation_fn=lambda metrics: {},
+            evaluate_metrics_aggregation_fn=_mean_auc,
         )
 
+    def configure_fit(self, server_round, parameters, client_manager):
+        if self.cfg.standardize == "federated" and self.registry.center is None:
+            # register first: the pooled means/SDs come from every site's sums
+            client_manager.wait_for(self.n_sites, timeout=600)
+            clients = [client_manager.all()[cid] for cid in sorted(client_manager.all())]
+            todo = self.registry.registration_instructions(clients)
+            if todo or len(self.registry.sites) < self.n_sites:
+                return todo
+            self.registry.standardize()
+        return super().configure_fit(server_round - self.offset, parameters, client_manager)
+
     def aggregate_fit(self, server_round, results, failures):
+        if results and results[0][1].metrics.get("task") == "register":
+            self.registry.handle_registrations(results)
+            self.registry.log_failures(failures, server_round)
+            self.offset += 1
+            return None, {}
+        server_round -= self.offset
         losses = {str(r.metrics["site"]): float(r.metrics["loss"]) for _, r in results}
         n = {str(r.metrics["site"]): r.num_examples for _, r in results}
         total = sum(n.values())
@@ -395,7 +442,7 @@ class FinalEvalFedAvg(FedAvg):
         return params, metrics
 
     def configure_evaluate(self, server_round, parameters, client_manager):
-        if server_round < self.cfg.fedavg_rounds:
+        if server_round - self.offset < self.cfg.fedavg_rounds:
             return []
         return super().configure_evaluate(server_round, parameters, client_manager)
 

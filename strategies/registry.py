@@ -66,7 +66,7 @@ class Registry:
 
     def standardize(self) -> None:
         """Pooled mean and SD of each feature from the per-site sums (SD 0 -> 1)."""
-        infos = list(self.sites.values())
+        infos = [self.sites[s] for s in self.order()]  # fixed order: reproducible sums
         n = sum(i.n for i in infos)
         s1 = np.sum([i.sum_x for i in infos], axis=0)
         s2 = np.sum([i.sum_x2 for i in infos], axis=0)

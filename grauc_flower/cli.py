@@ -1,0 +1,219 @@
+"""Command line: ``python -m grauc_flower fit|run ...``.
+
+``fit``  fits one method on DATA.csv + SITES.csv and writes coefficients, history, metrics and
+         the graph (the contract documented in the README).
+``run``  runs the Flower app on Flower's simulation engine (what ``flwr run .`` does), with a
+         private SuperLink that is stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+from strategies.cli_utils import Parser, atomic_output_dir, fail, project_dir
+from strategies.config import GRAUC_METHODS, GrAUCConfig, to_run_config
+from strategies.errors import InputError
+
+D = GrAUCConfig()
+
+
+def _fit_parser(sub) -> None:
+    p = sub.add_parser("fit", help="fit one method on DATA.csv and SITES.csv")
+    p.add_argument("--data", required=True, help="CSV: site, y (0/1), features")
+    p.add_argument("--sites", required=True, help="CSV: site, lat, lon")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--method", default="grauc", choices=GRAUC_METHODS)
+    p.add_argument("--engine", default="inprocess", choices=("inprocess", "flower"))
+    p.add_argument("--lam", type=float, default=D.lam)
+    p.add_argument("--ridge", type=float, default=D.ridge)
+    p.add_argument("--w-dist", type=float, default=D.w_dist)
+    p.add_argument("--q", type=float, default=D.q)
+    p.add_argument("--rho", type=float, default=D.rho)
+    p.add_argument("--graph", default=D.graph, choices=("mst", "knn", "complete"))
+    p.add_argument("--knn-k", type=int, default=D.knn_k)
+    p.add_argument("--penalty", default=D.penalty, choices=("l1", "group"))
+    p.add_argument("--local-solver", default=D.local_solver, choices=("prox", "linearized"))
+    p.add_argument("--init", default=D.init, choices=("random", "zeros"))
+    p.add_argument("--tol", type=float, default=D.tol)
+    p.add_argument("--max-rounds", type=int, default=D.max_rounds)
+    p.add_argument("--seed", type=int, default=D.seed)
+    p.add_argument("--standardize", default=D.standardize, choices=("none", "federated"))
+    p.add_argument(
+        "--missing-class",
+        default=D.missing_class,
+        choices=("error", "borrow"),
+        help="a site whose data lack a class: reject, or let it borrow its model "
+        "from its neighbours",
+    )
+    p.add_argument("--fedavg-rounds", type=int, default=D.fedavg_rounds)
+    p.add_argument("--fedavg-local-steps", type=int, default=D.fedavg_local_steps)
+    p.add_argument("--fedavg-lr", type=float, default=D.fedavg_lr)
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _run_parser(sub) -> None:
+    p = sub.add_parser("run", help="the Flower app on Flower's simulation engine")
+    p.add_argument("--method", default="grauc,fedavg,individual")
+    p.add_argument("--num-sites", type=int, default=20)
+    p.add_argument("--out", default="", help="output directory (absolute or relative)")
+    p.add_argument(
+        "--run-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other run-config key (repeatable)",
+    )
+    p.add_argument("--verbose", action="store_true", help="stream Flower's log")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="python -m grauc_flower", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    _fit_parser(sub)
+    _run_parser(sub)
+    return parser
+
+
+def config_from_args(a) -> GrAUCConfig:
+    return GrAUCConfig(
+        lam=a.lam,
+        ridge=a.ridge,
+        w_dist=a.w_dist,
+        q=a.q,
+        rho=a.rho,
+        graph=a.graph,
+        knn_k=a.knn_k,
+        penalty=a.penalty,
+        local_solver=a.local_solver,
+        init=a.init,
+        tol=a.tol,
+        max_rounds=a.max_rounds,
+        seed=a.seed,
+        standardize=a.standardize,
+        missing_class=a.missing_class,
+        fedavg_rounds=a.fedavg_rounds,
+        fedavg_local_steps=a.fedavg_local_steps,
+        fedavg_lr=a.fedavg_lr,
+    )
+
+
+class Progress:
+    """Progress lines on stderr: round, objective, residuals, elapsed, at most every 2 s."""
+
+    def __init__(self, method: str, max_rounds: int, quiet: bool) -> None:
+        self.method, self.max_rounds, self.quiet = method, max_rounds, quiet
+        self.last = 0.0
+
+    def __call__(self, rnd, objective, res, elapsed) -> None:
+        if self.quiet or time.perf_counter() - self.last < 2.0:
+            return
+        self.last = time.perf_counter()
+        resid = "" if res is None else f"  primal {res.primal:.2e}  dual {res.dual:.2e}"
+        sys.stderr.write(
+            f"{self.method}: round {rnd}/{self.max_rounds}  objective "
+            f"{objective:.8g}{resid}  {elapsed:.1f} s\n"
+        )
+
+
+def cmd_fit(a) -> int:
+    from . import federation as fed
+    from .data import load_csv
+
+    cfg = config_from_args(a)
+    sites, features = load_csv(a.data, a.sites, cfg.missing_class == "borrow")
+    if not sites:
+        raise InputError("data: no site of the data is in the sites file")
+    t0 = time.perf_counter()
+    with atomic_output_dir(a.out) as tmp:
+        if a.engine == "inprocess":
+            limit = cfg.fedavg_rounds if a.method == "fedavg" else cfg.max_rounds
+            progress = Progress(a.method, limit, a.quiet)
+            res = fed.run_methods_inprocess(cfg, sites, [a.method], progress=progress)[a.method]
+            fed.write_result(tmp, res, features, cfg)
+        else:
+            from strategies.simulation import flwr_run
+
+            rc = {
+                **to_run_config(cfg, "grauc"),
+                "task": "grauc",
+                "method": a.method,
+                "out-dir": tmp,
+                "data.source": "csv",
+                "data.path": os.path.abspath(a.data),
+                "data.sites-path": os.path.abspath(a.sites),
+                "data.num-sites": len(sites),
+            }
+            flwr_run(project_dir(), rc, len(sites), echo=not a.quiet)
+            os.remove(os.path.join(tmp, "auc.csv"))
+        path = os.path.join(tmp, "metrics.json")
+        with open(path) as fh:
+            metrics = json.load(fh)
+        metrics.update(
+            engine=a.engine,
+            features=list(features),
+            n_sites=len(sites),
+            seconds=round(time.perf_counter() - t0, 3),
+            data=os.path.abspath(a.data),
+            sites=os.path.abspath(a.sites),
+        )
+        with open(path, "w") as fh:
+            json.dump(metrics, fh, indent=2)
+    status = "converged" if metrics["converged"] else "stopped at the round limit"
+    print(
+        f"{a.method}: {status} after {metrics['rounds']} rounds; objective "
+        f"{metrics['objective']}; mean in-sample AUC {metrics['mean_auc']}; wrote {a.out}"
+    )
+    return 0
+
+
+def cmd_run(a) -> int:
+    from strategies.simulation import flwr_run
+
+    rc = {"method": a.method, "data.num-sites": a.num_sites}
+    if a.out:
+        out = os.path.abspath(a.out)
+        os.makedirs(out, exist_ok=True)
+        rc["out-dir"] = out
+    for item in a.run_config:
+        if "=" not in item:
+            raise InputError(f"run-config: expected KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            import tomllib
+
+            rc[key] = tomllib.loads(f"v = {value}")["v"]
+        except Exception:
+            rc[key] = value
+    if not a.verbose:
+        sys.stderr.write(
+            f"Running {a.method} on Flower's simulation engine ({a.num_sites} SuperNodes)...\n"
+        )
+    out = flwr_run(project_dir(), rc, a.num_sites, echo=a.verbose)
+    table = out[out.find("Per-institution") :] if "Per-institution" in out else out[-3000:]
+    print("\n".join(ln for ln in table.splitlines() if "ClientAppActor" not in ln).strip())
+    return 0
+
+
+def main(argv=None) -> int:
+    from flwr.common.logger import FLOWER_LOGGER
+
+    FLOWER_LOGGER.setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "fit":
+            return cmd_fit(args)
+        return cmd_run(args)
+    except InputError as exc:
+        return fail(str(exc))
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        return fail(first) if "flwr run" not in first else fail(str(exc))
+    except KeyboardInterrupt:
+        return fail("interrupted")
+    except Exception as exc:  # never a traceback for a user; say what broke, in one line
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return fail(f"unexpected {type(exc).__name__}: {first}")

@@ -1,0 +1,197 @@
+"""The fit command's contract: outputs, bad input (one line, exit 2, nothing written), edge
+cases that must work."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import run_module, write_grauc_csv
+
+from grauc_flower.data import simulate
+
+
+def _fit(data, sites, out, *extra):
+    return run_module(
+        "grauc_flower", "fit", "--data", data, "--sites", sites, "--out", out, "--quiet", *extra
+    )
+
+
+def _assert_rejected(proc, out, *words):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in proc.stderr + proc.stdout
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert not os.path.exists(out)
+
+
+def test_fit_writes_the_contract(small_federation, tmp_path):
+    sites, data, site_file = small_federation
+    out = str(tmp_path / "out")
+    proc = _fit(data, site_file, out, "--max-rounds", "40")
+    assert proc.returncode == 0, proc.stderr
+    coef = pd.read_csv(os.path.join(out, "coefficients.csv"))
+    assert list(coef.columns) == ["site", "f0", "f1", "f2", "f3"]
+    assert list(coef["site"]) == [s.site for s in sites]
+    hist = pd.read_csv(os.path.join(out, "history.csv"))
+    assert list(hist.columns) == ["round", "objective", "primal_residual", "dual_residual", "rho"]
+    assert len(hist) == 40 and list(hist["round"]) == list(range(1, 41))
+    edges = pd.read_csv(os.path.join(out, "edges.csv"))
+    assert len(edges) == len(sites) - 1
+    assert {"site_u", "site_v", "distance_km", "weight"} <= set(edges.columns)
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["rounds"] == 40 and metrics["engine"] == "inprocess"
+    assert set(metrics["auc"]) == {s.site for s in sites}
+
+
+def _frames(small_federation):
+    sites, data, site_file = small_federation
+    return pd.read_csv(data, dtype={"site": str}), pd.read_csv(site_file, dtype={"site": str})
+
+
+@pytest.mark.parametrize(
+    "case,words",
+    [
+        ("no_y", ["'y'"]),
+        ("y_not_binary", ["'y'", "0 or 1"]),
+        ("y_missing", ["'y'"]),
+        ("feature_text", ["'f2'", "non-numeric"]),
+        ("feature_missing", ["'f1'", "missing"]),
+        ("no_lat", ["'lat'"]),
+        ("lat_range", ["lat", "range"]),
+        ("lon_range", ["lon", "range"]),
+        ("site_unknown", ["ZZ"]),
+        ("site_twice", ["S1", "twice"]),
+        ("missing_class", ["S2", "no positives"]),
+        ("empty_data", ["empty"]),
+    ],
+)
+def test_bad_input_is_rejected(small_federation, tmp_path, case, words):
+    data, sites = _frames(small_federation)
+    if case == "no_y":
+        data = data.drop(columns="y")
+    elif case == "y_not_binary":
+        data.loc[3, "y"] = 2
+    elif case == "y_missing":
+        data["y"] = data["y"].astype(object)
+        data.loc[5, "y"] = None
+    elif case == "feature_text":
+        data["f2"] = data["f2"].astype(object)
+        data.loc[7, "f2"] = "abc"
+    elif case == "feature_missing":
+        data.loc[4, "f1"] = np.nan
+    elif case == "no_lat":
+        sites = sites.drop(columns="lat")
+    elif case == "lat_range":
+        sites.loc[0, "lat"] = 95.0
+    elif case == "lon_range":
+        sites.loc[1, "lon"] = -200.0
+    elif case == "site_unknown":
+        data.loc[0, "site"] = "ZZ"
+    elif case == "site_twice":
+        sites = pd.concat([sites, sites.iloc[[0]].assign(lat=sites.loc[0, "lat"] + 1)])
+    elif case == "missing_class":
+        data = data[~((data["site"] == "S2") & (data["y"] == 1))]
+    d = str(tmp_path / "d.csv")
+    s = str(tmp_path / "s.csv")
+    if case == "empty_data":
+        open(d, "w").close()
+    else:
+        data.to_csv(d, index=False)
+    sites.to_csv(s, index=False)
+    out = str(tmp_path / "out")
+    _assert_rejected(_fit(d, s, out), out, *words)
+
+
+@pytest.mark.parametrize(
+    "option,value,word",
+    [
+        ("--lam", "-0.1", "lam"),
+        ("--rho", "0", "rho"),
+        ("--ridge", "-1", "ridge"),
+        ("--q", "1.5", "q"),
+        ("--max-rounds", "0", "max-rounds"),
+        ("--tol", "-1e-6", "tol"),
+        ("--graph", "ring", "graph"),
+    ],
+)
+def test_bad_settings_are_rejected(small_federation, tmp_path, option, value, word):
+    _, data, sites = small_federation
+    out = str(tmp_path / "out")
+    _assert_rejected(_fit(data, sites, out, option, value), out, word)
+
+
+def test_missing_data_file(small_federation, tmp_path):
+    _, _, sites = small_federation
+    out = str(tmp_path / "out")
+    _assert_rejected(_fit(str(tmp_path / "nope.csv"), sites, out), out, "not found")
+
+
+def test_missing_class_borrow_takes_the_neighbours_model(small_federation, tmp_path):
+    data, sites = _frames(small_federation)
+    data = data[~((data["site"] == "S2") & (data["y"] == 1))]
+    d, s = str(tmp_path / "d.csv"), str(tmp_path / "s.csv")
+    data.to_csv(d, index=False)
+    sites.to_csv(s, index=False)
+    out = str(tmp_path / "out")
+    proc = _fit(
+        d,
+        s,
+        out,
+        "--missing-class",
+        "borrow",
+        "--lam",
+        "0.5",
+        "--tol",
+        "1e-8",
+        "--max-rounds",
+        "2000",
+    )
+    assert proc.returncode == 0, proc.stderr
+    coef = pd.read_csv(os.path.join(out, "coefficients.csv")).set_index("site")
+    edges = pd.read_csv(os.path.join(out, "edges.csv"), dtype={"site_u": str, "site_v": str})
+    nbrs = set(edges.loc[edges.site_u == "S2", "site_v"]) | set(
+        edges.loc[edges.site_v == "S2", "site_u"]
+    )
+    # S2 has no datafit: its coefficients are fused to (lie between) its neighbours'
+    lo = coef.loc[sorted(nbrs)].min(axis=0) - 1e-4
+    hi = coef.loc[sorted(nbrs)].max(axis=0) + 1e-4
+    assert ((coef.loc["S2"] >= lo) & (coef.loc["S2"] <= hi)).all()
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert "S2" in metrics["sites_without_auc"]
+
+
+def test_valid_edge_cases(tmp_path):
+    sites = simulate(n_sites=4, n_features=3, n_train=30, seed=4242)
+    # one site alone
+    d, s = write_grauc_csv(str(tmp_path), sites[:1])
+    proc = _fit(d, s, str(tmp_path / "one"))
+    assert proc.returncode == 0, proc.stderr
+    assert len(pd.read_csv(tmp_path / "one" / "coefficients.csv")) == 1
+    # all sites at the same place, and a constant feature
+    same = [s_.__class__(**{**s_.__dict__, "lat": 10.0, "lon": 20.0}) for s_ in sites]
+    const = [
+        s_.__class__(
+            **{**s_.__dict__, "x_train": np.column_stack([s_.x_train, np.ones(len(s_.y_train))])}
+        )
+        for s_ in same
+    ]
+    (tmp_path / "b").mkdir()
+    d, s = write_grauc_csv(str(tmp_path / "b"), const)
+    for standardize in ("none", "federated"):
+        out = tmp_path / f"same-{standardize}"
+        proc = _fit(
+            d, s, str(out), "--standardize", standardize, "--max-rounds", "50", "--init", "zeros"
+        )
+        assert proc.returncode == 0, proc.stderr
+        coef = pd.read_csv(out / "coefficients.csv")
+        assert np.isfinite(coef.iloc[:, 1:].to_numpy()).all()
+        assert len(pd.read_csv(out / "edges.csv")) == 3
+        # the constant feature carries no information: from zero it stays exactly zero
+        np.testing.assert_allclose(coef["f3"].to_numpy(), 0.0, atol=1e-8)
