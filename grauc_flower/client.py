@@ -78,6 +78,7 @@ class GrAUCClient(NumPyClient):
             "n_pos": self.data.n_pos,
             "n_neg": self.data.n_neg,
             "index": self.index,
+            "features": ",".join(self.data.feature_names),
         }
 
     def fit(self, parameters, config):

@@ -26,6 +26,11 @@ class SiteData:
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
+    features: tuple[str, ...] = ()
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return self.features or tuple(f"x{k + 1}" for k in range(self.x_train.shape[1]))
 
     @property
     def n_pos(self) -> int:
@@ -239,6 +244,7 @@ def sites_from_frames(
                 y_train=y,
                 x_test=np.zeros((0, p)),
                 y_test=np.zeros(0, dtype=np.int64),
+                features=tuple(features),
             )
         )
     return out
@@ -276,6 +282,7 @@ def load_site_file(path: str, node_config) -> SiteData:
         y,
         np.zeros((0, p)),
         np.zeros(0, dtype=np.int64),
+        tuple(features),
     )
 
 

@@ -74,7 +74,15 @@ def _run_grauc(grid: Grid, context: Context) -> None:
         )
         results[method] = fed.collect(method, strategy)
         log(INFO, "%s finished in %.1f s", method, time.perf_counter() - t0)
+    features = registry.features() or features
     print(fed.format_auc_table(results), flush=True)
+    for method, res in results.items():
+        if res.extra.get("missing"):
+            print(
+                f"{method}: no answer at the end from site(s) "
+                f"{', '.join(sorted(res.extra['missing']))}",
+                flush=True,
+            )
     out_dir = str(rc.get("out-dir", ""))
     if out_dir:
         if not os.path.isabs(out_dir):

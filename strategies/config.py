@@ -113,6 +113,12 @@ def _coerce(cls, key: str, value):
         if kind == "str":
             return str(value)
         if kind == "bool":
+            if isinstance(value, str):
+                if value.strip().lower() in ("true", "1", "yes"):
+                    return True
+                if value.strip().lower() in ("false", "0", "no"):
+                    return False
+                raise ValueError
             return bool(value)
     except (TypeError, ValueError):
         raise InputError(f"{key}: expected a {kind}, got {value!r}") from None

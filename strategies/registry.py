@@ -24,6 +24,7 @@ class SiteInfo:
     index: int
     sum_x: np.ndarray
     sum_x2: np.ndarray
+    features: tuple[str, ...] = ()
 
 
 @dataclass
@@ -40,6 +41,19 @@ class Registry:
     scale: np.ndarray | None = None
 
     def register(self, cid: str, metrics: dict, arrays: list[np.ndarray]) -> str:
+        """Record a ``register`` answer from node ``cid``; returns the site id."""
+        info = self.make_info(metrics, arrays)
+        site = info.site
+        for old_cid, old_site in list(self.cid_to_site.items()):
+            if old_site == site and old_cid != cid:
+                log(INFO, "site %s re-registered from a new node", site)
+                del self.cid_to_site[old_cid]
+        self.sites[site] = info
+        self.cid_to_site[cid] = site
+        return site
+
+    def make_info(self, metrics: dict, arrays: list[np.ndarray]) -> SiteInfo:
+        """The site's record from its registration metrics (a method may override)."""
         site = str(metrics["site"])
         info = SiteInfo(
             site=site,
@@ -51,14 +65,27 @@ class Registry:
             index=int(metrics.get("index", -1)),
             sum_x=np.asarray(arrays[0], dtype=float) if arrays else np.zeros(0),
             sum_x2=np.asarray(arrays[1], dtype=float) if len(arrays) > 1 else np.zeros(0),
+            features=tuple(str(metrics["features"]).split(",")) if metrics.get("features") else (),
         )
-        for old_cid, old_site in list(self.cid_to_site.items()):
-            if old_site == site and old_cid != cid:
-                log(INFO, "site %s re-registered from a new node", site)
-                del self.cid_to_site[old_cid]
-        self.sites[site] = info
-        self.cid_to_site[cid] = site
-        return site
+        for other in self.sites.values():
+            if (
+                other.site != site
+                and info.features
+                and other.features
+                and (other.features != info.features)
+            ):
+                raise ValueError(
+                    f"features: site {site} reports features {list(info.features)[:4]}, "
+                    f"site {other.site} {list(other.features)[:4]}; they must agree"
+                )
+        return info
+
+    def features(self) -> tuple[str, ...]:
+        """The feature names the sites reported (they all agree)."""
+        for s in self.order():
+            if self.sites[s].features:
+                return self.sites[s].features
+        return ()
 
     def order(self) -> list[str]:
         """Sites in federation order: by reported index, then by id."""

@@ -1,0 +1,123 @@
+"""The RowFed side of the Flower app (``task = "rowfed"``): thin adapters only.
+
+:func:`run_rowfed` is called by the ServerApp in :mod:`strategies.app`; it runs the methods
+of ``method`` (comma-separated among ``rowfed, nonfed, fedavg, perfl-lsma``) one after the
+other on the same federation, prints MSE-Est, MSE-Pred and RI per method and writes the
+outputs when ``out-dir`` is set.  :func:`make_client` is called by the ClientApp.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from logging import INFO
+
+from flwr.app import Context
+from flwr.common import log
+from flwr.server import ServerConfig
+from flwr.server.compat import start_grid
+from flwr.serverapp import Grid
+
+from strategies.engine import stopping_server
+from strategies.errors import InputError
+
+from . import federation as fed
+from .client import RowFedClient
+from .config import rowfed_config, rowfed_methods
+from .strategy import RowFedRegistry
+
+#: Log every this many rounds (and the last).
+LOG_EVERY = 25
+
+
+def _progress(method: str):
+    def report(rnd, objective, res, elapsed):
+        if rnd % LOG_EVERY and rnd > 1:
+            return
+        if res is None:
+            log(INFO, "%s round %d: objective %.10g (%.1f s)", method, rnd, objective, elapsed)
+        else:
+            log(
+                INFO,
+                "%s round %d: objective %.10g, primal %.3g, dual %.3g (%.1f s)",
+                method,
+                rnd,
+                objective,
+                res.primal,
+                res.dual,
+                elapsed,
+            )
+
+    return report
+
+
+def run_rowfed(grid: Grid, context: Context) -> dict:
+    """Run the configured RowFed methods through Flower; returns ``{method: MethodResult}``."""
+    rc = context.run_config
+    cfg = rowfed_config(rc)
+    methods = rowfed_methods(rc)
+    data = fed.load_data(fed.RowFedDataSpec.from_run_config(rc))
+    out_dir = str(rc.get("out-dir", ""))
+    if out_dir and not os.path.isabs(out_dir):
+        raise InputError(f"out-dir: must be an absolute path, got {out_dir!r}")
+    round_timeout = float(rc.get("round-timeout", 0.0)) or None
+    registry = RowFedRegistry()
+    results = {}
+    for method in methods:
+        t0 = time.perf_counter()
+        strategy = fed.make_strategy(
+            method, cfg, len(data.clients), registry, progress=_progress(method)
+        )
+        start_grid(
+            grid=grid,
+            server=stopping_server(strategy),
+            config=ServerConfig(
+                num_rounds=fed.max_rounds_for(method, cfg), round_timeout=round_timeout
+            ),
+        )
+        results[method] = fed.collect(method, strategy)
+        log(
+            INFO,
+            "%s finished in %.1f s (%d rounds, converged: %s)",
+            method,
+            time.perf_counter() - t0,
+            results[method].rounds,
+            results[method].converged,
+        )
+    summary = fed.summarize(results, data)
+    print(fed.format_table(summary), flush=True)
+    if out_dir:
+        for method, res in results.items():
+            sub = out_dir if len(results) == 1 else os.path.join(out_dir, method)
+            fed.write_result(sub, res, data, cfg)
+        os.makedirs(out_dir, exist_ok=True)
+        summary.to_csv(os.path.join(out_dir, "summary.csv"), index=False)
+    return results
+
+
+def make_client(context: Context):
+    """The ClientApp's client: ``partition-id`` picks client ``m`` of the run's data; a
+    SuperNode with ``data-path`` in its node config reads its own file (the fit command's
+    format, responses from ``rowfed-data.responses``; ``client`` in the node config picks
+    one client when the file holds several)."""
+    rc = context.run_config
+    node = context.node_config
+    spec = fed.RowFedDataSpec.from_run_config(rc)
+    if "data-path" in node:
+        data = fed.read_fit_csv(str(node["data-path"]), spec.responses, spec.client_column)
+        wanted = str(node.get("client", ""))
+        pick = [c for c in data.clients if c.site == wanted] if wanted else list(data.clients)
+        if len(pick) != 1:
+            raise InputError(
+                f"data-path: need exactly one client (set 'client' in the node config), "
+                f"found {len(pick)}"
+            )
+        return RowFedClient(pick[0], index=int(node.get("index", -1))).to_client()
+    data = fed.load_data(spec)
+    pid = int(node["partition-id"])
+    if not 0 <= pid < len(data.clients):
+        raise InputError(f"partition-id: must be in [0, {len(data.clients) - 1}], got {pid}")
+    return RowFedClient(data.clients[pid], index=pid).to_client()
+
+
+__all__ = ["make_client", "run_rowfed"]

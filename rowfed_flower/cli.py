@@ -1,0 +1,218 @@
+"""The fit command: ``python -m rowfed_flower fit --data DATA.csv --responses Y1,Y2 --out DIR``.
+
+``DATA.csv`` has a ``client`` column, the response columns named by ``--responses`` and
+the predictors (every other column).  Writes ``DIR/coefficients.csv`` (``client, feature,
+<response>...``, input scale, an ``(intercept)`` row per client when fitted),
+``DIR/history.csv`` (``round, objective, primal_residual, dual_residual, rho``),
+``DIR/clusters.csv`` (per predictor: the client groups), ``DIR/metrics.json`` and, with
+``--tune gic``, ``DIR/gic.csv``.
+
+Bad input gives one line ``error: ...`` on stderr and exit code 2; nothing is written to
+``--out`` then (outputs are written to a temporary directory and moved at the end).
+Defaults of the model settings come from :class:`rowfed_flower.config.RowFedConfig`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from strategies.cli_utils import Parser, atomic_output_dir, fail, project_dir
+from strategies.errors import InputError
+
+from .config import ROWFED_METHODS, RowFedConfig, rowfed_run_config
+
+#: ``--tune gic`` grids when ``--lam1-grid`` / ``--lam2-grid`` are not given.
+DEFAULT_LAM1_GRID = "0.5,0.2,0.1,0.05,0.02,0.01"
+DEFAULT_LAM2_GRID = "0.1,0.05,0.02,0.01,0.005"
+
+#: Option name -> RowFedConfig field (only options the user gives override the defaults).
+CONFIG_OPTIONS = (
+    "penalty",
+    "concavity",
+    "lam1",
+    "lam2",
+    "sparsity",
+    "graph",
+    "participation",
+    "rho",
+    "alpha",
+    "local_solver",
+    "init",
+    "tol",
+    "max_rounds",
+    "intercept",
+    "standardize",
+    "fedavg_rounds",
+    "fedavg_local_steps",
+    "fedavg_lr",
+    "seed",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = RowFedConfig()
+    parser = Parser(prog="python -m rowfed_flower", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    fit = sub.add_parser("fit", help="fit RowFed (or a baseline) to a CSV file")
+    fit.add_argument("--data", required=True, help="CSV with a client column")
+    fit.add_argument("--responses", required=True, help="comma-separated response columns")
+    fit.add_argument("--out", required=True, help="output directory")
+    fit.add_argument("--method", choices=ROWFED_METHODS, default="rowfed")
+    fit.add_argument("--engine", choices=("inprocess", "flower"), default="inprocess")
+    fit.add_argument("--client-column", default="client", help="default: client")
+    fit.add_argument("--penalty", choices=("lasso", "mcp", "scad"), help=f"default {d.penalty}")
+    fit.add_argument("--concavity", type=float, help="0 = default (3 MCP, 3.7 SCAD)")
+    fit.add_argument("--lam1", type=float, help=f"fusion level (default {d.lam1})")
+    fit.add_argument("--lam2", type=float, help=f"sparsity level (default {d.lam2})")
+    fit.add_argument("--tune", choices=("gic",), help="choose (lam1, lam2) by GIC")
+    fit.add_argument("--lam1-grid", help=f"GIC grid (default {DEFAULT_LAM1_GRID})")
+    fit.add_argument("--lam2-grid", help=f"GIC grid (default {DEFAULT_LAM2_GRID})")
+    fit.add_argument("--sparsity", choices=("entry", "row"), help=f"default {d.sparsity}")
+    fit.add_argument("--graph", help="all-pairs (default) or an edge CSV: client_u,client_v")
+    fit.add_argument("--participation", type=float, help="pi in (0, 1] (default 1)")
+    fit.add_argument("--rho", type=float, help=f"ADMM penalty (default {d.rho})")
+    fit.add_argument("--alpha", type=float, help="rho <- alpha rho each round (default 1)")
+    fit.add_argument("--local-solver", choices=("prox", "linearized"), dest="local_solver")
+    fit.add_argument("--init", choices=("ridge", "nonfed"), help=f"default {d.init}")
+    fit.add_argument("--tol", type=float, help=f"residual tolerance (default {d.tol:g})")
+    fit.add_argument("--max-rounds", type=int, dest="max_rounds", help=f"default {d.max_rounds}")
+    fit.add_argument("--seed", type=int, help="participation draws (default 0)")
+    fit.add_argument(
+        "--intercept",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"a free intercept per client (default {d.intercept})",
+    )
+    fit.add_argument("--standardize", choices=("none", "federated"), help="default none")
+    fit.add_argument("--fedavg-rounds", type=int, dest="fedavg_rounds")
+    fit.add_argument("--fedavg-local-steps", type=int, dest="fedavg_local_steps")
+    fit.add_argument("--fedavg-lr", type=float, dest="fedavg_lr")
+    fit.add_argument("--verbose", action="store_true", help="log every round")
+    return parser
+
+
+def _grid(text: str, key: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"{key}: expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise InputError(f"{key}: give one or more values")
+    if min(values) < 0:
+        raise InputError(f"{key}: values must be >= 0, got {min(values)!r}")
+    return values
+
+
+def _config(args) -> RowFedConfig:
+    given = {k: getattr(args, k) for k in CONFIG_OPTIONS if getattr(args, k) is not None}
+    return RowFedConfig(**given)
+
+
+def _run_flower(cfg: RowFedConfig, args, data, tmp: str) -> None:
+    """``flwr run`` the app on Flower's simulation engine (one SuperNode per client) with
+    this file as the data (``rowfed-data.source = csv``); outputs land in ``tmp``."""
+    from strategies.simulation import flwr_run
+
+    rc = {
+        **rowfed_run_config(cfg),
+        "task": "rowfed",
+        "method": args.method,
+        "out-dir": tmp,
+        "rowfed-data.source": "csv",
+        "rowfed-data.path": os.path.abspath(args.data),
+        "rowfed-data.responses": ",".join(data.responses),
+        "rowfed-data.client-column": args.client_column,
+        "rowfed-data.num-clients": len(data.clients),
+    }
+    flwr_run(project_dir(), rc, len(data.clients), echo=args.verbose)
+    os.remove(os.path.join(tmp, "summary.csv"))
+
+
+def fit(args) -> int:
+    cfg = _config(args)
+    if args.tune is None and (args.lam1_grid or args.lam2_grid):
+        raise InputError("lam1-grid: grids need --tune gic")
+    if args.tune is not None and (args.lam1 is not None or args.lam2 is not None):
+        raise InputError("tune: --lam1/--lam2 are chosen by GIC; give --lam1-grid/--lam2-grid")
+    if args.tune is not None and args.method == "fedavg":
+        raise InputError("tune: gic is available for rowfed, perfl-lsma and nonfed")
+    if args.tune is not None and args.engine == "flower":
+        raise InputError("tune: gic with --engine flower is not yet available; use inprocess")
+    lam1_grid = _grid(args.lam1_grid or DEFAULT_LAM1_GRID, "lam1-grid")
+    lam2_grid = _grid(args.lam2_grid or DEFAULT_LAM2_GRID, "lam2-grid")
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from . import federation as fed
+    from .strategy import read_graph
+
+    if not args.verbose:  # after flwr's import, which sets its own level
+        FLOWER_LOGGER.setLevel(logging.WARNING)
+
+    data = fed.read_fit_csv(args.data, args.responses, args.client_column)
+    read_graph(cfg.graph, data.sites)  # validates the graph file against the client ids
+    if cfg.graph != "all-pairs":
+        cfg = cfg.replace(graph=os.path.abspath(cfg.graph))
+
+    t0 = time.perf_counter()
+    extra = {"engine": args.engine, "data": os.path.abspath(args.data)}
+    with atomic_output_dir(args.out) as tmp:
+        if args.engine == "flower":
+            _run_flower(cfg, args, data, tmp)
+        else:
+            if args.tune == "gic":
+                res, table = fed.tune_gic(cfg, data, args.method, lam1_grid, lam2_grid)
+                cfg = cfg.replace(lam1=res.lam1, lam2=res.lam2)
+                table.to_csv(os.path.join(tmp, "gic.csv"), index=False)
+                extra["tuning"] = {
+                    "criterion": "gic",
+                    "selected": {"lam1": res.lam1, "lam2": res.lam2, "gic": res.gic},
+                    "grid_size": len(table),
+                }
+            else:
+                res = fed.run_methods_inprocess(cfg, data, [args.method])[args.method]
+            fed.write_result(tmp, res, data, cfg)
+        path = os.path.join(tmp, "metrics.json")
+        with open(path) as fh:
+            metrics = json.load(fh)
+        metrics.update(extra, seconds=round(time.perf_counter() - t0, 3))
+        with open(path, "w") as fh:
+            json.dump(metrics, fh, indent=2)
+
+    state = "converged" if metrics["converged"] else "did NOT converge"
+    tuned = ""
+    if "tuning" in metrics:
+        tuned = f"; selected by GIC ({metrics['tuning']['selected']['gic']:.6g})"
+    print(
+        f"{metrics['method']}: {state} after {metrics['rounds']} rounds; objective "
+        f"{metrics['objective']}; lam1 = {metrics['lam1']:g}, lam2 = {metrics['lam2']:g}"
+        f"{tuned}; wrote {os.path.abspath(args.out)}"
+    )
+    if not metrics["converged"]:
+        print("warning: stopped at the round limit; see history.csv", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: usage errors (already one line) and --help
+        return int(exc.code or 0)
+    try:
+        return fit(args)
+    except (InputError, ValueError) as exc:
+        return fail(" ".join(str(exc).split()) or type(exc).__name__)
+    except OSError as exc:
+        return fail(f"{exc.strerror or type(exc).__name__}: {exc.filename or exc}")
+    except KeyboardInterrupt:
+        return fail("interrupted")
+    except RuntimeError as exc:  # e.g. flwr run failed: its first line
+        return fail(str(exc).splitlines()[0] if str(exc) else "RuntimeError")
+
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,222 @@
+"""The RowFed ``NumPyClient``: one client's local work, on its own data only.
+
+What leaves the client: ``p x q`` coefficient matrices, its counts and per-column sums
+(``sum x``, ``sum x^2``, ``sum y``: for federated standardization and the input-scale
+intercept), and scalar metrics (loss, residual sum of squares, prediction error).  Never a
+data row, never ``X^T X`` (each client keeps its own ``lambda_max(X^T X)``).
+
+Tasks (``config["task"]``):
+
+``register``  -> ``[sum_x, sum_x2, sum_y]``; metrics ``task, site, n, p, q, index``.
+``local``     <- ``init`` (ridge | nonfed), ``penalty``, ``concavity``, ``lam2``, ``sparsity``:
+                 the client's own fit (the oracle initial estimate, or the NonFed baseline
+                 with the same sparsity) -> ``[Theta_m]``, metrics ``task, site, loss``.
+``admm``      <- ``[Theta_m, pull_m]``, ``rho-sigma`` (``rho sigma_max``), ``local-solver``:
+                 ``c_m`` from its own ``L_m`` (:func:`rowfed_flower.core.curvature`),
+                 ``Theta_tilde_m = Theta_m - pull_m / c_m`` and one local step
+                 (METHODS.md B.3 step 4) -> ``[Theta_m_new]``, metrics ``task, site, loss``.
+``fedavg``    <- ``[Theta]`` (common), ``fedavg-local-steps``, ``fedavg-lr`` and the sparsity
+                 penalty: proximal-gradient steps -> ``[Theta]``, metrics ``task, site, loss``
+                 (the loss at the received ``Theta``).
+``evaluate``  <- ``[Theta_m]``: metrics ``site, mse_pred`` (on its test data, else on its
+                 training data; ``split`` says which), ``rss`` (training data), ``n_train``,
+                 ``n_test``.
+
+Every task carries ``intercept`` (bool) and may carry ``scale`` bytes: the client works with
+``x / scale`` and, with an intercept, centres ``x`` and ``y`` by its own training means (a
+free intercept per client is exactly a within-client centring, so the intercept is never
+penalized).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.client import NumPyClient
+
+from strategies.penalties import Penalty
+from strategies.wire import unpack
+
+from .core import LocalLeastSquares, curvature, initial_theta, local_step
+
+
+@dataclass(frozen=True)
+class ClientSamples:
+    """One client's data: training ``x`` ``(n, p)``, ``y`` ``(n, q)``; test data may have
+    zero rows.  ``site`` is the client's id (what the server keys its state by)."""
+
+    site: str
+    x: np.ndarray
+    y: np.ndarray
+    x_test: np.ndarray | None = None
+    y_test: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        x = np.asarray(self.x, dtype=float)
+        y = np.asarray(self.y, dtype=float)
+        if y.ndim == 1:
+            y = y[:, None]
+        object.__setattr__(self, "x", x)
+        object.__setattr__(self, "y", y)
+        p, q = x.shape[1], y.shape[1]
+        xt = np.zeros((0, p)) if self.x_test is None else np.asarray(self.x_test, dtype=float)
+        yt = np.zeros((0, q)) if self.y_test is None else np.asarray(self.y_test, dtype=float)
+        object.__setattr__(self, "x_test", xt)
+        object.__setattr__(self, "y_test", yt.reshape(len(yt), q))
+
+    @property
+    def n(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def p(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def q(self) -> int:
+        return self.y.shape[1]
+
+
+def fedavg_local_steps(
+    f: LocalLeastSquares,
+    theta: np.ndarray,
+    penalty: Penalty,
+    lam2: float,
+    sparsity: str,
+    steps: int,
+    lr: float = 0.0,
+) -> np.ndarray:
+    """``steps`` proximal-gradient steps on ``f + P_lam2`` from ``theta`` (FedAvg's local work).
+
+    Notes
+    -----
+    ``Theta <- prox_{P/r}(Theta - grad f(Theta) / r)`` with ``r = 1/lr`` (``r = L_m`` when
+    ``lr = 0``), doubled until ``penalty.check_rho(r)`` holds for MCP/SCAD.
+    """
+    r = 1.0 / lr if lr > 0 else max(f.lipschitz(), 1e-12)
+    while True:
+        try:
+            penalty.check_rho(r)
+            break
+        except ValueError:
+            r *= 2.0
+    group = sparsity == "row"
+    new = np.array(theta, dtype=float)
+    for _ in range(int(steps)):
+        new = penalty.threshold(new - f.grad(new) / r, lam2, r, group)
+    return new
+
+
+def _penalty(config) -> Penalty:
+    kind = str(config.get("penalty", "lasso"))
+    iota = float(config.get("concavity", 0.0))
+    return Penalty(kind, None if kind == "lasso" or iota <= 0 else iota)
+
+
+class RowFedClient(NumPyClient):
+    """One client of the federation; ``index`` is its position in the client list."""
+
+    def __init__(self, data: ClientSamples, index: int = -1) -> None:
+        self.data = data
+        self.index = int(index)
+        self._cache: dict = {}
+
+    # -- working scale --------------------------------------------------------------------
+    def _work(self, config) -> tuple[LocalLeastSquares, np.ndarray, np.ndarray, np.ndarray]:
+        """Datafit on the working scale, and ``(scale, x_mean, y_mean)`` that define it."""
+        scale_b = config.get("scale")
+        intercept = bool(config.get("intercept", False))
+        key = (scale_b, intercept)
+        if key not in self._cache:
+            d = self.data
+            scale = unpack(scale_b, d.p)
+            scale = np.ones(d.p) if scale is None else scale
+            x = d.x / scale
+            if intercept:
+                x_mean, y_mean = x.mean(axis=0), d.y.mean(axis=0)
+            else:
+                x_mean, y_mean = np.zeros(d.p), np.zeros(d.q)
+            f = LocalLeastSquares(x - x_mean, d.y - y_mean)
+            self._cache = {key: (f, scale, x_mean, y_mean)}
+        return self._cache[key]
+
+    def _check_site(self, config) -> None:
+        expected = config.get("site")
+        if expected is not None and str(expected) != self.data.site:
+            raise RuntimeError(
+                f"site mismatch: the server addressed {expected!r}, this is {self.data.site!r}"
+            )
+
+    # -- Flower API ---------------------------------------------------------------------------
+    def get_parameters(self, config):
+        return [np.zeros((self.data.p, self.data.q))]
+
+    def get_properties(self, config):
+        return self._registration()
+
+    def _registration(self) -> dict:
+        d = self.data
+        return {"site": d.site, "n": d.n, "p": d.p, "q": d.q, "index": self.index}
+
+    def fit(self, parameters, config):
+        task = config.get("task")
+        d = self.data
+        if task == "register":
+            arrays = [d.x.sum(axis=0), (d.x * d.x).sum(axis=0), d.y.sum(axis=0)]
+            return arrays, d.n, {"task": "register", **self._registration()}
+        self._check_site(config)
+        f, _, _, _ = self._work(config)
+        if task == "admm":
+            theta, pull = parameters
+            solver = str(config["local-solver"])
+            c = float(
+                curvature(np.array([f.lipschitz()]), 1.0, float(config["rho-sigma"]), solver)[0]
+            )
+            new = local_step(f, theta - pull / c, theta, c, solver)
+            return [new], d.n, {"task": task, "site": d.site, "loss": f.value(new)}
+        if task == "local":
+            if str(config.get("init", "ridge")) == "nonfed":
+                new = f.local_fit(_penalty(config), float(config["lam2"]), str(config["sparsity"]))
+            else:
+                new = initial_theta([f], method="ridge")[0]
+            return [new], d.n, {"task": task, "site": d.site, "loss": f.value(new)}
+        if task == "fedavg":
+            (theta,) = parameters
+            new = fedavg_local_steps(
+                f,
+                theta,
+                _penalty(config),
+                float(config["lam2"]),
+                str(config["sparsity"]),
+                int(config["fedavg-local-steps"]),
+                float(config.get("fedavg-lr", 0.0)),
+            )
+            return [new], d.n, {"task": task, "site": d.site, "loss": f.value(theta)}
+        raise ValueError(f"task: unknown task {task!r}")
+
+    def evaluate(self, parameters, config):
+        """Prediction error of ``parameters[0]`` (working scale) and the training RSS."""
+        self._check_site(config)
+        (theta,) = parameters
+        d = self.data
+        f, scale, x_mean, y_mean = self._work(config)
+        if d.x_test.shape[0] > 0:
+            x, y, split = d.x_test, d.y_test, "test"
+        else:
+            x, y, split = d.x, d.y, "train"
+        resid = (y - y_mean) - (x / scale - x_mean) @ theta
+        mse = float(np.mean(resid * resid))
+        metrics = {
+            "site": d.site,
+            "mse_pred": mse,
+            "rss": f.rss(theta),
+            "loss": f.value(theta),
+            "n_train": d.n,
+            "n_test": int(d.x_test.shape[0]),
+            "split": split,
+        }
+        return mse, int(x.shape[0]), metrics
+
+
+__all__ = ["ClientSamples", "RowFedClient", "fedavg_local_steps"]

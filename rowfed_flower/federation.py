@@ -1,0 +1,498 @@
+"""Glue shared by the Flower app, the in-process engine and the fit command: where the
+data come from, which strategy a method name means, GIC tuning, and the output files."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from strategies.engine import run_inprocess
+from strategies.errors import InputError
+
+from .client import ClientSamples, RowFedClient
+from .config import ROWFED_METHODS, RowFedConfig
+from .data import simulate
+from .metrics import degrees_of_freedom, mean_rand_index, mse_est
+from .strategy import NonFedStrategy, RowFedAvg, RowFedRegistry, RowFedStrategy
+
+#: Run-config prefix of the data keys (``rowfed-data.*``).
+DATA_PREFIX = "rowfed-data"
+INTERCEPT = "(intercept)"
+
+
+# ----------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RowFedDataSpec:
+    """Where a RowFed federation's data come from (run-config keys ``rowfed-data.*``).
+
+    ``simulated``: METHODS.md B.7 with ``M = num-clients``, ``n_m = n-train`` (and
+    ``n-test`` test rows per client), ``p = num-features``, ``q = num-responses``.
+    ``csv``: the fit command's format (``path``, ``responses`` comma-separated,
+    ``client-column``).
+    """
+
+    source: str = "simulated"  # [rowfed-data.source] simulated | csv
+    num_clients: int = 10  # [rowfed-data.num-clients]
+    n_train: int = 100  # [rowfed-data.n-train]
+    n_test: int = 100  # [rowfed-data.n-test]
+    num_features: int = 20  # [rowfed-data.num-features]
+    num_responses: int = 20  # [rowfed-data.num-responses]
+    seed: int = 0  # [rowfed-data.seed]
+    path: str = ""  # [rowfed-data.path]
+    responses: str = ""  # [rowfed-data.responses]
+    client_column: str = "client"  # [rowfed-data.client-column]
+
+    @classmethod
+    def from_run_config(cls, rc: dict) -> RowFedDataSpec:
+        kinds = {"source": str, "path": str, "responses": str, "client_column": str}
+        kwargs = {}
+        for key, value in rc.items():
+            if not key.startswith(DATA_PREFIX + "."):
+                continue
+            name = key[len(DATA_PREFIX) + 1 :].replace("-", "_")
+            if name not in cls.__dataclass_fields__:
+                raise InputError(f"{key}: unknown setting")
+            kind = kinds.get(name, int)
+            try:
+                kwargs[name] = kind(value)
+            except (TypeError, ValueError):
+                raise InputError(f"{key}: expected {kind.__name__}, got {value!r}") from None
+        spec = cls(**kwargs)
+        if spec.source not in ("simulated", "csv"):
+            raise InputError(f"{DATA_PREFIX}.source: must be simulated or csv, got {spec.source!r}")
+        for name in ("num_clients", "n_train", "num_features", "num_responses"):
+            if getattr(spec, name) < 1:
+                key = f"{DATA_PREFIX}.{name.replace('_', '-')}"
+                raise InputError(f"{key}: must be >= 1, got {getattr(spec, name)!r}")
+        return spec
+
+    def to_run_config(self) -> dict:
+        return {
+            f"{DATA_PREFIX}.{name.replace('_', '-')}": getattr(self, name)
+            for name in self.__dataclass_fields__
+        }
+
+
+@dataclass(frozen=True)
+class FederatedData:
+    """All clients' data (in federation order), names, and the truth when simulated."""
+
+    clients: tuple[ClientSamples, ...]
+    features: tuple[str, ...]
+    responses: tuple[str, ...]
+    theta_true: np.ndarray | None = None  # (M, p, q)
+    partitions_true: np.ndarray | None = None  # (M, p)
+
+    @property
+    def sites(self) -> list[str]:
+        return [c.site for c in self.clients]
+
+    def make_clients(self) -> list[RowFedClient]:
+        return [RowFedClient(c, index=k) for k, c in enumerate(self.clients)]
+
+
+def simulated_data(spec: RowFedDataSpec) -> FederatedData:
+    """B.7 simulated federation; client ids ``"0" .. "M-1"`` (the partition ids)."""
+    d = simulate(
+        spec.num_clients,
+        spec.n_train,
+        spec.n_test,
+        spec.num_features,
+        spec.num_responses,
+        spec.seed,
+    )
+    clients = tuple(
+        ClientSamples(str(m), d.x_train[m], d.y_train[m], d.x_test[m], d.y_test[m])
+        for m in range(spec.num_clients)
+    )
+    features = tuple(f"x{j + 1}" for j in range(spec.num_features))
+    responses = tuple(f"y{k + 1}" for k in range(spec.num_responses))
+    return FederatedData(clients, features, responses, d.theta, d.partitions)
+
+
+def _numeric_column(df: pd.DataFrame, col: str) -> np.ndarray:
+    raw = df[col].str.strip()
+    missing = raw.eq("") | raw.str.upper().isin(["NA", "NAN", "?"])
+    if missing.any():
+        row = int(np.flatnonzero(missing.to_numpy())[0]) + 2
+        raise InputError(f"data: column {col!r} has missing values (line {row})")
+    values = pd.to_numeric(raw, errors="coerce")
+    bad = values.isna() | ~np.isfinite(values.to_numpy(dtype=float))
+    if bad.any():
+        k = int(np.flatnonzero(bad.to_numpy())[0])
+        raise InputError(f"data: column {col!r} is not numeric (line {k + 2}: {df[col].iloc[k]!r})")
+    return values.to_numpy(dtype=float)
+
+
+def read_fit_csv(path: str, responses, client_column: str = "client") -> FederatedData:
+    """The fit command's data: a ``client`` column, the response columns, predictors (every
+    other column).  Clients in order of first appearance; each needs at least 2 rows.
+
+    Raises :class:`InputError` with a one-line message naming the column on bad input.
+    """
+    if isinstance(responses, str):
+        responses = [r.strip() for r in responses.split(",")]
+    responses = [r for r in responses if r]
+    if not responses:
+        raise InputError("responses: give one or more response columns")
+    if len(set(responses)) != len(responses):
+        raise InputError(f"responses: a column is named twice: {','.join(responses)}")
+    if not os.path.isfile(path):
+        raise InputError(f"data: no such file {path!r}")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except Exception as exc:  # pandas raises several kinds
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"data: cannot read {path!r}: {msg}") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    if len(set(df.columns)) != len(df.columns):
+        raise InputError(f"data: duplicate column names in {path!r}")
+    if client_column not in df.columns:
+        raise InputError(f"data: no {client_column!r} column in {path!r}")
+    for r in responses:
+        if r not in df.columns:
+            raise InputError(f"responses: {r!r} is not a column of {path!r}")
+        if r == client_column:
+            raise InputError(f"responses: {r!r} is the client column")
+    predictors = [c for c in df.columns if c != client_column and c not in responses]
+    if not predictors:
+        raise InputError(f"data: {path!r} has no predictor columns")
+    if len(df) == 0:
+        raise InputError(f"data: {path!r} has no rows")
+    client = df[client_column].str.strip()
+    if client.eq("").any():
+        row = int(np.flatnonzero(client.eq("").to_numpy())[0]) + 2
+        raise InputError(f"data: column {client_column!r} has missing values (line {row})")
+    y = np.column_stack([_numeric_column(df, c) for c in responses])
+    x = np.column_stack([_numeric_column(df, c) for c in predictors])
+    order = list(dict.fromkeys(client))
+    counts = client.value_counts()
+    for c in order:
+        if counts[c] < 2:
+            raise InputError(f"data: client {c!r} has {counts[c]} row; each client needs >= 2")
+    ids = client.to_numpy()
+    clients = tuple(ClientSamples(c, x[ids == c], y[ids == c]) for c in order)
+    return FederatedData(clients, tuple(predictors), tuple(responses))
+
+
+@functools.lru_cache(maxsize=4)
+def load_data(spec: RowFedDataSpec) -> FederatedData:
+    """The federation's data for ``spec`` (cached per process)."""
+    if spec.source == "simulated":
+        return simulated_data(spec)
+    if not spec.path or not spec.responses:
+        raise InputError(f"{DATA_PREFIX}.path: the csv source needs path and responses")
+    return read_fit_csv(spec.path, spec.responses, spec.client_column)
+
+
+# ----------------------------------------------------------------------------------------
+# Methods
+# ----------------------------------------------------------------------------------------
+def make_strategy(
+    method: str,
+    cfg: RowFedConfig,
+    n_sites: int,
+    registry: RowFedRegistry,
+    theta0: np.ndarray | None = None,
+    progress=None,
+):
+    """The Strategy object for a method name."""
+    if method == "rowfed":
+        return RowFedStrategy(cfg, n_sites, registry, "row", theta0, progress)
+    if method == "perfl-lsma":
+        return RowFedStrategy(cfg, n_sites, registry, "block", theta0, progress)
+    if method == "nonfed":
+        return NonFedStrategy(cfg, n_sites, registry)
+    if method == "fedavg":
+        return RowFedAvg(cfg, n_sites, registry, progress=progress)
+    raise InputError(f"method: must be one of {', '.join(ROWFED_METHODS)}, got {method!r}")
+
+
+def max_rounds_for(method: str, cfg: RowFedConfig) -> int:
+    """A Flower round budget: registration, initialization and the method's own rounds."""
+    if method == "fedavg":
+        return cfg.fedavg_rounds + 2
+    if method in ("rowfed", "perfl-lsma"):
+        return cfg.max_rounds + 3
+    return 4
+
+
+@dataclass
+class MethodResult:
+    """What one method produced (coefficients on the input scale)."""
+
+    method: str
+    sites: list[str]
+    theta: np.ndarray  # (M, p, q)
+    intercept: np.ndarray | None  # (M, q)
+    clusters: np.ndarray  # (M, p)
+    history: list[dict]
+    evaluation: dict[str, dict]
+    converged: bool
+    rounds: int
+    objective: float
+    gic: float
+    lam1: float
+    lam2: float
+    theta_work: np.ndarray
+    extra: dict = field(default_factory=dict)
+
+
+def collect(method: str, strategy) -> MethodResult:
+    if method in ("rowfed", "perfl-lsma"):
+        rounds = strategy.state.round if strategy.phase == "admm" else 0
+    elif method == "fedavg":
+        rounds = strategy.rounds_done
+    else:
+        rounds = 1
+    return MethodResult(
+        method=method,
+        sites=list(strategy.sites),
+        theta=strategy.coefficients(),
+        intercept=strategy.intercepts(),
+        clusters=strategy.clusters(),
+        history=list(strategy.history.rows),
+        evaluation=dict(strategy.evaluation),
+        converged=bool(strategy.converged),
+        rounds=int(rounds),
+        objective=float(strategy.objective()),
+        gic=float(strategy.gic()),
+        lam1=float(strategy.cfg.lam1),
+        lam2=float(strategy.cfg.lam2),
+        theta_work=np.array(strategy.theta_work),
+    )
+
+
+def run_methods_inprocess(
+    cfg: RowFedConfig,
+    data: FederatedData,
+    methods,
+    progress=None,
+    registry: RowFedRegistry | None = None,
+) -> dict[str, MethodResult]:
+    """Every method through the in-process engine (the same Strategy and NumPyClient
+    objects as under ``flwr run``), sharing one registry."""
+    clients = data.make_clients()
+    registry = registry if registry is not None else RowFedRegistry()
+    out = {}
+    for method in methods:
+        strategy = make_strategy(method, cfg, len(clients), registry, progress=progress)
+        run_inprocess(strategy, clients, max_rounds_for(method, cfg))
+        out[method] = collect(method, strategy)
+    return out
+
+
+def tune_gic(
+    cfg: RowFedConfig,
+    data: FederatedData,
+    method: str,
+    lam1_grid,
+    lam2_grid,
+    progress=None,
+) -> tuple[MethodResult, pd.DataFrame]:
+    """GIC over a ``(lam1, lam2)`` grid with warm starts (METHODS.md B.4).
+
+    Grid order: ``lam1`` decreasing; ``lam2`` decreasing, then increasing, alternately (a
+    snake), each fit starting from the previous fit's ``Theta`` (duals reset).  Each client
+    uploads only its residual sum of squares (the evaluation round).  NonFed uses ``lam2``
+    only.  Returns the fit with the smallest GIC and the whole table (``lam1, lam2, gic,
+    rss, df, rounds, converged, objective, selected``).
+    """
+    if method not in ("rowfed", "perfl-lsma", "nonfed"):
+        raise InputError(f"tune: gic is available for rowfed, perfl-lsma and nonfed, not {method}")
+    lam1s = sorted({float(v) for v in lam1_grid}, reverse=True)
+    lam2s = sorted({float(v) for v in lam2_grid}, reverse=True)
+    for key, grid in (("lam1", lam1s), ("lam2", lam2s)):
+        if not grid:
+            raise InputError(f"{key}-grid: give one or more values")
+        if min(grid) < 0:
+            raise InputError(f"{key}-grid: values must be >= 0, got {min(grid)!r}")
+    if method == "nonfed":
+        lam1s = [cfg.lam1]
+    clients = data.make_clients()
+    registry = RowFedRegistry()
+    rows, fits = [], []
+    theta0 = None
+    for i, lam1 in enumerate(lam1s):
+        for lam2 in lam2s if i % 2 == 0 else lam2s[::-1]:
+            point = cfg.replace(lam1=lam1, lam2=lam2)
+            strategy = make_strategy(method, point, len(clients), registry, theta0, progress)
+            run_inprocess(strategy, clients, max_rounds_for(method, point))
+            res = collect(method, strategy)
+            labels, support = strategy.structure()
+            rows.append(
+                {
+                    "lam1": lam1,
+                    "lam2": lam2,
+                    "gic": res.gic,
+                    "rss": strategy.rss(),
+                    "df": degrees_of_freedom(labels, support),
+                    "rounds": res.rounds,
+                    "converged": res.converged,
+                    "objective": res.objective,
+                }
+            )
+            fits.append(res)
+            if method != "nonfed":
+                theta0 = res.theta_work
+    table = pd.DataFrame(rows)
+    gics = table["gic"].to_numpy(dtype=float)
+    if not np.isfinite(gics).any():
+        raise InputError("tune: no grid point gave a finite GIC")
+    best = int(np.nanargmin(gics))
+    table["selected"] = np.arange(len(table)) == best
+    return fits[best], table
+
+
+# ----------------------------------------------------------------------------------------
+# Metrics and printing
+# ----------------------------------------------------------------------------------------
+def mean_mse_pred(res: MethodResult) -> float:
+    vals = [res.evaluation[s]["mse_pred"] for s in res.sites if s in res.evaluation]
+    return float(np.mean(vals)) if len(vals) == len(res.sites) else float("nan")
+
+
+def summarize(results: dict[str, MethodResult], data: FederatedData) -> pd.DataFrame:
+    """One row per method: ``method, mse_est, mse_pred, ri, rounds, converged, objective``
+    (``mse_est`` and ``ri`` need the truth: ``nan`` otherwise)."""
+    rows = []
+    for method, res in results.items():
+        truth = data.theta_true is not None
+        rows.append(
+            {
+                "method": method,
+                "mse_est": mse_est(res.theta, data.theta_true) if truth else np.nan,
+                "mse_pred": mean_mse_pred(res),
+                "ri": mean_rand_index(data.partitions_true, res.clusters) if truth else np.nan,
+                "rounds": res.rounds,
+                "converged": res.converged,
+                "objective": res.objective,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def format_table(summary: pd.DataFrame) -> str:
+    """The per-method table ``MSE-Est, MSE-Pred, RI`` as plain text."""
+    lines = ["method".ljust(12) + "MSE-Est".rjust(12) + "MSE-Pred".rjust(12) + "RI".rjust(8)]
+    for _, r in summary.iterrows():
+
+        def cell(v, width, fmt):
+            return ("n/a" if not np.isfinite(v) else format(v, fmt)).rjust(width)
+
+        lines.append(
+            str(r["method"]).ljust(12)
+            + cell(r["mse_est"], 12, ".5f")
+            + cell(r["mse_pred"], 12, ".5f")
+            + cell(r["ri"], 8, ".3f")
+        )
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------
+# Output files
+# ----------------------------------------------------------------------------------------
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.bool_, bool)):
+        return bool(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        return v if math.isfinite(v) else None
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    return value
+
+
+def coefficients_frame(res: MethodResult, features, responses) -> pd.DataFrame:
+    """``client, feature, <response>...``: one row per client and predictor (and an
+    ``(intercept)`` row first when fitted), input scale."""
+    rows = []
+    for m, site in enumerate(res.sites):
+        if res.intercept is not None:
+            rows.append([site, INTERCEPT, *res.intercept[m]])
+        for j, feat in enumerate(features):
+            rows.append([site, feat, *res.theta[m, j]])
+    return pd.DataFrame(rows, columns=["client", "feature", *responses])
+
+
+def history_frame(res: MethodResult) -> pd.DataFrame:
+    cols = ["round", "objective", "primal_residual", "dual_residual", "rho"]
+    return pd.DataFrame([{k: row.get(k) for k in cols} for row in res.history], columns=cols)
+
+
+def clusters_frame(res: MethodResult, features) -> pd.DataFrame:
+    """Per predictor: the number of client groups and each client's group label (groups
+    numbered from 0 by first appearance in client order)."""
+    df = pd.DataFrame(res.clusters.T, columns=res.sites)
+    df.insert(0, "n_clusters", [len(np.unique(res.clusters[:, j])) for j in range(len(features))])
+    df.insert(0, "feature", list(features))
+    return df
+
+
+def write_result(
+    out_dir: str,
+    res: MethodResult,
+    data: FederatedData,
+    cfg: RowFedConfig,
+    extra_metrics: dict | None = None,
+) -> None:
+    """Write ``coefficients.csv``, ``history.csv``, ``clusters.csv`` and ``metrics.json``."""
+    os.makedirs(out_dir, exist_ok=True)
+    coefficients_frame(res, data.features, data.responses).to_csv(
+        os.path.join(out_dir, "coefficients.csv"), index=False
+    )
+    history_frame(res).to_csv(os.path.join(out_dir, "history.csv"), index=False)
+    clusters_frame(res, data.features).to_csv(os.path.join(out_dir, "clusters.csv"), index=False)
+    summary = summarize({res.method: res}, data).iloc[0]
+    metrics = {
+        "method": res.method,
+        "converged": res.converged,
+        "rounds": res.rounds,
+        "objective": res.objective,
+        "lam1": res.lam1,
+        "lam2": res.lam2,
+        "gic": res.gic,
+        "n_clients": len(res.sites),
+        "n_features": len(data.features),
+        "n_responses": len(data.responses),
+        "mse_pred": summary["mse_pred"],
+        "mse_est": summary["mse_est"],
+        "ri": summary["ri"],
+        "clients": {s: res.evaluation.get(s, {}) for s in res.sites},
+        "config": {k.replace("_", "-"): v for k, v in vars(cfg).items()},
+        **(extra_metrics or {}),
+    }
+    with open(os.path.join(out_dir, "metrics.json"), "w") as fh:
+        json.dump(_jsonable(metrics), fh, indent=2)
+
+
+__all__ = [
+    "FederatedData",
+    "MethodResult",
+    "RowFedDataSpec",
+    "collect",
+    "format_table",
+    "load_data",
+    "make_strategy",
+    "max_rounds_for",
+    "read_fit_csv",
+    "run_methods_inprocess",
+    "simulated_data",
+    "summarize",
+    "tune_gic",
+    "write_result",
+]

@@ -1,0 +1,132 @@
+"""The base of the per-site strategies: registration, keyed by site id, evaluation once."""
+
+from __future__ import annotations
+
+import time
+from logging import WARNING
+
+import numpy as np
+from flwr.common import EvaluateIns, log, ndarrays_to_parameters
+from flwr.server.strategy import Strategy
+
+from .registry import EMPTY, Registry
+
+
+class SiteStrategy(Strategy):
+    """Base: registers every site first (one round), then runs the method's rounds.
+
+    Subclasses implement ``_setup()``, ``_instructions(clients)`` and ``_aggregate(...)``.
+    ``done`` turns true when the method has finished; evaluation then runs once.
+    """
+
+    def __init__(
+        self,
+        n_sites: int,
+        registry: Registry | None = None,
+        standardize: str = "none",
+        min_fit_fraction: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.n_sites = int(n_sites)
+        self.registry = registry if registry is not None else Registry()
+        self.standardize = standardize
+        self.min_fit_fraction = float(min_fit_fraction)
+        self.done = False
+        self.ready = False
+        self.evaluation: dict[str, dict] = {}
+        self.evaluated = False
+        self.missing: set[str] = set()
+        self._t0 = time.perf_counter()
+
+    #: Whether a round with fewer than ``min_fit_fraction`` of the sites is skipped.
+    needs_quorum = True
+
+    # -- Flower hooks -----------------------------------------------------------------------
+    def initialize_parameters(self, client_manager):
+        return EMPTY
+
+    def _clients(self, client_manager):
+        if not self.ready:  # registration waits for every site; later rounds use who is there
+            client_manager.wait_for(self.n_sites, timeout=600)
+        return [client_manager.all()[cid] for cid in sorted(client_manager.all())]
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        if self.done:
+            return []
+        clients = self._clients(client_manager)
+        todo = self.registry.registration_instructions(clients)
+        if not self.ready:
+            if len(self.registry.sites) >= self.n_sites and not todo:
+                self._become_ready()
+            else:
+                return todo
+        known = [c for c in clients if c.cid in self.registry.cid_to_site]
+        return todo + self._instructions(known)
+
+    def aggregate_fit(self, server_round, results, failures):
+        results = self.registry.handle_registrations(results)
+        failed = self.registry.log_failures(failures, server_round)
+        if not self.ready:
+            return EMPTY, {}
+        answered = {str(res.metrics["site"]): (proxy, res) for proxy, res in results}
+        for site in answered:
+            self.missing.discard(site)
+        self.missing.update(set(failed) - set(answered))
+        needed = int(np.ceil(self.min_fit_fraction * self.n_sites))
+        if len(answered) < needed and self.needs_quorum:
+            log(
+                WARNING,
+                "round %s: %d of %d sites answered (need %d); round skipped",
+                server_round,
+                len(answered),
+                self.n_sites,
+                needed,
+            )
+            return EMPTY, {}
+        return self._aggregate(server_round, answered)
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        if not self.done or self.evaluated:
+            return []
+        ins = []
+        for proxy in self._clients(client_manager):
+            site = self.registry.cid_to_site.get(proxy.cid)
+            if site is None or site not in self.site_index:
+                continue
+            beta = self.coefficients_std()[self.site_index[site]]
+            cfg = {"site": site, **self.registry.scaling_config()}
+            ins.append((proxy, EvaluateIns(ndarrays_to_parameters([beta]), cfg)))
+        return ins
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        self.registry.log_failures(failures, server_round)
+        for _, res in results:
+            self.evaluation[str(res.metrics["site"])] = dict(res.metrics)
+        self.evaluated = True
+        aucs = [m["auc"] for m in self.evaluation.values() if np.isfinite(m["auc"])]
+        return None, {"mean_auc": float(np.mean(aucs)) if aucs else float("nan")}
+
+    def evaluate(self, server_round, parameters):
+        return None
+
+    # -- shared ----------------------------------------------------------------------------
+    def _become_ready(self) -> None:
+        if self.standardize == "federated" and self.registry.center is None:
+            self.registry.standardize()
+        self.sites = self.registry.order()
+        self.site_index = {s: k for k, s in enumerate(self.sites)}
+        first = self.registry.sites[self.sites[0]]
+        self.n_features = int(first.sum_x.shape[0])
+        self._setup()
+        self.ready = True
+
+    def coefficients_std(self) -> np.ndarray:
+        """Coefficients on the (possibly standardized) working scale, ``(Z, p)``."""
+        raise NotImplementedError
+
+    def coefficients(self) -> np.ndarray:
+        """Coefficients on the input scale of the features, ``(Z, p)``."""
+        beta = self.coefficients_std()
+        if self.registry.scale is None:
+            return beta
+        return beta / self.registry.scale

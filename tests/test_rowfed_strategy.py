@@ -1,0 +1,672 @@
+"""RowFed's Flower classes without a server (STYLE.md 9): configure_fit / aggregate_fit on
+hand-made results (with failures and partial participation), the client's tasks, the
+in-process engine against the reference loop, the config, and the baselines' ordering."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+from flwr.common import (
+    Code,
+    EvaluateRes,
+    FitRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from numpy.testing import assert_allclose, assert_array_equal
+
+from rowfed_flower.client import ClientSamples, RowFedClient, fedavg_local_steps
+from rowfed_flower.config import RowFedConfig, rowfed_config, rowfed_methods
+from rowfed_flower.core import (
+    SPARSITY,
+    LocalLeastSquares,
+    build_problem,
+    curvature,
+    fit_rowfed,
+    local_step,
+)
+from rowfed_flower.data import simulate
+from rowfed_flower.federation import (
+    RowFedDataSpec,
+    run_methods_inprocess,
+    simulated_data,
+    summarize,
+)
+from rowfed_flower.strategy import (
+    NonFedStrategy,
+    RowFedAvg,
+    RowFedStrategy,
+    exact_row_clusters,
+    read_graph,
+)
+from strategies import admm
+from strategies.engine import run_inprocess
+from strategies.errors import InputError
+from strategies.penalties import Penalty
+from strategies.registry import EMPTY
+
+logging.getLogger("flwr").setLevel(logging.ERROR)
+
+M, P, Q, N = 4, 3, 2, 25
+OK = Status(Code.OK, "")
+
+
+class Proxy(ClientProxy):
+    """A proxy that only has a cid (the strategies never call it here)."""
+
+    def get_properties(self, ins, timeout, group_id):  # pragma: no cover
+        raise NotImplementedError
+
+    def get_parameters(self, ins, timeout, group_id):  # pragma: no cover
+        raise NotImplementedError
+
+    def fit(self, ins, timeout, group_id):  # pragma: no cover
+        raise NotImplementedError
+
+    def evaluate(self, ins, timeout, group_id):  # pragma: no cover
+        raise NotImplementedError
+
+    def reconnect(self, ins, timeout, group_id):  # pragma: no cover
+        raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def sim():
+    return simulate(M, N, 10, P, Q, seed=21, n_clusters=(1, 2))
+
+
+@pytest.fixture(scope="module")
+def samples(sim):
+    return [
+        ClientSamples(f"s{m}", sim.x_train[m], sim.y_train[m], sim.x_test[m], sim.y_test[m])
+        for m in range(M)
+    ]
+
+
+def manager_with(cids):
+    mgr = SimpleClientManager()
+    proxies = {cid: Proxy(cid) for cid in cids}
+    for p in proxies.values():
+        mgr.register(p)
+    return mgr, proxies
+
+
+def fitres(arrays, metrics, n=N, code=Code.OK):
+    return FitRes(
+        Status(code, "" if code == Code.OK else "boom"), ndarrays_to_parameters(arrays), n, metrics
+    )
+
+
+def register_all(strategy, mgr, proxies, samples, site_of_cid):
+    """Round 1: registration answers made by hand from the clients' own data."""
+    ins = strategy.configure_fit(1, EMPTY, mgr)
+    assert {p.cid for p, _ in ins} == set(proxies)
+    assert all(i.config["task"] == "register" for _, i in ins)
+    results = []
+    for proxy, _ in ins:
+        s = samples[site_of_cid[proxy.cid]]
+        metrics = {
+            "task": "register",
+            "site": s.site,
+            "n": s.n,
+            "p": s.p,
+            "q": s.q,
+            "index": site_of_cid[proxy.cid],
+        }
+        arrays = [s.x.sum(0), (s.x**2).sum(0), s.y.sum(0)]
+        results.append((proxy, fitres(arrays, metrics)))
+    strategy.aggregate_fit(1, results, [])
+
+
+# cids deliberately unrelated to the site order: state is keyed by site id
+CIDS = {"907": 2, "13": 0, "55": 3, "2": 1}
+
+
+def ready_strategy(samples, cfg, **kw):
+    mgr, proxies = manager_with(CIDS)
+    strategy = RowFedStrategy(cfg, M, **kw)
+    register_all(strategy, mgr, proxies, samples, CIDS)
+    return strategy, mgr, proxies
+
+
+def answer_init(strategy, mgr, samples, rnd=2, fail=()):
+    ins = strategy.configure_fit(rnd, EMPTY, mgr)
+    results, failures = [], []
+    for proxy, fi in ins:
+        s = samples[CIDS[proxy.cid]]
+        if s.site in fail:
+            failures.append((proxy, fitres([], {}, code=Code.FIT_NOT_IMPLEMENTED)))
+            continue
+        client = RowFedClient(s)
+        arrays, n, metrics = client.fit([], fi.config)
+        results.append((proxy, fitres(arrays, metrics)))
+    strategy.aggregate_fit(rnd, results, failures)
+    return ins
+
+
+# ---------------------------------------------------------------------------------------
+# RowFedStrategy on hand-made results
+# ---------------------------------------------------------------------------------------
+def test_registration_is_keyed_by_site(samples):
+    strategy, mgr, proxies = ready_strategy(samples, RowFedConfig(intercept=False))
+    assert strategy.registry.order() == ["s0", "s1", "s2", "s3"]
+    ins = strategy.configure_fit(2, EMPTY, mgr)
+    assert strategy.ready and strategy.sites == ["s0", "s1", "s2", "s3"]
+    assert (strategy.n_features, strategy.n_responses) == (P, Q)
+    # oracle initialization: one ``local`` task per client, each its own FitIns
+    assert len(ins) == M and len({id(i) for _, i in ins}) == M
+    for proxy, fi in ins:
+        assert fi.config["task"] == "local" and fi.config["init"] == "ridge"
+        assert fi.config["site"] == samples[CIDS[proxy.cid]].site
+    # a client that comes back from a new node keeps its site
+    reg = strategy.registry
+    reg.register("999", {"site": "s1", "n": N, "p": P, "q": Q, "index": 1}, [])
+    assert "2" not in reg.cid_to_site and reg.cid_to_site["999"] == "s1"
+
+
+def test_init_round_with_a_failure_is_retried(samples):
+    cfg = RowFedConfig(intercept=False)
+    strategy, mgr, _ = ready_strategy(samples, cfg)
+    answer_init(strategy, mgr, samples, fail=("s2",))
+    assert strategy.phase == "init"
+    assert np.isnan(strategy.theta_init[2]).all() and not np.isnan(strategy.theta_init[0]).any()
+    ins = answer_init(strategy, mgr, samples, rnd=3)
+    assert [fi.config["site"] for _, fi in ins] == ["s2"]  # only the missing one
+    assert strategy.phase == "admm"
+    fits = [LocalLeastSquares(s.x, s.y) for s in samples]
+    ridge = np.stack([f.prox_step(np.zeros((P, Q)), 1e-3) for f in fits])
+    assert_allclose(strategy.state.beta, ridge, atol=1e-12)
+    ref = admm.init_state(strategy.problem, ridge, cfg.rho, threshold=True)
+    for a, b in zip(
+        strategy.state.delta + strategy.state.gamma, ref.delta + ref.gamma, strict=True
+    ):
+        assert_allclose(a, b, atol=1e-12)
+
+
+def test_admm_round_sends_own_theta_and_pull_and_handles_failures(samples):
+    cfg = RowFedConfig(intercept=False, local_solver="linearized", lam1=0.1, lam2=0.05)
+    strategy, mgr, _ = ready_strategy(samples, cfg)
+    answer_init(strategy, mgr, samples)
+    before = strategy.state
+    prob = build_problem(M, "lasso", 0.1, 0.05, "entry")
+    assert_allclose(strategy.sigma_max, M + 1)
+    ins = strategy.configure_fit(3, EMPTY, mgr)
+    assert len(ins) == M and len({id(i) for _, i in ins}) == M
+    fits = [LocalLeastSquares(s.x, s.y) for s in samples]
+    lip = np.array([f.lipschitz() for f in fits])
+    c = curvature(lip, prob.sigma_max(), before.rho, "linearized")
+    tilde = admm.global_component(prob, before, c)
+    results, failures = [], []
+    expected = before.beta.copy()
+    for proxy, fi in ins:
+        z = CIDS[proxy.cid]
+        theta_z, pull_z = parameters_to_ndarrays(fi.parameters)
+        assert fi.config["task"] == "admm" and fi.config["site"] == f"s{z}"
+        assert_allclose(fi.config["rho-sigma"], before.rho * (M + 1))
+        assert_array_equal(theta_z, before.beta[z])
+        # the client's Theta_tilde with its own curvature is the server-side formula
+        assert_allclose(theta_z - pull_z / c[z], tilde[z], atol=1e-12)
+        if z == 1:  # a failure (status not OK) and an exception: both keep Theta_m
+            failures.append((proxy, fitres([], {}, code=Code.FIT_NOT_IMPLEMENTED)))
+            continue
+        if z == 3:
+            failures.append(RuntimeError("lost"))
+            continue
+        arrays, n, metrics = RowFedClient(samples[z]).fit([theta_z, pull_z], fi.config)
+        expected[z] = local_step(fits[z], tilde[z], before.beta[z], c[z], "linearized")
+        assert_allclose(arrays[0], expected[z], atol=1e-12)
+        results.append((proxy, fitres(arrays, metrics)))
+    strategy.aggregate_fit(3, results, failures)
+    ref, res = admm.server_update(prob, before, expected, cfg.tol, cfg.tol)
+    assert_allclose(strategy.state.beta, expected, atol=1e-12)
+    assert_array_equal(strategy.state.beta[1], before.beta[1])
+    assert_array_equal(strategy.state.beta[3], before.beta[3])
+    for a, b in zip(strategy.state.delta, ref.delta, strict=True):
+        assert_allclose(a, b, atol=1e-12)
+    row = strategy.history.rows[-1]
+    assert row["round"] == 1 and row["n_participants"] == 2
+    assert_allclose(row["primal_residual"], res.primal, rtol=1e-9)
+    assert not strategy.done
+
+
+def test_all_participants_fail_is_a_round_without_change(samples):
+    strategy, mgr, _ = ready_strategy(samples, RowFedConfig(intercept=False))
+    answer_init(strategy, mgr, samples)
+    beta = strategy.state.beta.copy()
+    ins = strategy.configure_fit(3, EMPTY, mgr)
+    strategy.aggregate_fit(3, [], [RuntimeError("x") for _ in ins])
+    assert strategy.state.round == 1
+    assert_array_equal(strategy.state.beta, beta)
+    assert strategy.history.rows[-1]["n_participants"] == 0
+
+
+def test_partial_participation_is_seeded(samples):
+    cfg = RowFedConfig(intercept=False, participation=0.5, seed=7)
+    strategy, mgr, _ = ready_strategy(samples, cfg)
+    answer_init(strategy, mgr, samples)
+    rng = np.random.default_rng(7)
+    draws = [rng.random(M) < 0.5 for _ in range(40)]
+    k = 0
+    for rnd in range(3, 23):
+        ins = strategy.configure_fit(rnd, EMPTY, mgr)
+        while not draws[k].any():  # done inside configure_fit as a round without change
+            k += 1
+        addressed = sorted(int(fi.config["site"][1:]) for _, fi in ins)
+        assert addressed == list(np.flatnonzero(draws[k]))
+        assert strategy.state.round == k  # empty draws advanced the ADMM round counter
+        results = []
+        for proxy, fi in ins:
+            arrays, n, metrics = RowFedClient(samples[CIDS[proxy.cid]]).fit(
+                parameters_to_ndarrays(fi.parameters), fi.config
+            )
+            results.append((proxy, fitres(arrays, metrics)))
+        strategy.aggregate_fit(rnd, results, [])
+        k += 1
+    counts = [r["n_participants"] for r in strategy.history.rows]
+    assert counts == [int(d.sum()) for d in draws[: len(counts)]]
+    assert 0 in counts  # this seed has an empty draw in the first rounds
+
+
+def test_non_participants_keep_theta(samples):
+    cfg = RowFedConfig(intercept=False, participation=0.5, seed=3)
+    strategy, mgr, _ = ready_strategy(samples, cfg)
+    answer_init(strategy, mgr, samples)
+    before = strategy.state.beta.copy()
+    ins = strategy.configure_fit(3, EMPTY, mgr)
+    addressed = {CIDS[p.cid] for p, _ in ins}
+    results = []
+    for proxy, fi in ins:
+        arrays, n, metrics = RowFedClient(samples[CIDS[proxy.cid]]).fit(
+            parameters_to_ndarrays(fi.parameters), fi.config
+        )
+        results.append((proxy, fitres(arrays, metrics)))
+    strategy.aggregate_fit(3, results, [])
+    for z in range(M):
+        changed = not np.array_equal(strategy.state.beta[z], before[z])
+        assert changed == (z in addressed)
+
+
+def test_evaluate_only_when_done_and_read_out(samples):
+    cfg = RowFedConfig(max_rounds=2, lam1=0.1, lam2=0.05)
+    strategy, mgr, _ = ready_strategy(samples, cfg)
+    answer_init(strategy, mgr, samples)
+    assert strategy.configure_evaluate(2, EMPTY, mgr) == []
+    for rnd in (3, 4):
+        ins = strategy.configure_fit(rnd, EMPTY, mgr)
+        results = []
+        for proxy, fi in ins:
+            arrays, n, metrics = RowFedClient(samples[CIDS[proxy.cid]]).fit(
+                parameters_to_ndarrays(fi.parameters), fi.config
+            )
+            results.append((proxy, fitres(arrays, metrics)))
+        strategy.aggregate_fit(rnd, results, [])
+    assert strategy.done and not strategy.converged
+    assert strategy.configure_fit(5, EMPTY, mgr) == []
+    ins = strategy.configure_evaluate(5, EMPTY, mgr)
+    assert len(ins) == M
+    results = []
+    for proxy, ei in ins:
+        client = RowFedClient(samples[CIDS[proxy.cid]])
+        loss, n, metrics = client.evaluate(parameters_to_ndarrays(ei.parameters), ei.config)
+        results.append((proxy, EvaluateRes(OK, loss, n, metrics)))
+    _, agg = strategy.aggregate_evaluate(5, results, [])
+    assert strategy.configure_evaluate(6, EMPTY, mgr) == []
+    est = strategy.estimate()
+    eta = strategy.state.delta[SPARSITY]
+    assert_array_equal(est[eta == 0.0], 0.0)
+    assert_array_equal(est[eta != 0.0], strategy.state.beta[eta != 0.0])
+    # intercept b_m = ybar_m - xbar_m Theta_m, and the clients' test MSE uses it
+    for m, s in enumerate(samples):
+        b = strategy.intercepts()[m]
+        assert_allclose(b, s.y.mean(0) - s.x.mean(0) @ est[m], atol=1e-12)
+        pred = s.x_test @ est[m] + b
+        assert_allclose(strategy.evaluation[s.site]["mse_pred"], np.mean((s.y_test - pred) ** 2))
+    assert_allclose(
+        agg["mse_pred"], np.mean([strategy.evaluation[s.site]["mse_pred"] for s in samples])
+    )
+    assert np.isfinite(strategy.gic())
+
+
+# ---------------------------------------------------------------------------------------
+# The in-process engine reproduces the reference loop
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("participation", "solver", "alpha"),
+    [(1.0, "prox", 1.0), (0.5, "linearized", 1.0), (0.6, "prox", 1.002)],
+)
+def test_inprocess_equals_fit_rowfed(samples, participation, solver, alpha):
+    cfg = RowFedConfig(
+        intercept=False,
+        participation=participation,
+        local_solver=solver,
+        alpha=alpha,
+        lam1=0.1,
+        lam2=0.05,
+        sparsity="row",
+        tol=1e-7,
+        max_rounds=400,
+        seed=5,
+    )
+    clients = [RowFedClient(s, index=m) for m, s in enumerate(samples)]
+    strategy = RowFedStrategy(cfg, M)
+    run_inprocess(strategy, clients, cfg.max_rounds + 3)
+    fits = [LocalLeastSquares(s.x, s.y) for s in samples]
+    prob = build_problem(M, "lasso", 0.1, 0.05, "row")
+    ref = fit_rowfed(
+        fits,
+        prob,
+        rho=cfg.rho,
+        solver=solver,
+        participation=participation,
+        seed=5,
+        alpha=alpha,
+        tol=1e-7,
+        max_rounds=400,
+    )
+    assert strategy.converged == ref.converged
+    assert strategy.state.round == ref.n_rounds
+    assert_allclose(strategy.state.beta, ref.theta, rtol=1e-12, atol=1e-13)
+    ours = [r["objective"] for r in strategy.history.rows]
+    theirs = [r["objective"] for r in ref.history.rows]
+    assert_allclose(ours, theirs, rtol=1e-12)
+    assert [r["n_participants"] for r in strategy.history.rows] == [
+        r["n_participants"] for r in ref.history.rows
+    ]
+
+
+def test_perfl_lsma_is_block_fusion(samples):
+    cfg = RowFedConfig(intercept=False, lam1=5.0, lam2=0.0, tol=1e-9, max_rounds=3000)
+    clients = [RowFedClient(s, index=m) for m, s in enumerate(samples)]
+    strategy = RowFedStrategy(cfg, M, fusion_grouping="block")
+    run_inprocess(strategy, clients, cfg.max_rounds + 3)
+    assert strategy.problem.splits[0].grouping == "block"
+    assert strategy.converged
+    assert_array_equal(strategy.clusters(), 0)  # a huge lam1 fuses whole matrices
+    fits = [LocalLeastSquares(s.x, s.y) for s in samples]
+    pooled = np.linalg.solve(sum(f.gram for f in fits), sum(f.xty for f in fits))
+    assert_allclose(strategy.estimate(), np.broadcast_to(pooled, (M, P, Q)), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------
+# NonFed and FedAvg
+# ---------------------------------------------------------------------------------------
+def test_nonfed_one_round_with_retry(samples):
+    cfg = RowFedConfig(intercept=False, penalty="mcp", lam2=0.1)
+    mgr, proxies = manager_with(CIDS)
+    strategy = NonFedStrategy(cfg, M)
+    register_all(strategy, mgr, proxies, samples, CIDS)
+    ins = strategy.configure_fit(2, EMPTY, mgr)
+    assert all(fi.config["init"] == "nonfed" and fi.config["penalty"] == "mcp" for _, fi in ins)
+    results, failures = [], []
+    for proxy, fi in ins:
+        s = samples[CIDS[proxy.cid]]
+        if s.site == "s0":
+            failures.append(RuntimeError("down"))
+            continue
+        arrays, n, metrics = RowFedClient(s).fit([], fi.config)
+        results.append((proxy, fitres(arrays, metrics)))
+    strategy.aggregate_fit(2, results, failures)
+    assert not strategy.done
+    ins = strategy.configure_fit(3, EMPTY, mgr)
+    assert [fi.config["site"] for _, fi in ins] == ["s0"]
+    proxy, fi = ins[0]
+    arrays, n, metrics = RowFedClient(samples[0]).fit([], fi.config)
+    strategy.aggregate_fit(3, [(proxy, fitres(arrays, metrics))], [])
+    assert strategy.done
+    for m, s in enumerate(samples):
+        ref = LocalLeastSquares(s.x, s.y).local_fit(Penalty("mcp"), 0.1, "entry")
+        assert_allclose(strategy.theta[m], ref, atol=1e-12)
+
+
+def test_fedavg_registers_then_averages_and_evaluates_at_the_end(samples):
+    cfg = RowFedConfig(intercept=False, fedavg_rounds=2, fedavg_local_steps=3, lam2=0.05)
+    mgr, proxies = manager_with(CIDS)
+    strategy = RowFedAvg(cfg, M)
+    ins = strategy.configure_fit(1, EMPTY, mgr)
+    assert all(fi.config["task"] == "register" for _, fi in ins)
+    register_all_results = []
+    for proxy, _ in ins:
+        s = samples[CIDS[proxy.cid]]
+        metrics = {
+            "task": "register",
+            "site": s.site,
+            "n": s.n + CIDS[proxy.cid],
+            "p": P,
+            "q": Q,
+            "index": CIDS[proxy.cid],
+        }
+        register_all_results.append(
+            (proxy, fitres([s.x.sum(0), (s.x**2).sum(0), s.y.sum(0)], metrics))
+        )
+    assert strategy.aggregate_fit(1, register_all_results, []) == (None, {})
+    theta = np.zeros((P, Q))
+    for rnd in (2, 3):
+        assert strategy.configure_evaluate(rnd - 1, EMPTY, mgr) == []
+        ins = strategy.configure_fit(rnd, ndarrays_to_parameters([theta]), mgr)
+        assert len(ins) == M and all(fi.config["task"] == "fedavg" for _, fi in ins)
+        results, new, weights = [], [], []
+        for proxy, fi in ins:
+            s = samples[CIDS[proxy.cid]]
+            arrays, _, metrics = RowFedClient(s).fit(
+                parameters_to_ndarrays(fi.parameters), fi.config
+            )
+            ref = fedavg_local_steps(
+                LocalLeastSquares(s.x, s.y), theta, Penalty("lasso"), 0.05, "entry", 3
+            )
+            assert_allclose(arrays[0], ref, atol=1e-12)
+            n = s.n + CIDS[proxy.cid]  # unequal sizes: the average is weighted
+            results.append((proxy, fitres(arrays, metrics, n=n)))
+            new.append(arrays[0])
+            weights.append(n)
+        params, _ = strategy.aggregate_fit(rnd, results, [])
+        theta = parameters_to_ndarrays(params)[0]
+        assert_allclose(theta, np.average(new, axis=0, weights=weights), atol=1e-12)
+    assert strategy.done and strategy.rounds_done == 2
+    assert len(strategy.configure_evaluate(3, ndarrays_to_parameters([theta]), mgr)) == M
+    assert strategy.sites == ["s0", "s1", "s2", "s3"]
+    assert_array_equal(strategy.coefficients(), np.broadcast_to(theta, (M, P, Q)))
+
+
+def test_fedavg_local_steps_are_proximal_gradient():
+    rng = np.random.default_rng(0)
+    f = LocalLeastSquares(rng.standard_normal((20, 3)), rng.standard_normal((20, 2)))
+    t0 = rng.standard_normal((3, 2))
+    lr = 0.1
+    step = Penalty("lasso").threshold(t0 - lr * f.grad(t0), 0.2, 1 / lr, True)
+    got = fedavg_local_steps(f, t0, Penalty("lasso"), 0.2, "row", 1, lr)
+    assert_allclose(got, step)
+    # MCP with concavity below the step: the step is halved until the threshold is valid
+    mcp = Penalty("mcp", 0.05)
+    got = fedavg_local_steps(f, t0, mcp, 0.2, "entry", 1, lr)
+    assert_allclose(got, mcp.threshold(t0 - f.grad(t0) / 40.0, 0.2, 40.0, False))
+
+
+# ---------------------------------------------------------------------------------------
+# The client
+# ---------------------------------------------------------------------------------------
+def test_client_intercept_and_scale(samples):
+    s = samples[0]
+    client = RowFedClient(s)
+    scale = np.array([2.0, 0.5, 4.0])
+    from strategies.wire import pack
+
+    cfg = {"task": "local", "init": "ridge", "intercept": True, "scale": pack(scale)}
+    (theta,), n, metrics = client.fit([], cfg)
+    xw = s.x / scale
+    xc, yc = xw - xw.mean(0), s.y - s.y.mean(0)
+    ref = np.linalg.solve(xc.T @ xc / n + 1e-3 * np.eye(P), xc.T @ yc / n)
+    assert_allclose(theta, ref, atol=1e-12)
+    assert_allclose(metrics["loss"], np.sum((yc - xc @ theta) ** 2) / (2 * n))
+    loss, n_test, em = client.evaluate([theta], {"intercept": True, "scale": pack(scale)})
+    pred = (s.x_test / scale - xw.mean(0)) @ theta + s.y.mean(0)
+    assert_allclose(em["mse_pred"], np.mean((s.y_test - pred) ** 2))
+    assert_allclose(em["rss"], np.sum((yc - xc @ theta) ** 2))
+    assert em["split"] == "test" and n_test == len(s.x_test)
+    with pytest.raises(RuntimeError, match="site mismatch"):
+        client.fit([], {**cfg, "site": "other"})
+    with pytest.raises(ValueError, match="task"):
+        client.fit([], {"task": "nope"})
+
+
+def test_client_registration_sends_only_sums(samples):
+    s = samples[2]
+    arrays, n, metrics = RowFedClient(s, index=2).fit([], {"task": "register"})
+    assert metrics == {"task": "register", "site": "s2", "n": N, "p": P, "q": Q, "index": 2}
+    assert [a.shape for a in arrays] == [(P,), (P,), (Q,)]
+    assert_allclose(arrays[2], s.y.sum(0))
+
+
+# ---------------------------------------------------------------------------------------
+# Config, graph, helpers
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"penalty": "mcp", "concavity": 0.5, "rho": 1.0}, "concavity"),
+        ({"penalty": "mcp", "concavity": 1.0, "rho": 1.0}, "concavity"),
+        ({"penalty": "scad", "concavity": 2.0, "rho": 1.0}, "concavity"),
+        ({"penalty": "scad", "rho": 0.2}, "concavity"),  # default 3.7 <= 1 + 1/0.2
+        ({"participation": 0.0}, "participation"),
+        ({"participation": 1.5}, "participation"),
+        ({"lam1": -0.1}, "lam1"),
+        ({"lam2": -1.0}, "lam2"),
+        ({"alpha": 0.9}, "alpha"),
+        ({"rho": 0.0}, "rho"),
+        ({"penalty": "l0"}, "penalty"),
+        ({"sparsity": "block"}, "sparsity"),
+        ({"local_solver": "newton"}, "local-solver"),
+        ({"standardize": "global"}, "standardize"),
+    ],
+)
+def test_config_rejects_with_the_key(kwargs, key):
+    with pytest.raises(InputError, match=rf"^{key}: "):
+        RowFedConfig(**kwargs)
+
+
+def test_config_from_run_config():
+    cfg = rowfed_config(
+        {
+            "rowfed.penalty": "mcp",
+            "rowfed.lam1": 1,
+            "rowfed.max-rounds": 7,
+            "rowfed.intercept": "false",
+            "seed": 3,
+            "grauc.lam": 0.5,
+        }
+    )
+    assert (cfg.penalty, cfg.lam1, cfg.max_rounds, cfg.intercept, cfg.seed) == (
+        "mcp",
+        1.0,
+        7,
+        False,
+        3,
+    )
+    assert cfg.iota == 3.0 and RowFedConfig(penalty="scad").iota == 3.7
+    with pytest.raises(InputError, match="rowfed.nope"):
+        rowfed_config({"rowfed.nope": 1})
+    with pytest.raises(InputError, match="intercept"):
+        rowfed_config({"rowfed.intercept": "maybe"})
+    assert rowfed_methods({"method": "rowfed, fedavg"}) == ["rowfed", "fedavg"]
+    with pytest.raises(InputError, match="method"):
+        rowfed_methods({"method": "grauc"})
+
+
+def test_read_graph(tmp_path):
+    sites = ["a", "b", "c"]
+    assert read_graph("all-pairs", sites) == (None, None)
+    path = tmp_path / "g.csv"
+    path.write_text("u,v,weight\nc,a,2\nb,c,0.5\n")
+    edges, w = read_graph(str(path), sites)
+    assert_array_equal(edges, [[2, 0], [1, 2]])
+    assert_allclose(w, [2.0, 0.5])
+    path.write_text("u,v\na,zz\n")
+    with pytest.raises(InputError, match="graph: unknown client 'zz'"):
+        read_graph(str(path), sites)
+    with pytest.raises(InputError, match="graph: no such file"):
+        read_graph(str(tmp_path / "none.csv"), sites)
+
+
+def test_graph_weights_scale_lam1(samples, tmp_path):
+    path = tmp_path / "g.csv"
+    path.write_text("u,v,weight\ns0,s1,2\ns1,s2,1\ns2,s3,0.5\n")
+    cfg = RowFedConfig(intercept=False, graph=str(path), lam1=0.2)
+    strategy, mgr, _ = ready_strategy(samples, cfg)
+    strategy.configure_fit(2, EMPTY, mgr)
+    assert_allclose(strategy.problem.splits[0].lam, [0.4, 0.2, 0.1])
+    assert_allclose(
+        strategy.sigma_max,
+        np.linalg.eigvalsh(np.diag([1, 2, 2, 1]) - np.eye(4, k=1) - np.eye(4, k=-1))[-1] + 1,
+    )
+
+
+def test_exact_row_clusters():
+    theta = np.zeros((3, 2, 2))
+    theta[0, 0] = theta[2, 0] = [1.0, 2.0]
+    theta[1, 0] = [1.0, 2.0 + 1e-15]
+    assert_array_equal(exact_row_clusters(theta), [[0, 0], [1, 0], [0, 0]])
+
+
+def test_make_client_picks_the_partition():
+    from rowfed_flower.app import make_client
+
+    rc = {
+        "rowfed-data.num-clients": 3,
+        "rowfed-data.num-features": 4,
+        "rowfed-data.num-responses": 2,
+        "rowfed-data.n-train": 10,
+    }
+    ctx = Context(
+        run_id=1, node_id=5, node_config={"partition-id": 2}, state=RecordDict(), run_config=rc
+    )
+    client = make_client(ctx)
+    from flwr.common import GetPropertiesIns
+
+    props = client.get_properties(GetPropertiesIns(config={})).properties
+    assert props["site"] == "2" and props["p"] == 4 and props["q"] == 2 and props["n"] == 10
+    with pytest.raises(InputError, match="rowfed-data.source"):
+        RowFedDataSpec.from_run_config({"rowfed-data.source": "web"})
+
+
+# ---------------------------------------------------------------------------------------
+# On the default simulated data (B.7), RowFed estimates best
+# ---------------------------------------------------------------------------------------
+def test_rowfed_beats_nonfed_and_fedavg_on_default_simulation():
+    data = simulated_data(RowFedDataSpec())
+    assert (len(data.clients), data.clients[0].n, data.clients[0].p, data.clients[0].q) == (
+        10,
+        100,
+        20,
+        20,
+    )
+    results = run_methods_inprocess(RowFedConfig(), data, ["rowfed", "nonfed", "fedavg"])
+    table = summarize(results, data).set_index("method")
+    assert results["rowfed"].converged
+    est = table["mse_est"]
+    assert est["rowfed"] < est["nonfed"] and est["rowfed"] < est["fedavg"]
+    assert table["mse_pred"]["rowfed"] < min(
+        table["mse_pred"]["nonfed"], table["mse_pred"]["fedavg"]
+    )
+
+
+def test_pyproject_defaults_equal_rowfed_config():
+    """One source of defaults (active once the keys are declared in pyproject.toml)."""
+    import os
+
+    import tomllib
+
+    from rowfed_flower.config import rowfed_run_config
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as fh:
+        app = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    declared = {f"rowfed.{k}": v for k, v in app["rowfed"].items()}
+    expected = {k: v for k, v in rowfed_run_config(RowFedConfig()).items() if k != "seed"}
+    assert declared == expected
+    data = {f"rowfed-data.{k}": v for k, v in app.get("rowfed-data", {}).items()}
+    assert data == RowFedDataSpec().to_run_config()
