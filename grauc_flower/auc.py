@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import expit
-from scipy.stats import rankdata
 
 #: Elements of the ``n x m`` pair matrix held in memory at once (8 MiB per float64 array).
 DEFAULT_CHUNK_ELEMENTS = 1 << 20
@@ -136,6 +135,20 @@ class PairwiseLogistic:
         outer = np.outer(s_pos, s_neg)
         mat = m * (self.x_pos.T @ self.x_pos) + n * (self.x_neg.T @ self.x_neg) - outer - outer.T
         return float(np.linalg.eigvalsh(mat / (4.0 * n * m))[-1]) + float(self.eta)
+
+
+def rankdata(x: np.ndarray) -> np.ndarray:
+    """Midranks (1-based; ties get the average of their ranks), as ``scipy.stats.rankdata``."""
+    x = np.asarray(x, dtype=float)
+    order = np.argsort(x, kind="mergesort")
+    xs = x[order]
+    n = xs.size
+    starts = np.flatnonzero(np.concatenate([[True], xs[1:] != xs[:-1]])) if n else np.zeros(0, int)
+    ends = np.concatenate([starts[1:], [n]])
+    mid = (starts + ends + 1) / 2.0  # average of 1-based ranks starts+1 .. ends
+    ranks = np.empty(n)
+    ranks[order] = np.repeat(mid, ends - starts)
+    return ranks
 
 
 def split_by_class(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -52,6 +52,14 @@ def _fit_parser(sub) -> None:
     p.add_argument("--fedavg-rounds", type=int, default=D.fedavg_rounds)
     p.add_argument("--fedavg-local-steps", type=int, default=D.fedavg_local_steps)
     p.add_argument("--fedavg-lr", type=float, default=D.fedavg_lr)
+    p.add_argument(
+        "--checkpoint",
+        default="",
+        metavar="FILE",
+        help="write the server's ADMM state to FILE (.npz) every K rounds",
+    )
+    p.add_argument("--checkpoint-every", type=int, default=10, metavar="K")
+    p.add_argument("--resume", default="", metavar="FILE", help="start from a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -132,7 +140,18 @@ def cmd_fit(a) -> int:
         if a.engine == "inprocess":
             limit = cfg.fedavg_rounds if a.method == "fedavg" else cfg.max_rounds
             progress = Progress(a.method, limit, a.quiet)
-            res = fed.run_methods_inprocess(cfg, sites, [a.method], progress=progress)[a.method]
+            ckpt = fed.checkpoint_settings(
+                {
+                    "checkpoint.path": os.path.abspath(a.checkpoint) if a.checkpoint else "",
+                    "checkpoint.every": a.checkpoint_every,
+                    "checkpoint.resume": os.path.abspath(a.resume) if a.resume else "",
+                }
+            )
+            if ckpt["resume"] and not os.path.isfile(ckpt["resume"]):
+                raise InputError(f"resume: file not found: {a.resume}")
+            res = fed.run_methods_inprocess(
+                cfg, sites, [a.method], progress=progress, checkpoint=ckpt
+            )[a.method]
             fed.write_result(tmp, res, features, cfg)
         else:
             from strategies.simulation import flwr_run
@@ -146,6 +165,9 @@ def cmd_fit(a) -> int:
                 "data.path": os.path.abspath(a.data),
                 "data.sites-path": os.path.abspath(a.sites),
                 "data.num-sites": len(sites),
+                "checkpoint.path": os.path.abspath(a.checkpoint) if a.checkpoint else "",
+                "checkpoint.every": a.checkpoint_every,
+                "checkpoint.resume": os.path.abspath(a.resume) if a.resume else "",
             }
             flwr_run(project_dir(), rc, len(sites), echo=not a.quiet)
             os.remove(os.path.join(tmp, "auc.csv"))

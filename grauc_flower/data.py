@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from strategies.errors import InputError
+
+if TYPE_CHECKING:  # pandas is imported where CSV files are read (clients stay light)
+    import pandas as pd
 
 #: Group centres of the simulated institutions: around Los Angeles and around New York.
 GROUP_CENTRES = ((34.05, -118.24), (40.71, -74.01))
@@ -123,6 +126,8 @@ def simulate(
 
 
 def _read_csv(path: str, what: str, dtype=None) -> pd.DataFrame:
+    import pandas as pd
+
     try:
         df = pd.read_csv(path, dtype=dtype)
     except FileNotFoundError:
@@ -139,6 +144,8 @@ def _read_csv(path: str, what: str, dtype=None) -> pd.DataFrame:
 
 def numeric_columns(df: pd.DataFrame, columns: list[str], what: str) -> np.ndarray:
     """The columns as a float matrix; a missing or non-numeric value names its column."""
+    import pandas as pd
+
     out = np.empty((df.shape[0], len(columns)))
     for k, col in enumerate(columns):
         values = pd.to_numeric(df[col], errors="coerce")
@@ -156,6 +163,7 @@ def numeric_columns(df: pd.DataFrame, columns: list[str], what: str) -> np.ndarr
 
 def read_sites(path: str) -> pd.DataFrame:
     """Read ``SITES.csv`` (``site, lat, lon``) and validate it.  Returns one row per site."""
+
     df = _read_csv(path, "sites", dtype={"site": str})
     for col in ("site", "lat", "lon"):
         if col not in df.columns:
@@ -186,6 +194,8 @@ def read_sites(path: str) -> pd.DataFrame:
 def read_data(path: str) -> tuple[pd.DataFrame, list[str]]:
     """Read ``DATA.csv`` (``site``, ``y`` and the features).  Returns the frame and the
     feature names (every other column, in file order)."""
+    import pandas as pd
+
     df = _read_csv(path, "data", dtype={"site": str})
     for col in ("site", "y"):
         if col not in df.columns:
@@ -214,6 +224,8 @@ def sites_from_frames(
 ) -> list[SiteData]:
     """Split the data by site, in the order of the sites file.  Checks every data site has
     coordinates and (unless ``allow_missing_class``) both classes."""
+    import pandas as pd
+
     x = numeric_columns(data, features, "data")
     known = set(sites["site"])
     unknown = [s for s in pd.unique(data["site"]) if s not in known]
@@ -287,6 +299,8 @@ def load_site_file(path: str, node_config) -> SiteData:
 
 
 def read_data_single(path: str) -> tuple[pd.DataFrame, list[str]]:
+    import pandas as pd
+
     df = _read_csv(path, "data", dtype={"site": str})
     if "y" not in df.columns:
         raise InputError(f"data: missing column 'y' in {path}")

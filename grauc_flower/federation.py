@@ -3,7 +3,6 @@ data come from, which strategy a method name means, and what a finished run prod
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from strategies import admm
-from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config, parse_methods
+from strategies.config import GRAUC_METHODS, GrAUCConfig
 from strategies.engine import run_inprocess
 from strategies.errors import InputError
 from strategies.grauc import (
@@ -25,89 +24,8 @@ from strategies.registry import Registry
 
 from .auc import PairwiseLogistic, split_by_class
 from .client import GrAUCClient
-from .data import SiteData, load_csv, simulate
 from .local import local_fit
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """Where a federation's data come from (run-config keys ``data.*``)."""
-
-    source: str = "simulated"  # simulated | csv
-    simulation: int = 1
-    n_sites: int = 20
-    n_features: int = 10
-    n_train: int = 50
-    n_test: int = 200
-    prevalence: float = 0.3
-    level: int = 3
-    data_seed: int = 0
-    data_path: str = ""
-    sites_path: str = ""
-    allow_missing_class: bool = False
-
-    @classmethod
-    def from_run_config(cls, rc: dict) -> DataSpec:
-        return cls(
-            source=str(rc.get("data.source", "simulated")),
-            simulation=int(rc.get("data.simulation", 1)),
-            n_sites=int(rc.get("data.num-sites", 20)),
-            n_features=int(rc.get("data.num-features", 10)),
-            n_train=int(rc.get("data.n-train", 50)),
-            n_test=int(rc.get("data.n-test", 200)),
-            prevalence=float(rc.get("data.prevalence", 0.3)),
-            level=int(rc.get("data.level", 3)),
-            data_seed=int(rc.get("data.seed", 0)),
-            data_path=str(rc.get("data.path", "")),
-            sites_path=str(rc.get("data.sites-path", "")),
-            allow_missing_class=str(rc.get("grauc.missing-class", "error")) == "borrow",
-        )
-
-    def to_run_config(self) -> dict:
-        return {
-            "data.source": self.source,
-            "data.simulation": self.simulation,
-            "data.num-sites": self.n_sites,
-            "data.num-features": self.n_features,
-            "data.n-train": self.n_train,
-            "data.n-test": self.n_test,
-            "data.prevalence": self.prevalence,
-            "data.level": self.level,
-            "data.seed": self.data_seed,
-            "data.path": self.data_path,
-            "data.sites-path": self.sites_path,
-        }
-
-
-@functools.lru_cache(maxsize=4)
-def load_sites(spec: DataSpec) -> tuple[tuple[SiteData, ...], tuple[str, ...]]:
-    """All sites' data for ``spec`` (cached per process)."""
-    if spec.source == "simulated":
-        sites = simulate(
-            spec.simulation,
-            spec.n_sites,
-            spec.n_features,
-            spec.n_train,
-            spec.n_test,
-            spec.prevalence,
-            spec.level,
-            spec.data_seed,
-        )
-        return tuple(sites), tuple(f"x{k + 1}" for k in range(spec.n_features))
-    if spec.source == "csv":
-        if not spec.data_path or not spec.sites_path:
-            raise InputError("data.path: the csv source needs data.path and data.sites-path")
-        sites, features = load_csv(spec.data_path, spec.sites_path, spec.allow_missing_class)
-        return tuple(sites), tuple(features)
-    raise InputError(f"data.source: must be simulated or csv, got {spec.source!r}")
-
-
-def grauc_config(rc: dict) -> GrAUCConfig:
-    return from_run_config(GrAUCConfig, rc, "grauc")
-
-
-def grauc_methods(rc: dict) -> list[str]:
-    return parse_methods(rc.get("method", "grauc"), GRAUC_METHODS)
+from .sources import DataSpec, grauc_config, grauc_methods, load_sites  # noqa: F401
 
 
 def pooled_fit(sites, cfg: GrAUCConfig, registry: Registry | None) -> np.ndarray:
@@ -138,10 +56,12 @@ def make_strategy(
     sites=None,
     graph_edges=None,
     progress=None,
+    checkpoint: dict | None = None,
 ):
-    """The Strategy object for a method name."""
+    """The Strategy object for a method name.  ``checkpoint`` (GrAUC-PFL): ``checkpoint``
+    (file written every ``checkpoint_every`` rounds) and ``resume`` (file to start from)."""
     if method == "grauc":
-        return GrAUCStrategy(cfg, n_sites, registry, graph_edges, progress)
+        return GrAUCStrategy(cfg, n_sites, registry, graph_edges, progress, **(checkpoint or {}))
     if method == "individual":
         return IndividualStrategy(cfg, n_sites, registry)
     if method == "fedavg":
@@ -165,6 +85,24 @@ def _standardize_from_data(registry: Registry, sites) -> None:
     sd = np.sqrt(np.maximum((x * x).sum(axis=0) - n * mean**2, 0.0) / max(n - 1, 1))
     registry.center = mean
     registry.scale = np.where(sd > 1e-12 * np.maximum(1.0, np.abs(mean)), sd, 1.0)
+
+
+def checkpoint_settings(rc: dict) -> dict:
+    """``checkpoint.path``, ``checkpoint.every``, ``checkpoint.resume`` from a run config."""
+    out = {
+        "checkpoint": str(rc.get("checkpoint.path", "")),
+        "checkpoint_every": int(rc.get("checkpoint.every", 10)),
+        "resume": str(rc.get("checkpoint.resume", "")),
+    }
+    for key in ("checkpoint", "resume"):
+        if out[key] and not os.path.isabs(out[key]):
+            raise InputError(
+                f"checkpoint.{'path' if key == 'checkpoint' else key}: must be an "
+                f"absolute path, got {out[key]!r}"
+            )
+    if out["checkpoint_every"] < 1:
+        raise InputError(f"checkpoint.every: must be >= 1, got {out['checkpoint_every']}")
+    return out
 
 
 def max_rounds_for(method: str, cfg: GrAUCConfig) -> int:
@@ -222,6 +160,9 @@ def collect(method: str, strategy) -> MethodResult:
         history, rounds = [], 1
         if method == "pooled":
             extra["pooled_objective"] = strategy.pooled_objective
+    extra["missing"] = sorted(
+        set(strategy.missing) | (set(strategy.sites) - set(strategy.evaluation))
+    )
     return MethodResult(
         method,
         list(strategy.sites),
@@ -235,14 +176,16 @@ def collect(method: str, strategy) -> MethodResult:
 
 
 def run_methods_inprocess(
-    cfg: GrAUCConfig, sites, methods, graph_edges=None, progress=None
+    cfg: GrAUCConfig, sites, methods, graph_edges=None, progress=None, checkpoint=None
 ) -> dict[str, MethodResult]:
     """Every method through the in-process engine, sharing one registry."""
     clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
     registry = Registry()
     out = {}
     for method in methods:
-        strategy = make_strategy(method, cfg, len(sites), registry, sites, graph_edges, progress)
+        strategy = make_strategy(
+            method, cfg, len(sites), registry, sites, graph_edges, progress, checkpoint
+        )
         run_inprocess(strategy, clients, max_rounds_for(method, cfg))
         out[method] = collect(method, strategy)
     return out
@@ -353,6 +296,7 @@ def write_result(
             }
             for s, m in aucs.items()
         },
+        "missing_sites": list(res.extra.get("missing", [])),
         "sites_without_auc": sorted(s for s, m in aucs.items() if not np.isfinite(m["auc"])),
         "config": {k.replace("_", "-"): v for k, v in vars(cfg).items()},
         **(extra_metrics or {}),

@@ -58,12 +58,19 @@ def _run_grauc(grid: Grid, context: Context) -> None:
         sites, features = fed.load_sites(spec)
         n_sites = len(sites)
     round_timeout = float(rc.get("round-timeout", 0.0)) or None
+    checkpoint = fed.checkpoint_settings(rc)
     registry = Registry()
     results = {}
     for method in methods:
         t0 = time.perf_counter()
         strategy = fed.make_strategy(
-            method, cfg, n_sites, registry, sites, progress=_progress(method)
+            method,
+            cfg,
+            n_sites,
+            registry,
+            sites,
+            progress=_progress(method),
+            checkpoint=checkpoint,
         )
         start_grid(
             grid=grid,
@@ -112,19 +119,19 @@ def _client_fn(context: Context):
         from rowfed_flower.app import make_client
 
         return make_client(context)
-    from grauc_flower import federation as fed
+    from grauc_flower import sources
     from grauc_flower.client import GrAUCClient
 
     rc = context.run_config
-    cfg = fed.grauc_config(rc)
+    cfg = sources.grauc_config(rc)
     node = context.node_config
     if "data-path" in node:
         from grauc_flower.data import load_site_file
 
         data = load_site_file(str(node["data-path"]), node)
         return GrAUCClient(data, cfg.ridge, index=int(node.get("index", -1))).to_client()
-    spec = fed.DataSpec.from_run_config(rc)
-    sites, _ = fed.load_sites(spec)
+    spec = sources.DataSpec.from_run_config(rc)
+    sites, _ = sources.load_sites(spec)
     pid = int(node["partition-id"])
     return GrAUCClient(sites[pid], cfg.ridge, index=pid).to_client()
 

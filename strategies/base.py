@@ -61,7 +61,9 @@ class SiteStrategy(Strategy):
             else:
                 return todo
         known = [c for c in clients if c.cid in self.registry.cid_to_site]
-        return todo + self._instructions(known)
+        ins = self._instructions(known)
+        self._asked = {str(fi.config["site"]) for _, fi in ins if "site" in fi.config}
+        return todo + ins
 
     def aggregate_fit(self, server_round, results, failures):
         results = self.registry.handle_registrations(results)
@@ -71,7 +73,15 @@ class SiteStrategy(Strategy):
         answered = {str(res.metrics["site"]): (proxy, res) for proxy, res in results}
         for site in answered:
             self.missing.discard(site)
-        self.missing.update(set(failed) - set(answered))
+        silent = (set(failed) | getattr(self, "_asked", set())) - set(answered)
+        for site in sorted(silent):
+            log(
+                WARNING,
+                "round %s: no answer from site %s; it keeps its coefficients",
+                server_round,
+                site,
+            )
+        self.missing.update(silent)
         needed = int(np.ceil(self.min_fit_fraction * self.n_sites))
         if len(answered) < needed and self.needs_quorum:
             log(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from logging import INFO
 
@@ -20,6 +21,7 @@ from flwr.server.strategy import FedAvg
 from . import admm
 from .base import SiteStrategy
 from .config import GrAUCConfig
+from .errors import InputError
 from .penalties import Penalty
 from .registry import EMPTY, Registry
 
@@ -51,12 +53,18 @@ class GrAUCStrategy(SiteStrategy):
         registry: Registry | None = None,
         graph_edges: np.ndarray | None = None,
         progress=None,
+        checkpoint: str = "",
+        checkpoint_every: int = 10,
+        resume: str = "",
     ) -> None:
         super().__init__(n_sites, registry, cfg.standardize, cfg.min_fit_fraction)
         self.cfg = cfg
         self.graph_edges = graph_edges
         self.progress = progress
         self.history = admm.History()
+        self.checkpoint = checkpoint
+        self.checkpoint_every = int(checkpoint_every)
+        self.resume = resume
 
     def _setup(self) -> None:
         cfg = self.cfg
@@ -71,6 +79,8 @@ class GrAUCStrategy(SiteStrategy):
         beta0 = initial_beta(len(self.sites), self.n_features, cfg)
         self.state = admm.init_state(self.problem, beta0, cfg.rho, threshold=False)
         self.loss = np.full(len(self.sites), np.nan)
+        if self.resume:
+            self._load_checkpoint(self.resume)
         log(
             INFO,
             "GrAUC-PFL: %d sites, %d edges (%s), p = %d, sigma_max = %.4g",
@@ -148,6 +158,8 @@ class GrAUCStrategy(SiteStrategy):
         )
         self.done = res.converged or self.state.round >= self.cfg.max_rounds
         self.converged = res.converged
+        if self.checkpoint and (self.state.round % self.checkpoint_every == 0 or self.done):
+            self._save_checkpoint(self.checkpoint)
         if self.progress is not None:
             self.progress(self.state.round, objective, res, time.perf_counter() - self._t0)
         metrics = {"objective": objective, "primal_residual": res.primal, "dual_residual": res.dual}
@@ -155,6 +167,48 @@ class GrAUCStrategy(SiteStrategy):
 
     def coefficients_std(self) -> np.ndarray:
         return self.state.beta
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _save_checkpoint(self, path: str) -> None:
+        """The whole server state (beta per site, delta, gamma, rho, round, the last loss per
+        site, history, site order, scaling) in one ``.npz``, written atomically."""
+        extra = {
+            "loss": self.loss,
+            "sites": np.array(self.sites),
+            "history": np.array(json.dumps(self.history.rows)),
+            "lam": np.array(self.cfg.lam),
+        }
+        if self.registry.center is not None:
+            extra.update(center=self.registry.center, scale=self.registry.scale)
+        admm.save_state(path, self.state, **extra)
+        log(INFO, "checkpoint: round %d written to %s", self.state.round, path)
+
+    def _load_checkpoint(self, path: str) -> None:
+        try:
+            state, extra = admm.load_state(path)
+        except (OSError, KeyError, ValueError) as exc:
+            raise InputError(f"resume: cannot read checkpoint {path}: {exc}") from None
+        sites = [str(s) for s in extra["sites"]]
+        if sites != list(self.sites):
+            raise InputError(
+                f"resume: the checkpoint's sites {sites[:5]} are not this "
+                f"federation's {list(self.sites)[:5]}"
+            )
+        if state.beta.shape != self.state.beta.shape:
+            raise InputError(
+                f"resume: coefficients of shape {state.beta.shape}, expected "
+                f"{self.state.beta.shape}"
+            )
+        if (
+            "center" in extra
+            and self.registry.center is not None
+            and not np.allclose(extra["center"], self.registry.center, rtol=0, atol=0)
+        ):
+            raise InputError("resume: the sites' data changed since the checkpoint")
+        self.state = state
+        self.loss = np.asarray(extra["loss"], dtype=float)
+        self.history.rows = json.loads(str(extra["history"]))
+        log(INFO, "resumed from %s at round %d", path, state.round)
 
     def clusters(self) -> np.ndarray:
         """Fused groups per coordinate, ``(Z, p)`` labels, read off ``delta``."""
