@@ -56,6 +56,7 @@ class GrAUCStrategy(SiteStrategy):
         checkpoint: str = "",
         checkpoint_every: int = 10,
         resume: str = "",
+        beta0: np.ndarray | None = None,
     ) -> None:
         super().__init__(n_sites, registry, cfg.standardize, cfg.min_fit_fraction)
         self.cfg = cfg
@@ -65,6 +66,7 @@ class GrAUCStrategy(SiteStrategy):
         self.checkpoint = checkpoint
         self.checkpoint_every = int(checkpoint_every)
         self.resume = resume
+        self.beta0 = beta0  # a warm start (Z, p) on the working scale, in site order
 
     def _setup(self) -> None:
         cfg = self.cfg
@@ -76,7 +78,10 @@ class GrAUCStrategy(SiteStrategy):
         self.graph = build_graph(lat, lon, cfg.graph, cfg.knn_k, self.graph_edges)
         self.problem = grauc_problem(self.graph, len(self.sites), cfg)
         self.sigma_max = self.problem.sigma_max()
-        beta0 = initial_beta(len(self.sites), self.n_features, cfg)
+        if self.beta0 is not None:
+            beta0 = np.array(self.beta0, dtype=float).reshape(len(self.sites), self.n_features)
+        else:
+            beta0 = initial_beta(len(self.sites), self.n_features, cfg)
         self.state = admm.init_state(self.problem, beta0, cfg.rho, threshold=False)
         self.loss = np.full(len(self.sites), np.nan)
         if self.resume:

@@ -1,0 +1,220 @@
+"""Flower's Deployment Engine on loopback: a SuperLink with TLS and SuperNode authentication,
+three SuperNodes each with its own data file.  Every process is stopped by its pid, also when
+a test fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import tomli_w
+from conftest import ROOT
+
+from grauc_flower import federation as fed
+from grauc_flower.data import simulate
+from strategies.config import GrAUCConfig
+from strategies.deploy import (
+    make_certificates,
+    make_node_key,
+    start_superlink,
+    start_supernode,
+)
+from strategies.simulation import _bin, flower_env, free_port, stop_process, wait_for_port
+
+pytestmark = [pytest.mark.deployment, pytest.mark.slow]
+
+if shutil.which("openssl") is None or shutil.which("ssh-keygen") is None:
+    pytest.skip("openssl and ssh-keygen are needed", allow_module_level=True)
+
+FEATURES = ["age", "bmi", "sbp"]
+
+
+class Federation:
+    """A SuperLink (TLS + SuperNode auth) and SuperNodes, all started and stopped by pid."""
+
+    def __init__(self, root: str, n_sites: int = 3) -> None:
+        self.root = root
+        self.home = os.path.join(root, "flwr-home")
+        os.makedirs(self.home, exist_ok=True)
+        self.procs: list[subprocess.Popen] = []
+        self.nodes: dict[str, subprocess.Popen] = {}
+        self.sites = simulate(n_sites=n_sites, n_features=len(FEATURES), n_train=40, seed=31337)
+        self.certs = make_certificates(os.path.join(root, "certs"))
+        self.keys = [
+            make_node_key(os.path.join(root, "certs"), f"node-{k + 1}") for k in range(n_sites + 1)
+        ]  # the last key is never registered
+        for s in self.sites:
+            frame = pd.DataFrame(s.x_train, columns=FEATURES)
+            frame.insert(0, "y", s.y_train)
+            frame.to_csv(self.data_path(s.site), index=False)
+        self.port = free_port()
+        self.superlink = start_superlink(self.home, self.port, self.certs, auth=True)
+        self.procs.append(self.superlink)
+        wait_for_port(self.port, self.superlink)
+        with open(os.path.join(self.home, "config.toml"), "wb") as fh:
+            tomli_w.dump(
+                {
+                    "superlink": {
+                        "default": "hospitals",
+                        "hospitals": {
+                            "address": f"127.0.0.1:{self.port}",
+                            "root-certificates": self.certs["ca"],
+                        },
+                    }
+                },
+                fh,
+            )
+        for _, pub in self.keys[:n_sites]:
+            self.flwr("supernode", "register", pub, "hospitals")
+
+    def data_path(self, site: str) -> str:
+        return os.path.join(self.root, f"{site}.csv")
+
+    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [_bin("flwr"), *args],
+            env=flower_env(self.home),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc
+
+    def start_node(self, k: int, key_index: int | None = None) -> subprocess.Popen:
+        s = self.sites[k]
+        node_config = (
+            f'data-path="{self.data_path(s.site)}" site="{s.site}" lat={s.lat} '
+            f"lon={s.lon} index={k}"
+        )
+        private = self.keys[k if key_index is None else key_index][0]
+        proc = start_supernode(
+            self.home,
+            f"127.0.0.1:{self.port}",
+            free_port(),
+            node_config,
+            self.certs["ca"],
+            private,
+            f"supernode-{k}-{len(self.procs)}.log",
+        )
+        self.procs.append(proc)
+        self.nodes[s.site] = proc
+        return proc
+
+    def run(self, run_config: dict, timeout: float = 900) -> str:
+        path = os.path.join(self.root, f"run-{len(self.procs)}.toml")
+        with open(path, "wb") as fh:
+            tomli_w.dump(run_config, fh)
+        return self.flwr(
+            "run", ROOT, "hospitals", "--stream", "--run-config", path, timeout=timeout
+        ).stdout
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            stop_process(proc, grace=5)
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    fedn = Federation(str(tmp_path_factory.mktemp("deploy")))
+    try:
+        for k in range(len(fedn.sites)):
+            fedn.start_node(k)
+        yield fedn
+    finally:
+        fedn.close()
+        assert all(p.poll() is not None for p in fedn.procs)
+
+
+def test_tls_auth_run_equals_inprocess(federation, tmp_path):
+    out = str(tmp_path / "out")
+    rounds = 4
+    federation.run(
+        {
+            "method": "grauc",
+            "data.num-sites": 3,
+            "grauc.max-rounds": rounds,
+            "grauc.standardize": "federated",
+            "out-dir": out,
+        }
+    )
+    coef = pd.read_csv(os.path.join(out, "coefficients.csv"))
+    assert list(coef.columns) == ["site", *FEATURES]
+    ref = fed.run_methods_inprocess(
+        GrAUCConfig(max_rounds=rounds, standardize="federated"), federation.sites, ["grauc"]
+    )["grauc"]
+    assert list(coef["site"]) == ref.sites
+    np.testing.assert_allclose(coef[FEATURES].to_numpy(), ref.coefficients, rtol=0, atol=1e-8)
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["rounds"] == rounds and metrics["missing_sites"] == []
+    # the operations commands see the run
+    listing = federation.flwr("ls").stdout
+    assert "finished" in listing.lower()
+
+
+def test_unregistered_supernode_is_refused(federation):
+    proc = start_supernode(
+        federation.home,
+        f"127.0.0.1:{federation.port}",
+        free_port(),
+        'site="intruder"',
+        federation.certs["ca"],
+        federation.keys[-1][0],
+        "intruder.log",
+    )
+    federation.procs.append(proc)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("an unregistered SuperNode was not refused within 120 s")
+    log = open(proc.log_path).read()
+    assert proc.returncode != 0
+    assert "305" in log or "Failed to activate SuperNode" in log
+
+
+def test_killed_supernode_run_finishes_and_reports(federation, tmp_path):
+    out = str(tmp_path / "out")
+    victim = federation.sites[2].site
+    run_config = {
+        "method": "grauc",
+        "data.num-sites": 3,
+        "grauc.max-rounds": 6,
+        "grauc.min-fit-fraction": 0.6,
+        "round-timeout": 25.0,
+        "out-dir": out,
+    }
+    path = os.path.join(federation.root, "kill.toml")
+    with open(path, "wb") as fh:
+        tomli_w.dump(run_config, fh)
+    run = subprocess.Popen(
+        [_bin("flwr"), "run", ROOT, "hospitals", "--stream", "--run-config", path],
+        env=flower_env(federation.home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    federation.procs.append(run)
+    lines, killed = [], False
+    deadline = time.monotonic() + 900
+    for line in run.stdout:
+        lines.append(line)
+        if not killed and "grauc round 2:" in line:
+            stop_process(federation.nodes[victim], grace=2)  # by its pid
+            killed = True
+        assert time.monotonic() < deadline, "the run did not finish"
+    run.wait(timeout=60)
+    text = "".join(lines)
+    assert killed, text[-3000:]
+    assert run.returncode == 0, text[-3000:]
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["rounds"] == 6
+    assert metrics["missing_sites"] == [victim]
+    assert f"no answer at the end from site(s) {victim}" in text
+    coef = pd.read_csv(os.path.join(out, "coefficients.csv"))
+    assert np.isfinite(coef[FEATURES].to_numpy()).all()
