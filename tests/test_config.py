@@ -1,10 +1,10 @@
 """One source of defaults: pyproject's run config equals the config dataclasses."""
 
 import os
+import tomllib
 from dataclasses import fields
 
 import pytest
-import tomllib
 
 from strategies.config import GrAUCConfig, from_run_config, to_run_config
 from strategies.errors import InputError

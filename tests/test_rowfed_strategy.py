@@ -657,7 +657,6 @@ def test_rowfed_beats_nonfed_and_fedavg_on_default_simulation():
 def test_pyproject_defaults_equal_rowfed_config():
     """One source of defaults (active once the keys are declared in pyproject.toml)."""
     import os
-
     import tomllib
 
     from rowfed_flower.config import rowfed_run_config
