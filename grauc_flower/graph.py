@@ -10,8 +10,11 @@ from geopy.distance import geodesic
 
 GRAPHS = ("mst", "knn", "complete")
 #: Above this many sites the MST uses the great-circle shortcut (see :func:`build_graph`).
-EXACT_LIMIT = 400
-BANDWIDTH_SAMPLE = 200_000
+EXACT_LIMIT = 60
+#: Up to this many sites the bandwidth uses every pair's great-circle distance; beyond, a
+#: fixed random sample of pairs.
+ALL_PAIRS_LIMIT = 3000
+BANDWIDTH_SAMPLE = 2_000_000
 EARTH_RADIUS_KM = 6371.0088
 
 
@@ -71,11 +74,15 @@ def _large_mst(lat: np.ndarray, lon: np.ndarray) -> SiteGraph:
     xyz = unit_vectors(lat, lon)
     e = prim_chord_mst(xyz)
     length = np.array([geodesic_km(lat[u], lon[u], lat[v], lon[v]) for u, v in e])
-    rng = np.random.default_rng(0)
     z = lat.shape[0]
-    u = rng.integers(0, z, BANDWIDTH_SAMPLE)
-    v = rng.integers(0, z, BANDWIDTH_SAMPLE)
-    keep = u != v
+    if z <= ALL_PAIRS_LIMIT:
+        u, v = np.triu_indices(z, k=1)
+        keep = slice(None)
+    else:
+        rng = np.random.default_rng(0)
+        u = rng.integers(0, z, BANDWIDTH_SAMPLE)
+        v = rng.integers(0, z, BANDWIDTH_SAMPLE)
+        keep = u != v
     bandwidth = float(np.median(great_circle_km(xyz[u[keep]], xyz[v[keep]]) ** 2))
     return SiteGraph(edges=e, length_km=length, bandwidth=bandwidth)
 
@@ -179,7 +186,8 @@ def build_graph(
     ``EXACT_LIMIT`` sites the MST is found from chord lengths on the unit sphere (the
     great-circle MST: chord length is monotone in arc length) by Prim's algorithm in
     ``O(Z^2)`` time and ``O(Z)`` memory, geodesics are computed for the tree's edges only, and
-    ``H`` is the median over a fixed random sample of pairs of squared great-circle distances.
+    ``H`` uses great-circle distances (mean Earth radius) of all pairs, or of a fixed random
+    sample of pairs beyond ``ALL_PAIRS_LIMIT`` sites.
     """
     lat = np.asarray(lat, dtype=float)
     lon = np.asarray(lon, dtype=float)
