@@ -1,9 +1,10 @@
-"""Command line: ``python -m grauc_flower fit|run ...``.
+"""Command line: ``python -m grauc_flower fit|run|study ...``.
 
 ``fit``  fits one method on DATA.csv + SITES.csv and writes coefficients, history, metrics and
          the graph (the contract documented in the README).
 ``run``  runs the Flower app on Flower's simulation engine (what ``flwr run .`` does), with a
          private SuperLink that is stopped afterwards.
+``study`` runs a simulation study from a TOML config (:mod:`grauc_flower.study`).
 """
 
 from __future__ import annotations
@@ -78,11 +79,30 @@ def _run_parser(sub) -> None:
     p.add_argument("--verbose", action="store_true", help="stream Flower's log")
 
 
+def _bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="rounds, time per round, gradient, graph, server step")
+    p.add_argument("--out", default="", help="directory for bench.csv")
+    p.add_argument("--quick", action="store_true", help="smaller sizes and round limits")
+    p.add_argument("--no-flower", action="store_true", help="skip the flwr run timing")
+
+
+def cmd_bench(a) -> int:
+    from . import bench
+
+    df = bench.run(a.out, quick=a.quick, flower=not a.no_flower)
+    print(bench.format_table(df))
+    return 0
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="python -m grauc_flower", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _fit_parser(sub)
     _run_parser(sub)
+    _bench_parser(sub)
+    from .study import add_parser as _study_parser
+
+    _study_parser(sub)
     return parser
 
 
@@ -228,6 +248,12 @@ def main(argv=None) -> int:
     try:
         if args.command == "fit":
             return cmd_fit(args)
+        if args.command == "bench":
+            return cmd_bench(args)
+        if args.command == "study":
+            from .study import cmd_study
+
+            return cmd_study(args)
         return cmd_run(args)
     except InputError as exc:
         return fail(str(exc))

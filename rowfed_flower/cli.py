@@ -1,4 +1,5 @@
-"""The fit command: ``python -m rowfed_flower fit --data DATA.csv --responses Y1,Y2 --out DIR``.
+"""The fit command: ``python -m rowfed_flower fit --data DATA.csv --responses Y1,Y2 --out DIR``
+(and ``study --config configs/rowfed_dims.toml --out DIR``: :mod:`rowfed_flower.study`).
 
 ``DATA.csv`` has a ``client`` column, the response columns named by ``--responses`` and
 the predictors (every other column).  Writes ``DIR/coefficients.csv`` (``client, feature,
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--fedavg-local-steps", type=int, dest="fedavg_local_steps")
     fit.add_argument("--fedavg-lr", type=float, dest="fedavg_lr")
     fit.add_argument("--verbose", action="store_true", help="log every round")
+    from .study import add_parser as _study_parser
+
+    _study_parser(sub)
     return parser
 
 
@@ -204,6 +208,10 @@ def main(argv=None) -> int:
     except SystemExit as exc:  # argparse: usage errors (already one line) and --help
         return int(exc.code or 0)
     try:
+        if args.command == "study":
+            from .study import cmd_study
+
+            return cmd_study(args)
         return fit(args)
     except (InputError, ValueError) as exc:
         return fail(" ".join(str(exc).split()) or type(exc).__name__)
