@@ -18,7 +18,7 @@ from flwr.server import ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
 
-from strategies.engine import stopping_server
+from strategies.engine import round_logger, stopping_server
 from strategies.errors import InputError
 
 from . import federation as fed
@@ -28,27 +28,6 @@ from .strategy import RowFedRegistry
 
 #: Log every this many rounds (and the last).
 LOG_EVERY = 25
-
-
-def _progress(method: str):
-    def report(rnd, objective, res, elapsed):
-        if rnd % LOG_EVERY and rnd > 1:
-            return
-        if res is None:
-            log(INFO, "%s round %d: objective %.10g (%.1f s)", method, rnd, objective, elapsed)
-        else:
-            log(
-                INFO,
-                "%s round %d: objective %.10g, primal %.3g, dual %.3g (%.1f s)",
-                method,
-                rnd,
-                objective,
-                res.primal,
-                res.dual,
-                elapsed,
-            )
-
-    return report
 
 
 def run_rowfed(grid: Grid, context: Context) -> dict:
@@ -66,7 +45,7 @@ def run_rowfed(grid: Grid, context: Context) -> dict:
     for method in methods:
         t0 = time.perf_counter()
         strategy = fed.make_strategy(
-            method, cfg, len(data.clients), registry, progress=_progress(method)
+            method, cfg, len(data.clients), registry, progress=round_logger(method, LOG_EVERY)
         )
         start_grid(
             grid=grid,

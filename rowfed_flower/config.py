@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from strategies.config import from_run_config, parse_methods, to_run_config
+from strategies.config import _check, from_run_config, parse_methods, to_run_config
 from strategies.errors import InputError
 from strategies.penalties import DEFAULT_CONCAVITY, KINDS, Penalty
 
@@ -19,11 +19,6 @@ from strategies.penalties import DEFAULT_CONCAVITY, KINDS, Penalty
 ROWFED_METHODS = ("rowfed", "nonfed", "fedavg", "perfl-lsma")
 #: Run-config prefix of :class:`RowFedConfig`'s keys.
 PREFIX = "rowfed"
-
-
-def _check(cond: bool, key: str, msg: str, value) -> None:
-    if not cond:
-        raise InputError(f"{key}: {msg}, got {value!r}")
 
 
 @dataclass(frozen=True)

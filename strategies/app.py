@@ -18,30 +18,11 @@ from flwr.server import ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
 
-from .engine import stopping_server
+from .engine import round_logger, stopping_server
 from .errors import InputError
 from .registry import Registry
 
 server_app = ServerApp()
-
-
-def _progress(method: str):
-    def report(rnd, objective, res, elapsed):
-        if res is None:
-            log(INFO, "%s round %d: objective %.10g (%.1f s)", method, rnd, objective, elapsed)
-        else:
-            log(
-                INFO,
-                "%s round %d: objective %.10g, primal %.3g, dual %.3g (%.1f s)",
-                method,
-                rnd,
-                objective,
-                res.primal,
-                res.dual,
-                elapsed,
-            )
-
-    return report
 
 
 def _run_grauc(grid: Grid, context: Context) -> None:
@@ -69,7 +50,7 @@ def _run_grauc(grid: Grid, context: Context) -> None:
             n_sites,
             registry,
             sites,
-            progress=_progress(method),
+            progress=round_logger(method),
             checkpoint=checkpoint,
         )
         start_grid(

@@ -19,6 +19,30 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.history import History
 
 
+def round_logger(method: str, every: int = 1):
+    """A ``progress`` callback for strategies: logs round, objective, residuals and elapsed
+    time every ``every`` rounds (and round 1)."""
+
+    def report(rnd, objective, res, elapsed):
+        if rnd % every and rnd > 1:
+            return
+        if res is None:
+            log(INFO, "%s round %d: objective %.10g (%.1f s)", method, rnd, objective, elapsed)
+        else:
+            log(
+                INFO,
+                "%s round %d: objective %.10g, primal %.3g, dual %.3g (%.1f s)",
+                method,
+                rnd,
+                objective,
+                res.primal,
+                res.dual,
+                elapsed,
+            )
+
+    return report
+
+
 class InProcessClientProxy(ClientProxy):
     """A ``ClientProxy`` that calls a ``Client`` object directly."""
 
