@@ -35,7 +35,10 @@ def run_rowfed(grid: Grid, context: Context) -> dict:
     rc = context.run_config
     cfg = rowfed_config(rc)
     methods = rowfed_methods(rc)
-    data = fed.load_data(fed.RowFedDataSpec.from_run_config(rc))
+    spec = fed.RowFedDataSpec.from_run_config(rc)
+    # deployment: the server has no data; each SuperNode reads its own file
+    data = None if spec.source == "deployment" else fed.load_data(spec)
+    n_sites = spec.num_clients if data is None else len(data.clients)
     out_dir = str(rc.get("out-dir", ""))
     if out_dir and not os.path.isabs(out_dir):
         raise InputError(f"out-dir: must be an absolute path, got {out_dir!r}")
@@ -45,7 +48,7 @@ def run_rowfed(grid: Grid, context: Context) -> dict:
     for method in methods:
         t0 = time.perf_counter()
         strategy = fed.make_strategy(
-            method, cfg, len(data.clients), registry, progress=round_logger(method, LOG_EVERY)
+            method, cfg, n_sites, registry, progress=round_logger(method, LOG_EVERY)
         )
         start_grid(
             grid=grid,
@@ -63,6 +66,13 @@ def run_rowfed(grid: Grid, context: Context) -> dict:
             results[method].rounds,
             results[method].converged,
         )
+    if data is None:
+        p, q = registry.dims(registry.order())
+        names = registry.sites[registry.order()[0]].features or tuple(f"x{k + 1}" for k in range(p))
+        responses = tuple(r for r in spec.responses.split(",") if r) or tuple(
+            f"y{k + 1}" for k in range(q)
+        )
+        data = fed.FederatedData(clients=(), features=tuple(names), responses=responses)
     summary = fed.summarize(results, data)
     print(fed.format_table(summary), flush=True)
     if out_dir:
@@ -91,12 +101,13 @@ def make_client(context: Context):
                 f"data-path: need exactly one client (set 'client' in the node config), "
                 f"found {len(pick)}"
             )
-        return RowFedClient(pick[0], index=int(node.get("index", -1))).to_client()
+        index = int(node.get("index", -1))
+        return RowFedClient(pick[0], index=index, features=data.features).to_client()
     data = fed.load_data(spec)
     pid = int(node["partition-id"])
     if not 0 <= pid < len(data.clients):
         raise InputError(f"partition-id: must be in [0, {len(data.clients) - 1}], got {pid}")
-    return RowFedClient(data.clients[pid], index=pid).to_client()
+    return RowFedClient(data.clients[pid], index=pid, features=data.features).to_client()
 
 
 __all__ = ["make_client", "run_rowfed"]

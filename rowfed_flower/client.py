@@ -117,9 +117,12 @@ def _penalty(config) -> Penalty:
 class RowFedClient(NumPyClient):
     """One client of the federation; ``index`` is its position in the client list."""
 
-    def __init__(self, data: ClientSamples, index: int = -1) -> None:
+    def __init__(
+        self, data: ClientSamples, index: int = -1, features: tuple[str, ...] = ()
+    ) -> None:
         self.data = data
         self.index = int(index)
+        self.features = tuple(features)
         self._cache: dict = {}
 
     # -- working scale --------------------------------------------------------------------
@@ -157,7 +160,10 @@ class RowFedClient(NumPyClient):
 
     def _registration(self) -> dict:
         d = self.data
-        return {"site": d.site, "n": d.n, "p": d.p, "q": d.q, "index": self.index}
+        out = {"site": d.site, "n": d.n, "p": d.p, "q": d.q, "index": self.index}
+        if self.features:
+            out["features"] = ",".join(self.features)
+        return out
 
     def fit(self, parameters, config):
         task = config.get("task")

@@ -39,7 +39,7 @@ class RowFedDataSpec:
     ``client-column``).
     """
 
-    source: str = "simulated"  # [rowfed-data.source] simulated | csv
+    source: str = "simulated"  # [rowfed-data.source] simulated | csv | deployment
     num_clients: int = 10  # [rowfed-data.num-clients]
     n_train: int = 100  # [rowfed-data.n-train]
     n_test: int = 100  # [rowfed-data.n-test]
@@ -66,8 +66,10 @@ class RowFedDataSpec:
             except (TypeError, ValueError):
                 raise InputError(f"{key}: expected {kind.__name__}, got {value!r}") from None
         spec = cls(**kwargs)
-        if spec.source not in ("simulated", "csv"):
-            raise InputError(f"{DATA_PREFIX}.source: must be simulated or csv, got {spec.source!r}")
+        if spec.source not in ("simulated", "csv", "deployment"):
+            raise InputError(
+                f"{DATA_PREFIX}.source: must be simulated, csv or deployment, got {spec.source!r}"
+            )
         for name in ("num_clients", "n_train", "num_features", "num_responses"):
             if getattr(spec, name) < 1:
                 key = f"{DATA_PREFIX}.{name.replace('_', '-')}"
@@ -96,7 +98,9 @@ class FederatedData:
         return [c.site for c in self.clients]
 
     def make_clients(self) -> list[RowFedClient]:
-        return [RowFedClient(c, index=k) for k, c in enumerate(self.clients)]
+        return [
+            RowFedClient(c, index=k, features=self.features) for k, c in enumerate(self.clients)
+        ]
 
 
 def simulated_data(spec: RowFedDataSpec) -> FederatedData:

@@ -56,6 +56,7 @@ class ClientInfo:
     sum_x: np.ndarray
     sum_x2: np.ndarray
     sum_y: np.ndarray
+    features: tuple[str, ...] = ()
 
 
 class RowFedRegistry(Registry):
@@ -75,6 +76,7 @@ class RowFedRegistry(Registry):
             sum_x=np.asarray(arrays[0], dtype=float) if arrays else np.zeros(p),
             sum_x2=np.asarray(arrays[1], dtype=float) if len(arrays) > 1 else np.zeros(p),
             sum_y=np.asarray(arrays[2], dtype=float) if len(arrays) > 2 else np.zeros(q),
+            features=tuple(str(metrics["features"]).split(",")) if metrics.get("features") else (),
         )
         return info
 

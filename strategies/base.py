@@ -56,11 +56,12 @@ class SiteStrategy(Strategy):
         clients = self._clients(client_manager)
         todo = self.registry.registration_instructions(clients)
         if not self.ready:
-            if len(self.registry.sites) >= self.n_sites and not todo:
-                self._become_ready()
+            if len(self.registry.sites) >= self.n_sites:
+                self._become_ready()  # more nodes than sites: they are asked to register
             else:
                 return todo
-        known = [c for c in clients if c.cid in self.registry.cid_to_site]
+        # sites that registered after the federation was fixed take no part in this run
+        known = [c for c in clients if self.registry.cid_to_site.get(c.cid) in self.site_index]
         ins = self._instructions(known)
         self._asked = {str(fi.config["site"]) for _, fi in ins if "site" in fi.config}
         return todo + ins
@@ -70,7 +71,11 @@ class SiteStrategy(Strategy):
         failed = self.registry.log_failures(failures, server_round)
         if not self.ready:
             return EMPTY, {}
-        answered = {str(res.metrics["site"]): (proxy, res) for proxy, res in results}
+        answered = {
+            str(res.metrics["site"]): (proxy, res)
+            for proxy, res in results
+            if str(res.metrics["site"]) in self.site_index
+        }
         for site in answered:
             self.missing.discard(site)
         silent = (set(failed) | getattr(self, "_asked", set())) - set(answered)

@@ -218,3 +218,65 @@ def test_killed_supernode_run_finishes_and_reports(federation, tmp_path):
     assert f"no answer at the end from site(s) {victim}" in text
     coef = pd.read_csv(os.path.join(out, "coefficients.csv"))
     assert np.isfinite(coef[FEATURES].to_numpy()).all()
+
+
+def test_rowfed_runs_the_same_way(tmp_path):
+    """RowFed in deployment: the server has no data (``rowfed-data.source = deployment``);
+    each SuperNode reads its own file; the coefficients equal the in-process fit."""
+    from rowfed_flower import federation as rfed
+    from rowfed_flower.config import RowFedConfig
+
+    fedn = Federation(str(tmp_path), n_sites=3)
+    try:
+        rng = np.random.default_rng(4)
+        frames = []
+        for k, s in enumerate(fedn.sites):
+            x = rng.standard_normal((30, 3))
+            y = x @ rng.standard_normal((3, 2)) + 0.3 * rng.standard_normal((30, 2))
+            frame = pd.DataFrame(x, columns=FEATURES)
+            frame.insert(0, "Y2", y[:, 1])
+            frame.insert(0, "Y1", y[:, 0])
+            frame.insert(0, "client", s.site)
+            frame.to_csv(fedn.data_path(s.site), index=False)
+            frames.append(frame)
+            node_config = f'data-path="{fedn.data_path(s.site)}" index={k}'
+            fedn.procs.append(
+                start_supernode(
+                    fedn.home,
+                    f"127.0.0.1:{fedn.port}",
+                    free_port(),
+                    node_config,
+                    fedn.certs["ca"],
+                    fedn.keys[k][0],
+                    f"rowfed-{k}.log",
+                )
+            )
+        out = str(tmp_path / "out")
+        rounds = 3
+        fedn.run(
+            {
+                "task": "rowfed",
+                "method": "rowfed",
+                "rowfed-data.source": "deployment",
+                "rowfed-data.num-clients": 3,
+                "rowfed-data.responses": "Y1,Y2",
+                "rowfed.max-rounds": rounds,
+                "rowfed.participation": 0.7,
+                "out-dir": out,
+            }
+        )
+        got = pd.read_csv(os.path.join(out, "coefficients.csv"), dtype={"client": str})
+        pooled = str(tmp_path / "all.csv")
+        pd.concat(frames).to_csv(pooled, index=False)
+        data = rfed.read_fit_csv(pooled, "Y1,Y2")
+        cfg = RowFedConfig(max_rounds=rounds, participation=0.7)
+        ref = rfed.run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"]
+        want = rfed.coefficients_frame(ref, data.features, data.responses)
+        assert list(got["client"]) == list(want["client"].astype(str))
+        assert list(got["feature"]) == list(want["feature"])
+        np.testing.assert_allclose(
+            got[["Y1", "Y2"]].to_numpy(), want[["Y1", "Y2"]].to_numpy(), rtol=0, atol=1e-8
+        )
+    finally:
+        fedn.close()
+        assert all(p.poll() is not None for p in fedn.procs)
