@@ -1,0 +1,440 @@
+"""Figures of a GrAUC-PFL study (matplotlib, Agg backend), written next to ``results.csv``.
+
+- ``fig_mean_auc.png``: mean test AUC per method against prevalence, one panel per level
+  (columns) and per simulation / training size (rows); bars are 95% intervals over
+  replications (the layout of the paper's Figures 3–4).
+- ``fig_auc_boxplots.png``: the same panels, boxes of the per-site AUCs (all sites and
+  replications) per method and prevalence.
+- ``fig_site_auc.png``: one cell (``[figures] cell``): each site's test AUC per method over
+  the replications.
+- ``fig_coef_heatmap.png``: one replication of that cell: GrAUC-PFL's coefficients (sites x
+  features) with a dendrogram of the sites (average linkage, Euclidean), next to the
+  individual fits in the same site order (the paper's Figure 6).
+- ``fig_site_map.png``: the sites at their coordinates with the graph's edges; an edge's
+  shade is the number of features on which GrAUC-PFL fused its two sites; site colours are
+  the dendrogram's two main clusters.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from strategies.study_runner import figure_cell, finish, pyplot
+
+LABELS = {
+    "grauc": "GrAUC-PFL",
+    "individual": "Individual",
+    "fedavg": "FedAvg",
+    "pooled": "Pooled",
+}
+COLORS = {
+    "grauc": "#d62728",
+    "individual": "#1f77b4",
+    "fedavg": "#2ca02c",
+    "pooled": "#7f7f7f",
+}
+
+
+def _methods(results: pd.DataFrame) -> list[str]:
+    order = list(LABELS)
+    present = list(dict.fromkeys(results["method"]))
+    return [m for m in order if m in present] + [m for m in present if m not in order]
+
+
+def _panels(results: pd.DataFrame, keys) -> tuple[list, list, list[str]]:
+    """Row groups (every design key but prevalence and level) and level columns."""
+    row_keys = [k for k in keys if k not in ("prevalence", "level")]
+    rows = list(dict.fromkeys(tuple(r) for r in results[row_keys].itertuples(index=False)))
+    levels = sorted(results["level"].unique())
+    return rows, levels, row_keys
+
+
+def _row_title(row_keys, row) -> str:
+    names = {"simulation": "sim", "n_train": "N_train"}
+    parts = []
+    for k, v in zip(row_keys, row, strict=True):
+        if k == "n_train" and v == 0:
+            parts.append("N_train mixed")
+        else:
+            parts.append(f"{names.get(k, k)} {v}")
+    return ", ".join(parts)
+
+
+def _per_rep(results: pd.DataFrame, keys) -> pd.DataFrame:
+    return results.groupby([*keys, "method", "rep"], sort=False)["auc"].mean().reset_index()
+
+
+def fig_mean_auc(results: pd.DataFrame, keys, path: str) -> str:
+    plt = pyplot()
+    per_rep = _per_rep(results, keys)
+    rows, levels, row_keys = _panels(results, keys)
+    methods = _methods(results)
+    fig, axes = plt.subplots(
+        len(rows),
+        len(levels),
+        figsize=(max(6.5, 4.2 * len(levels) + 0.6), 3.4 * len(rows) + 1.2),
+        squeeze=False,
+        sharey=True,
+    )
+    n_reps = int(per_rep.groupby([*keys, "method"])["rep"].nunique().min())
+    for i, row in enumerate(rows):
+        sel_row = np.logical_and.reduce(
+            [per_rep[k] == v for k, v in zip(row_keys, row, strict=True)]
+        )
+        for j, level in enumerate(levels):
+            ax = axes[i][j]
+            sub = per_rep[sel_row & (per_rep["level"] == level)]
+            for k, m in enumerate(methods):
+                g = sub[sub["method"] == m].groupby("prevalence")["auc"]
+                if g.ngroups == 0:
+                    continue
+                mean, sd, n = g.mean(), g.std(ddof=1).fillna(0.0), g.count()
+                half = 1.96 * sd / np.sqrt(n)
+                dodge = (k - (len(methods) - 1) / 2) * 0.003  # keep the bars apart
+                ax.errorbar(
+                    mean.index.to_numpy() + dodge,
+                    mean.to_numpy(),
+                    yerr=half.to_numpy(),
+                    marker="o",
+                    ms=4,
+                    capsize=3,
+                    color=COLORS.get(m),
+                    label=LABELS.get(m, m),
+                )
+            ax.set_title(f"{_row_title(row_keys, row)}; level {level}")
+            prevs = sorted(results["prevalence"].unique())
+            if len(prevs) == 1:
+                ax.set_xticks(prevs)
+                ax.set_xlim(prevs[0] + 0.03, prevs[0] - 0.03)
+            else:
+                ax.invert_xaxis()  # the paper runs from balanced (0.3) to rare (0.05)
+            ax.grid(alpha=0.3)
+            if i == len(rows) - 1:
+                ax.set_xlabel("prevalence")
+            if j == 0:
+                ax.set_ylabel("mean test AUC")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    reps = f"{n_reps} replication{'s' if n_reps != 1 else ''}"
+    title = f"Mean test AUC over institutions (bars: 95% interval over {reps})"
+    return finish(fig, title, path, handles, labels)
+
+
+def fig_auc_boxplots(results: pd.DataFrame, keys, path: str) -> str:
+    plt = pyplot()
+    rows, levels, row_keys = _panels(results, keys)
+    methods = _methods(results)
+    prevalences = sorted(results["prevalence"].unique(), reverse=True)
+    width = 0.8 / len(methods)
+    fig, axes = plt.subplots(
+        len(rows),
+        len(levels),
+        figsize=(
+            max(6.5, max(4.2, 0.22 * len(prevalences) * len(methods) + 1.0) * len(levels) + 0.6),
+            3.4 * len(rows) + 1.2,
+        ),
+        squeeze=False,
+        sharey=True,
+    )
+    for i, row in enumerate(rows):
+        sel_row = np.logical_and.reduce(
+            [results[k] == v for k, v in zip(row_keys, row, strict=True)]
+        )
+        for j, level in enumerate(levels):
+            ax = axes[i][j]
+            sub = results[sel_row & (results["level"] == level)]
+            for k, m in enumerate(methods):
+                data, pos = [], []
+                for x, prev in enumerate(prevalences):
+                    v = sub[(sub["method"] == m) & (sub["prevalence"] == prev)]["auc"].dropna()
+                    if len(v):
+                        data.append(v.to_numpy())
+                        pos.append(x - 0.4 + width * (k + 0.5))
+                if not data:
+                    continue
+                bp = ax.boxplot(
+                    data,
+                    positions=pos,
+                    widths=width * 0.85,
+                    patch_artist=True,
+                    showfliers=True,
+                    flierprops={"markersize": 2, "alpha": 0.5},
+                    medianprops={"color": "black"},
+                )
+                for box in bp["boxes"]:
+                    box.set_facecolor(COLORS.get(m, "white"))
+                    box.set_alpha(0.75)
+            ax.set_xticks(range(len(prevalences)))
+            ax.set_xticklabels([f"{p:g}" for p in prevalences])
+            ax.set_xlim(-0.6, len(prevalences) - 0.4)
+            ax.set_title(f"{_row_title(row_keys, row)}; level {level}")
+            ax.grid(axis="y", alpha=0.3)
+            if i == len(rows) - 1:
+                ax.set_xlabel("prevalence")
+            if j == 0:
+                ax.set_ylabel("test AUC per site")
+    title = "Test AUC of each institution (boxes: all sites and replications)"
+    return finish(fig, title, path, _patches(plt, methods), [LABELS.get(m, m) for m in methods])
+
+
+def _patches(plt, methods):
+    return [
+        plt.Rectangle((0, 0), 1, 1, facecolor=COLORS.get(m, "white"), alpha=0.75) for m in methods
+    ]
+
+
+def _cell_title(cell: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in cell.items())
+
+
+def fig_site_auc(results: pd.DataFrame, cell: dict, path: str) -> str:
+    plt = pyplot()
+    sel = np.logical_and.reduce([results[k] == v for k, v in cell.items()])
+    sub = results[sel]
+    methods = _methods(sub)
+    sites = list(dict.fromkeys(sub["site"]))
+    n_reps = sub["rep"].nunique()
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.16 * len(sites) * len(methods) + 2.0), 5.0))
+    for k, m in enumerate(methods):
+        data = [
+            sub[(sub["method"] == m) & (sub["site"] == s)]["auc"].dropna().to_numpy() for s in sites
+        ]
+        pos = [x - 0.4 + width * (k + 0.5) for x in range(len(sites))]
+        keep = [(d, p) for d, p in zip(data, pos, strict=True) if len(d)]
+        if not keep:
+            continue
+        bp = ax.boxplot(
+            [d for d, _ in keep],
+            positions=[p for _, p in keep],
+            widths=width * 0.85,
+            patch_artist=True,
+            medianprops={"color": "black"},
+            flierprops={"markersize": 2},
+        )
+        for box in bp["boxes"]:
+            box.set_facecolor(COLORS.get(m, "white"))
+            box.set_alpha(0.75)
+        for d, p in keep:  # the replications themselves
+            ax.plot(np.full(len(d), p), d, ".", color="black", ms=2.5, alpha=0.5)
+    ax.set_xticks(range(len(sites)))
+    ax.set_xticklabels(sites, rotation=90 if len(sites) > 12 else 0)
+    ax.set_xlim(-0.6, len(sites) - 0.4)
+    ax.set_ylabel("test AUC")
+    ax.set_xlabel("site")
+    ax.grid(axis="y", alpha=0.3)
+    reps = f"{n_reps} replication{'s' if n_reps != 1 else ''}"
+    title = f"Test AUC of each site over {reps} ({_cell_title(cell)})"
+    return finish(fig, title, path, _patches(plt, methods), [LABELS.get(m, m) for m in methods])
+
+
+def _linkage(coef: np.ndarray):
+    from scipy.cluster.hierarchy import linkage
+
+    if coef.shape[0] < 2:
+        return None
+    return linkage(coef, method="average", metric="euclidean")
+
+
+def fig_coef_heatmap(coef: pd.DataFrame, cell: dict, rep: int, path: str) -> tuple[str, np.ndarray]:
+    """Returns the path and the sites' cluster labels (two main dendrogram clusters)."""
+    from scipy.cluster.hierarchy import dendrogram, fcluster
+
+    plt = pyplot()
+    features = [c for c in coef.columns if c not in ("method", "site", "lat", "lon")]
+    g = coef[coef["method"] == "grauc"]
+    sites = list(g["site"])
+    beta = g[features].to_numpy(dtype=float)
+    link = _linkage(beta)
+    panels = [("grauc", beta)]
+    ind = coef[coef["method"] == "individual"]
+    if len(ind):
+        panels.append(("individual", ind.set_index("site").loc[sites, features].to_numpy(float)))
+    fig = plt.figure(figsize=(3.5 + 0.55 * len(features) * len(panels), 2.0 + 0.3 * len(sites)))
+    widths = [1.4, 0.5] + [max(2.0, 0.5 * len(features))] * len(panels) + [0.25]
+    grid = fig.add_gridspec(1, len(widths), width_ratios=widths, wspace=0.08)
+    ax_d = fig.add_subplot(grid[0, 0])
+    if link is not None:
+        dn = dendrogram(
+            link,
+            orientation="left",
+            ax=ax_d,
+            no_labels=True,
+            color_threshold=0,
+            above_threshold_color="black",
+        )
+        order = dn["leaves"]
+        top = float(link[:, 2].max()) or 1.0
+        ax_d.set_xlim(top * 1.05, -0.03 * top)  # merges at distance 0 (fused sites) show
+        labels = fcluster(link, t=2, criterion="maxclust")
+    else:
+        order, labels = list(range(len(sites))), np.ones(len(sites), dtype=int)
+    ax_d.set_axis_off()
+    vmax = float(np.nanmax(np.abs(np.vstack([b for _, b in panels])))) or 1.0
+    im = None
+    for k, (m, b) in enumerate(panels):
+        ax = fig.add_subplot(grid[0, k + 2])
+        rows = b[order][::-1]  # dendrogram leaves run bottom-up
+        im = ax.imshow(
+            rows, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest"
+        )
+        ax.set_xticks(range(len(features)))
+        ax.set_xticklabels(features, rotation=90 if len(features) > 12 else 0)
+        ax.set_yticks(range(len(sites)))
+        ax.set_yticklabels([sites[i] for i in order][::-1] if k == 0 else [])
+        ax.set_title(LABELS.get(m, m))
+    cax = fig.add_subplot(grid[0, -1])
+    fig.colorbar(im, cax=cax, label="coefficient")
+    h = fig.get_figheight()
+    fig.suptitle(
+        f"Coefficients (input scale), replication {rep} ({_cell_title(cell)})",
+        y=1 - 0.1 / h,
+        va="top",
+        fontsize=12,
+    )
+    fig.subplots_adjust(left=0.04, right=0.92, top=1 - 0.75 / h, bottom=0.6 / h)
+    fig.savefig(path)
+    plt.close(fig)
+    return path, labels
+
+
+def geographic_groups(lat: np.ndarray, lon: np.ndarray, gap: float = 5.0) -> np.ndarray:
+    """Clumps of sites (single linkage on degrees, cut at ``gap``), labels ``0, 1, ...``."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    if len(lat) < 2:
+        return np.zeros(len(lat), dtype=int)
+    link = linkage(np.column_stack([lat, lon]), method="single")
+    return fcluster(link, t=gap, criterion="distance") - 1
+
+
+def fig_site_map(
+    coef: pd.DataFrame,
+    clusters: pd.DataFrame | None,
+    labels,
+    cell: dict,
+    rep: int,
+    path: str,
+    graph: str = "mst",
+    knn_k: int = 3,
+) -> str:
+    """Sites and graph edges; when the sites form 2–4 far-apart clumps (the simulations' Los
+    Angeles and New York groups) each clump also gets a zoomed panel."""
+    from .graph import build_graph
+
+    plt = pyplot()
+    has_grauc = (coef["method"] == "grauc").any()
+    g = coef[coef["method"] == "grauc"] if has_grauc else coef.drop_duplicates("site")
+    sites = list(g["site"])
+    lat = g["lat"].to_numpy(float)
+    lon = g["lon"].to_numpy(float)
+    edges = build_graph(lat, lon, graph, knn_k).edges
+    n_feat = 1
+    fused = None
+    if clusters is not None:
+        lab = clusters.set_index("site").loc[sites].to_numpy()
+        n_feat = lab.shape[1]
+        fused = np.array([(lab[u] == lab[v]).sum() for u, v in edges])
+    clumps = geographic_groups(lat, lon)
+    n_clumps = int(clumps.max()) + 1
+    zoom = 2 <= n_clumps <= 4
+    ncols = n_clumps if zoom else 1
+    fig = plt.figure(figsize=(max(7.5, 3.8 * ncols + 1.2), 8.0 if zoom else 5.6))
+    grid = fig.add_gridspec(
+        2 if zoom else 1,
+        ncols + 1,
+        width_ratios=[1] * ncols + [0.05],
+        height_ratios=[1, 1.25] if zoom else [1],
+        hspace=0.35,
+        wspace=0.4,
+    )
+    cmap = plt.get_cmap("viridis", n_feat + 1)
+    palette = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
+    colors = np.array([palette[(int(c) - 1) % len(palette)] for c in labels])
+
+    def draw(ax, keep, annotate, adjustable="datalim"):
+        for e, (u, v) in enumerate(edges):
+            if not (keep[u] or keep[v]):
+                continue
+            shade = cmap(fused[e]) if fused is not None else "gray"
+            ax.plot([lon[u], lon[v]], [lat[u], lat[v]], color=shade, lw=2.4, zorder=1)
+        ax.scatter(lon[keep], lat[keep], c=colors[keep], s=55, edgecolor="black", zorder=2)
+        if annotate:
+            for k in np.flatnonzero(keep):
+                ax.annotate(
+                    sites[k],
+                    (lon[k], lat[k]),
+                    xytext=(4, 3),
+                    textcoords="offset points",
+                    fontsize=8,
+                )
+        ax.set_aspect(1.0 / np.cos(np.deg2rad(np.mean(lat[keep]))), adjustable=adjustable)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("longitude")
+        ax.set_ylabel("latitude")
+
+    overview = fig.add_subplot(grid[0, :ncols])
+    draw(overview, np.ones(len(sites), dtype=bool), annotate=not zoom)
+    if zoom:
+        overview.set_title("all sites")
+        for c in range(n_clumps):
+            ax = fig.add_subplot(grid[1, c])
+            keep = clumps == c
+            pad = 0.3
+            ax.set_xlim(lon[keep].min() - pad, lon[keep].max() + pad)
+            ax.set_ylim(lat[keep].min() - pad, lat[keep].max() + pad)
+            draw(ax, keep, annotate=True, adjustable="box")
+            ax.set_title(
+                f"{int(keep.sum())} sites near ({lat[keep].mean():.1f}, {lon[keep].mean():.1f})"
+            )
+    if fused is not None:
+        cax = fig.add_subplot(grid[:, ncols])
+        sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(-0.5, n_feat + 0.5))
+        bar = fig.colorbar(sm, cax=cax, label="features fused across the edge")
+        bar.set_ticks(range(0, n_feat + 1, max(1, (n_feat + 1) // 6)))
+    h = fig.get_figheight()
+    fig.suptitle(
+        f"Sites and {graph.upper()} edges (colour of a site: its GrAUC-PFL coefficient "
+        f"cluster)\nreplication {rep} ({_cell_title(cell)})",
+        y=1 - 0.1 / h,
+        va="top",
+        fontsize=12,
+    )
+    fig.subplots_adjust(top=1 - 0.95 / h, bottom=0.7 / h, left=0.08, right=0.92)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def make_figures(out: str, study, results: pd.DataFrame, store, cells) -> list[str]:
+    """Every figure of the study into ``out``; returns the paths written."""
+    keys = list(study.keys)
+    made = [
+        fig_mean_auc(results, keys, os.path.join(out, "fig_mean_auc.png")),
+        fig_auc_boxplots(results, keys, os.path.join(out, "fig_auc_boxplots.png")),
+    ]
+    cell = figure_cell(results, study, cells)
+    made.append(fig_site_auc(results, cell, os.path.join(out, "fig_site_auc.png")))
+    sel = np.logical_and.reduce([results[k] == v for k, v in cell.items()])
+    rep = int(results[sel]["rep"].min())
+    coef = store.read(cell, rep, "coef")
+    if coef is not None and (coef["method"] == "grauc").any():
+        clusters = store.read(cell, rep, "clusters")
+        path, labels = fig_coef_heatmap(coef, cell, rep, os.path.join(out, "fig_coef_heatmap.png"))
+        made.append(path)
+        cfg = study.settings.get("grauc", {})
+        made.append(
+            fig_site_map(
+                coef,
+                clusters,
+                labels,
+                cell,
+                rep,
+                os.path.join(out, "fig_site_map.png"),
+                graph=str(cfg.get("graph", "mst")),
+                knn_k=int(cfg.get("knn-k", 3)),
+            )
+        )
+    return made

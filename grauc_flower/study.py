@@ -1,0 +1,399 @@
+"""The GrAUC-PFL simulation study (METHODS.md A.6–A.7): ``python -m grauc_flower study``.
+
+One task = one (cell, replication): simulate the 20 institutions with the task's seed, choose
+``lam`` and ``w_dist`` by stratified K-fold cross-validation inside each institution's
+training data (criterion: mean validation AUC over institutions; warm starts along the
+descending ``lam`` grid), refit GrAUC-PFL on all training data with the chosen values, fit
+the baselines, and evaluate every method on the test data (per-site AUC and DeLong SE).
+
+Config (``configs/sim1.toml`` and friends; every table but ``[design]`` is optional)::
+
+    study = "grauc"
+    replications = 100
+    seed = 1                                # base seed; each (cell, rep) derives its own
+    methods = ["grauc", "individual", "fedavg"]
+    [design]                                # the grid (lists); all four keys are required
+    simulation = [1]
+    n_train = [50, 300]                     # simulation 2 draws sizes per site: use 0
+    prevalence = [0.3, 0.25, 0.2, 0.15, 0.1, 0.05]
+    level = [1, 2, 3]                       # simulation 4 has no shift: use 0
+    [data]                                  # fixed data settings (or design keys)
+    n_sites = 20
+    n_features = 10
+    n_test = 200
+    [tuning]
+    folds = 5
+    lam = {max = 3.0, min = 0.01, num = 6}  # log-spaced, or an explicit list
+    w_dist = [0.0, 2.0]
+    cv_tol = 1e-3                           # looser than the final fit's
+    cv_max_rounds = 100
+    [grauc]                                 # GrAUCConfig overrides (run-config names)
+    tol = 1e-6
+    [figures]
+    cell = {simulation = 1, n_train = 50, prevalence = 0.3, level = 3}
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config
+from strategies.errors import InputError
+from strategies.study_runner import Study, add_study_options, load_study, run_study
+
+from .data import LEVEL_SHIFT, SiteData, simulate
+
+#: Design keys (and their types); the first four are required and lead the output columns.
+DESIGN_TYPES = {
+    "simulation": int,
+    "n_train": int,
+    "prevalence": float,
+    "level": int,
+    "n_sites": int,
+    "n_features": int,
+    "n_test": int,
+}
+REQUIRED = ("simulation", "n_train", "prevalence", "level")
+SECTIONS = ("data", "tuning", "grauc", "figures")
+DATA_DEFAULTS = {"n_sites": 20, "n_features": 10, "n_test": 200}
+TUNING_KEYS = ("folds", "lam", "w_dist", "cv_tol", "cv_max_rounds")
+TASK = "grauc_flower.study:run_task"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The parsed non-design part of a GrAUC study config."""
+
+    methods: tuple[str, ...]
+    data: dict
+    folds: int
+    lam_grid: tuple[float, ...]  # descending
+    w_dist_grid: tuple[float, ...]
+    cv_tol: float
+    cv_max_rounds: int
+    cfg: GrAUCConfig
+    figure_cell: dict | None
+
+
+def _number_list(value, key: str, minimum: float = 0.0) -> tuple[float, ...]:
+    if not isinstance(value, list):
+        value = [value]
+    if not value:
+        raise InputError(f"{key}: give one or more values")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+            raise InputError(f"{key}: expected numbers, got {v!r}")
+        if v < minimum:
+            raise InputError(f"{key}: values must be >= {minimum:g}, got {v!r}")
+        out.append(float(v))
+    return tuple(out)
+
+
+def lam_grid(value) -> tuple[float, ...]:
+    """``[tuning] lam``: a list, or ``{max, min, num}`` (log-spaced); returned descending."""
+    if isinstance(value, dict):
+        unknown = set(value) - {"max", "min", "num"}
+        if unknown or set(value) != {"max", "min", "num"}:
+            raise InputError("tuning.lam: a table needs exactly max, min and num")
+        hi, lo = _number_list([value["max"], value["min"]], "tuning.lam")
+        num = value["num"]
+        if not isinstance(num, int) or isinstance(num, bool) or num < 1:
+            raise InputError(f"tuning.lam.num: must be an integer >= 1, got {num!r}")
+        if not 0 < lo <= hi:
+            raise InputError(f"tuning.lam: need 0 < min <= max, got min {lo}, max {hi}")
+        grid = np.geomspace(hi, lo, num) if num > 1 else np.array([hi])
+        return tuple(float(v) for v in grid)
+    return tuple(sorted(set(_number_list(value, "tuning.lam")), reverse=True))
+
+
+def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
+    """Check and parse the tables of a study config (everything but ``[design]``)."""
+    methods = settings.get("methods", ["grauc", "individual", "fedavg"])
+    if isinstance(methods, str):
+        methods = [m.strip() for m in methods.split(",")]
+    if not isinstance(methods, list) or not methods:
+        raise InputError("methods: give a list of one or more methods")
+    for m in methods:
+        if m not in GRAUC_METHODS:
+            raise InputError(f"methods: must be among {', '.join(GRAUC_METHODS)}, got {m!r}")
+    data = dict(DATA_DEFAULTS)
+    for key, value in settings.get("data", {}).items():
+        if key not in DATA_DEFAULTS:
+            raise InputError(f"data.{key}: unknown setting (allowed: {', '.join(DATA_DEFAULTS)})")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(f"data.{key}: must be an integer >= 1, got {value!r}")
+        data[key] = value
+    tuning = settings.get("tuning", {})
+    for key in tuning:
+        if key not in TUNING_KEYS:
+            raise InputError(f"tuning.{key}: unknown setting (allowed: {', '.join(TUNING_KEYS)})")
+    folds = tuning.get("folds", 5)
+    if not isinstance(folds, int) or isinstance(folds, bool) or folds < 2:
+        raise InputError(f"tuning.folds: must be an integer >= 2, got {folds!r}")
+    lams = lam_grid(tuning.get("lam", {"max": 3.0, "min": 0.01, "num": 6}))
+    w_dist = tuple(dict.fromkeys(_number_list(tuning.get("w_dist", [0.0, 2.0]), "tuning.w_dist")))
+    cv_tol = tuning.get("cv_tol", 1e-3)
+    if isinstance(cv_tol, bool) or not isinstance(cv_tol, (int, float)) or not cv_tol > 0:
+        raise InputError(f"tuning.cv_tol: must be > 0, got {cv_tol!r}")
+    cv_rounds = tuning.get("cv_max_rounds", 100)
+    if not isinstance(cv_rounds, int) or isinstance(cv_rounds, bool) or cv_rounds < 1:
+        raise InputError(f"tuning.cv_max_rounds: must be an integer >= 1, got {cv_rounds!r}")
+    rc = {f"grauc.{k}": v for k, v in settings.get("grauc", {}).items()}
+    for key in ("grauc.lam", "grauc.w-dist", "grauc.seed"):
+        if key in rc:
+            raise InputError(f"{key}: chosen by the study (tuning / per-task seed), not set here")
+    cfg = from_run_config(GrAUCConfig, rc, "grauc")
+    figures = settings.get("figures", {})
+    for key in figures:
+        if key != "cell":
+            raise InputError(f"figures.{key}: unknown setting (allowed: cell)")
+    cell = figures.get("cell")
+    if cell is not None:
+        if not isinstance(cell, dict):
+            raise InputError("figures.cell: expected a table of design values")
+        for key in cell:
+            if key not in keys:
+                raise InputError(f"figures.cell: {key!r} is not a design key")
+    return Settings(
+        tuple(methods),
+        data,
+        folds,
+        lams,
+        w_dist,
+        float(cv_tol),
+        cv_rounds,
+        cfg,
+        cell,
+    )
+
+
+def check_cell(cell: dict, data: dict) -> None:
+    """Reject a design cell the simulation cannot produce (before anything runs)."""
+    label = ", ".join(f"{k}={v}" for k, v in cell.items())
+    if cell["simulation"] not in (1, 2, 3, 4):
+        raise InputError(f"design.simulation: must be 1, 2, 3 or 4 (cell {label})")
+    if not 0 < cell["prevalence"] < 1:
+        raise InputError(f"design.prevalence: must be in (0, 1) (cell {label})")
+    if cell["level"] not in LEVEL_SHIFT:
+        raise InputError(f"design.level: must be 0, 1, 2 or 3 (cell {label})")
+    if cell["simulation"] != 2 and cell["n_train"] < 8:
+        raise InputError(f"design.n_train: must be >= 8 (4 of each class) (cell {label})")
+    merged = {**data, **{k: v for k, v in cell.items() if k in data}}
+    if merged["n_sites"] < 2:
+        raise InputError(f"n_sites: must be >= 2 (cell {label})")
+    if merged["n_test"] < 8:
+        raise InputError(f"n_test: must be >= 8 (4 of each class) (cell {label})")
+
+
+def load(path: str) -> tuple[Study, Settings]:
+    study = load_study(path, "grauc", DESIGN_TYPES, REQUIRED, SECTIONS)
+    settings = parse_settings(study.settings, study.keys)
+    for cell in study.cells:
+        check_cell(cell, settings.data)
+    return study, settings
+
+
+# ---------------------------------------------------------------------------------------
+# One task
+# ---------------------------------------------------------------------------------------
+def stratified_folds(y: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Fold index (``0 .. k-1``) per row: each class shuffled and dealt round-robin, the
+    negatives continuing where the positives stopped (so fold sizes differ by at most 1)."""
+    fold = np.empty(len(y), dtype=np.int64)
+    offset = 0
+    for cls in (1, 0):
+        idx = rng.permutation(np.flatnonzero(np.asarray(y) == cls))
+        fold[idx] = (np.arange(len(idx)) + offset) % k
+        offset += len(idx)
+    return fold
+
+
+def _fold_sites(sites, folds, k) -> list[SiteData]:
+    out = []
+    for s, f in zip(sites, folds, strict=True):
+        train, val = f != k, f == k
+        out.append(
+            SiteData(
+                s.site,
+                s.lat,
+                s.lon,
+                s.x_train[train],
+                s.y_train[train],
+                s.x_train[val],
+                s.y_train[val],
+                s.features,
+            )
+        )
+    return out
+
+
+def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataFrame:
+    """Validation AUC over the ``(w_dist, lam)`` grid, one row per fold and grid point.
+
+    Folds are stratified within each institution.  For each fold and ``w_dist`` the
+    ``lam`` path is fitted in descending order, each fit starting from the previous one's
+    coefficients (``beta0``; duals start at zero); the path of a later ``w_dist`` starts
+    from the first one's largest-``lam`` fit.  CV fits use ``cv_tol`` and ``cv_max_rounds``.
+    Columns: ``fold, w_dist, lam, val_auc, rounds, converged`` (``val_auc`` is the mean over
+    institutions whose validation fold holds both classes).
+    """
+    from strategies.engine import run_inprocess
+    from strategies.grauc import GrAUCStrategy
+    from strategies.registry import Registry
+
+    from .client import GrAUCClient
+    from .federation import max_rounds_for
+
+    rng = np.random.default_rng([seed, 1])
+    folds = [stratified_folds(s.y_train, st.folds, rng) for s in sites]
+    rows = []
+    for k in range(st.folds):
+        fold_sites = _fold_sites(sites, folds, k)
+        clients = [GrAUCClient(s, cfg.ridge, index=z) for z, s in enumerate(fold_sites)]
+        registry = Registry()
+        start = None
+        for w in st.w_dist_grid:
+            beta0 = start
+            for lam in st.lam_grid:
+                point = cfg.replace(lam=lam, w_dist=w, tol=st.cv_tol, max_rounds=st.cv_max_rounds)
+                strategy = GrAUCStrategy(point, len(sites), registry, beta0=beta0)
+                run_inprocess(strategy, clients, max_rounds_for("grauc", point))
+                beta0 = strategy.coefficients_std()
+                if start is None:
+                    start = beta0
+                aucs = [m["auc"] for m in strategy.evaluation.values()]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    val = float(np.nanmean(aucs)) if aucs else float("nan")
+                rows.append(
+                    {
+                        "fold": k,
+                        "w_dist": w,
+                        "lam": lam,
+                        "val_auc": val,
+                        "rounds": strategy.state.round,
+                        "converged": bool(strategy.converged),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def choose(cv: pd.DataFrame) -> tuple[float, float]:
+    """``(lam, w_dist)`` with the highest mean validation AUC over folds (ties: the first in
+    grid order, i.e. the larger ``lam``)."""
+    mean = cv.groupby(["w_dist", "lam"], sort=False)["val_auc"].mean()
+    if not np.isfinite(mean.to_numpy()).any():
+        raise RuntimeError("tuning: no grid point has a validation AUC (a class is missing)")
+    w, lam = mean.index[int(np.nanargmax(mean.to_numpy()))]
+    return float(lam), float(w)
+
+
+def _quiet() -> None:
+    from flwr.common.logger import FLOWER_LOGGER
+
+    FLOWER_LOGGER.setLevel(logging.WARNING)
+
+
+def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
+    """One (cell, replication): data, tuning, fits, test AUC.  Returns the frames
+    ``results`` (one row per method and site), ``coef`` (coefficients, input scale),
+    ``clusters`` (GrAUC-PFL's fused groups per feature) and ``cv`` (the tuning table)."""
+    _quiet()
+    from .federation import auc_table, run_methods_inprocess
+
+    st = parse_settings(settings, tuple(cell))
+    data = {**st.data, **{k: v for k, v in cell.items() if k in st.data}}
+    sites = simulate(
+        cell["simulation"],
+        data["n_sites"],
+        data["n_features"],
+        cell["n_train"],
+        data["n_test"],
+        cell["prevalence"],
+        cell["level"],
+        seed,
+    )
+    cfg = st.cfg.replace(seed=seed)
+    frames: dict[str, pd.DataFrame] = {}
+    lam = w_dist = float("nan")
+    if "grauc" in st.methods:
+        cv = cross_validate(sites, cfg, st, seed)
+        lam, w_dist = choose(cv)
+        cfg = cfg.replace(lam=lam, w_dist=w_dist)
+        frames["cv"] = cv
+    results = run_methods_inprocess(cfg, sites, list(st.methods))
+    table = auc_table(results)
+    is_grauc = table["method"] == "grauc"
+    table["lam"] = np.where(is_grauc, lam, np.nan)
+    table["w_dist"] = np.where(is_grauc, w_dist, np.nan)
+    table["rounds"] = table["method"].map({m: r.rounds for m, r in results.items()})
+    table["converged"] = table["method"].map({m: r.converged for m, r in results.items()})
+    table["seed"] = seed
+    table.insert(0, "rep", rep)
+    for pos, key in enumerate(cell):
+        table.insert(pos, key, cell[key])
+    frames["results"] = table
+
+    features = [f"x{j + 1}" for j in range(data["n_features"])]
+    coef = []
+    lat = {s.site: s.lat for s in sites}
+    lon = {s.site: s.lon for s in sites}
+    for method, res in results.items():
+        frame = pd.DataFrame(res.coefficients, columns=features)
+        frame.insert(0, "lon", [lon[s] for s in res.sites])
+        frame.insert(0, "lat", [lat[s] for s in res.sites])
+        frame.insert(0, "site", res.sites)
+        frame.insert(0, "method", method)
+        coef.append(frame)
+    frames["coef"] = pd.concat(coef, ignore_index=True)
+    if "grauc" in results:
+        clusters = pd.DataFrame(results["grauc"].extra["clusters"], columns=features)
+        clusters.insert(0, "site", results["grauc"].sites)
+        frames["clusters"] = clusters
+    return frames
+
+
+# ---------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------
+def add_parser(sub) -> None:
+    """The ``study`` subcommand of ``python -m grauc_flower``."""
+    p = sub.add_parser("study", help="a simulation study driven by a TOML config")
+    add_study_options(p)
+
+
+def cmd_study(a) -> int:
+    from .figures import make_figures
+
+    study, _ = load(a.config)
+    return run_study(
+        study,
+        TASK,
+        a.out,
+        reps=a.reps,
+        only=a.only,
+        workers=a.workers,
+        ray_address=a.ray_address,
+        metrics=("auc",),
+        figures=None if a.no_figures else make_figures,
+        quiet=a.quiet,
+    )
+
+
+__all__ = [
+    "Settings",
+    "choose",
+    "cmd_study",
+    "cross_validate",
+    "lam_grid",
+    "load",
+    "parse_settings",
+    "run_task",
+    "stratified_folds",
+]

@@ -1,0 +1,172 @@
+"""Figures of a RowFed study (matplotlib, Agg backend), written next to ``results.csv``.
+
+- ``fig_errors.png``: boxplots over replications of MSE-Est, MSE-Pred and RI per method,
+  one group per design cell.
+- ``fig_clusters.png``: one replication of one cell (``[figures] cell``): the client
+  partition of each variable (row of Theta), true and as estimated by each method; a column
+  is a variable, a colour a group of clients sharing that row.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from strategies.study_runner import figure_cell, finish, pyplot
+
+LABELS = {
+    "rowfed": "RowFed",
+    "perfl-lsma": "PerFL-LSMA",
+    "nonfed": "NonFed",
+    "fedavg": "FedAvg",
+    "truth": "truth",
+}
+COLORS = {
+    "rowfed": "#d62728",
+    "perfl-lsma": "#9467bd",
+    "nonfed": "#1f77b4",
+    "fedavg": "#2ca02c",
+}
+METRICS = (
+    ("mse_est", "MSE-Est"),
+    ("mse_pred", "MSE-Pred"),
+    ("ri", "RI (Rand index)"),
+)
+#: At most this many variables in the cluster figure (the true non-zero rows come first).
+MAX_VARIABLES = 20
+
+
+def _methods(results: pd.DataFrame) -> list[str]:
+    present = list(dict.fromkeys(results["method"]))
+    return [m for m in LABELS if m in present] + [m for m in present if m not in LABELS]
+
+
+def _cell_names(results: pd.DataFrame, keys) -> tuple[list[tuple], list[str]]:
+    """Cells in order of appearance, labelled by the keys that vary (all if none varies)."""
+    cells = list(dict.fromkeys(tuple(r) for r in results[list(keys)].itertuples(index=False)))
+    varying = [k for i, k in enumerate(keys) if len({c[i] for c in cells}) > 1] or list(keys)
+    names = []
+    for c in cells:
+        names.append(", ".join(f"{k}={c[keys.index(k)]}" for k in varying))
+    return cells, names
+
+
+def fig_errors(results: pd.DataFrame, keys, path: str) -> str:
+    plt = pyplot()
+    keys = list(keys)
+    methods = _methods(results)
+    cells, names = _cell_names(results, keys)
+    width = 0.8 / len(methods)
+    n_reps = int(results.groupby(keys)["rep"].nunique().min())
+    fig, axes = plt.subplots(
+        len(METRICS),
+        1,
+        figsize=(max(7.0, 1.3 * len(cells) * len(methods) / 2 + 2), 9.5),
+        sharex=True,
+    )
+    for ax, (metric, label) in zip(axes, METRICS, strict=True):
+        for k, m in enumerate(methods):
+            data, pos = [], []
+            for x, c in enumerate(cells):
+                sel = np.logical_and.reduce(
+                    [results[key] == v for key, v in zip(keys, c, strict=True)]
+                )
+                v = results[sel & (results["method"] == m)][metric].dropna().to_numpy()
+                if len(v):
+                    data.append(v)
+                    pos.append(x - 0.4 + width * (k + 0.5))
+            if not data:
+                continue
+            bp = ax.boxplot(
+                data,
+                positions=pos,
+                widths=width * 0.85,
+                patch_artist=True,
+                medianprops={"color": "black"},
+                flierprops={"markersize": 2},
+            )
+            for box in bp["boxes"]:
+                box.set_facecolor(COLORS.get(m, "white"))
+                box.set_alpha(0.75)
+        if metric.startswith("mse"):
+            from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+            ax.set_yscale("log")
+            lo, hi = ax.get_ylim()
+            subs = (
+                (1.0, 2.0, 5.0) if hi / lo > 10 else (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)
+            )
+            ax.yaxis.set_major_locator(LogLocator(subs=subs))
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3, which="both")
+        ax.set_xlim(-0.6, len(cells) - 0.4)
+    axes[-1].set_xticks(range(len(cells)))
+    axes[-1].set_xticklabels(names, rotation=20 if len(cells) > 4 else 0)
+    handles = [
+        plt.Rectangle((0, 0), 1, 1, facecolor=COLORS.get(m, "white"), alpha=0.75) for m in methods
+    ]
+    reps = f"{n_reps} replication{'s' if n_reps != 1 else ''}"
+    title = (
+        f"Estimation and prediction error, cluster recovery ({reps} per cell; MSE on a log scale)"
+    )
+    return finish(fig, title, path, handles, [LABELS.get(m, m) for m in methods])
+
+
+def fig_clusters(clusters: pd.DataFrame, cell: dict, rep: int, path: str) -> str:
+    plt = pyplot()
+    from matplotlib.colors import ListedColormap
+
+    panels = ["truth"] + [m for m in _methods(clusters) if m != "truth"]
+    features = [c for c in clusters.columns if c not in ("method", "client")]
+    shown = features[:MAX_VARIABLES]
+    clients = list(dict.fromkeys(clusters["client"]))
+    n_rows = len(clients)
+    cmap = ListedColormap(plt.get_cmap("Set3").colors + plt.get_cmap("Pastel1").colors[:8])
+    cols = 2 if len(panels) > 2 else len(panels)
+    rows = int(np.ceil(len(panels) / cols))
+    fig, axes = plt.subplots(
+        rows,
+        cols,
+        figsize=(cols * (0.32 * len(shown) + 1.6) + 0.4, rows * (0.27 * n_rows + 1.3) + 1.3),
+        squeeze=False,
+    )
+    for ax in axes.flat[len(panels) :]:
+        ax.set_axis_off()
+    for ax, m in zip(axes.flat, panels, strict=False):
+        lab = clusters[clusters["method"] == m].set_index("client").loc[clients, shown]
+        mat = lab.to_numpy(dtype=int)
+        ax.imshow(mat % 20, cmap=cmap, vmin=0, vmax=19, aspect="auto", interpolation="nearest")
+        if mat.size <= 600:
+            for (i, j), v in np.ndenumerate(mat):
+                ax.text(j, i, str(v), ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(shown)))
+        ax.set_xticklabels([f.lstrip("x") for f in shown], fontsize=8)
+        ax.set_yticks(range(n_rows))
+        ax.set_yticklabels(clients, fontsize=8)
+        n_groups = [len(np.unique(mat[:, j])) for j in range(mat.shape[1])]
+        ax.set_title(f"{LABELS.get(m, m)} (groups per variable: {min(n_groups)}–{max(n_groups)})")
+        ax.set_xlabel("variable (row of Θ)")
+        ax.set_ylabel("client")
+    more = f"; variables 1–{len(shown)} of {len(features)}" if len(shown) < len(features) else ""
+    cell_text = ", ".join(f"{k}={v}" for k, v in cell.items())
+    title = (
+        f"Client groups per variable (a colour and number = a group sharing the row), "
+        f"replication {rep} ({cell_text}{more})"
+    )
+    return finish(fig, title, path)
+
+
+def make_figures(out: str, study, results: pd.DataFrame, store, cells) -> list[str]:
+    """Every figure of the study into ``out``; returns the paths written."""
+    made = [fig_errors(results, study.keys, os.path.join(out, "fig_errors.png"))]
+    cell = figure_cell(results, study, cells)
+    sel = np.logical_and.reduce([results[k] == v for k, v in cell.items()])
+    rep = int(results[sel]["rep"].min())
+    clusters = store.read(cell, rep, "clusters")
+    if clusters is not None:
+        made.append(fig_clusters(clusters, cell, rep, os.path.join(out, "fig_clusters.png")))
+    return made

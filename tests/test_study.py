@@ -1,0 +1,295 @@
+"""The study commands: outputs of one small cell, resuming without recomputation, ``--only``
+and config errors (one line, exit 2), seeds per (cell, replication)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from grauc_flower.cli import main as grauc_main
+from rowfed_flower.cli import main as rowfed_main
+from strategies.errors import InputError
+from strategies.study_runner import cell_label, expand_design, select_cells, task_seed
+
+GRAUC_TOML = """
+study = "grauc"
+replications = 3
+seed = 7
+methods = ["grauc", "individual", "fedavg"]
+[design]
+simulation = [1]
+n_train = [40]
+prevalence = [0.3, 0.2]
+level = [3]
+[data]
+n_sites = 6
+n_features = 4
+n_test = 40
+[tuning]
+folds = 3
+lam = [1.0, 0.1]
+w_dist = [0.0]
+cv_tol = 1e-3
+cv_max_rounds = 15
+[grauc]
+max-rounds = 30
+tol = 1e-4
+fedavg-rounds = 5
+"""
+
+ROWFED_TOML = """
+study = "rowfed"
+replications = 1
+seed = 5
+methods = ["rowfed", "perfl-lsma", "nonfed", "fedavg"]
+[design]
+pq = [{ p = 6, q = 3 }, { p = 8, q = 4 }]
+M = [4]
+n_m = [30]
+[data]
+n_test = 20
+[tuning]
+lam1 = [0.3, 0.1]
+lam2 = [0.1]
+[rowfed]
+penalty = "scad"
+max-rounds = 40
+fedavg-rounds = 5
+"""
+
+GRAUC_COLUMNS = [
+    "simulation",
+    "n_train",
+    "prevalence",
+    "level",
+    "rep",
+    "method",
+    "site",
+    "auc",
+    "auc_se",
+]
+
+
+def _config(tmp_path, text, name="study.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _run(main, capsys, *argv, quiet: bool = True) -> tuple[int, str]:
+    code = main(["study", *argv, *(["--quiet"] if quiet else [])])
+    return code, capsys.readouterr().err
+
+
+def _mtimes(out) -> dict[str, float]:
+    root = os.path.join(out, "parts")
+    return {
+        os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+        for d, _, files in os.walk(root)
+        for f in files
+    }
+
+
+def test_grauc_study_outputs_and_resume(tmp_path, capsys):
+    cfg = _config(tmp_path, GRAUC_TOML)
+    out = str(tmp_path / "out")
+    args = ("--config", cfg, "--out", out, "--only", "prevalence=0.3")
+
+    # an interrupted study: only the first replication finished
+    code, err = _run(grauc_main, capsys, *args, "--reps", "1", quiet=False)
+    assert code == 0, err
+    assert "1 tasks (1 cells x 1 replications); 0 already done" in err and "1 to run" in err
+    first = _mtimes(out)
+    res = pd.read_csv(os.path.join(out, "results.csv"))
+    assert list(res.columns[: len(GRAUC_COLUMNS)]) == GRAUC_COLUMNS
+    assert {"lam", "w_dist", "seed"} <= set(res.columns)
+    assert len(res) == 3 * 6 and set(res["method"]) == {"grauc", "individual", "fedavg"}
+
+    # resume with two replications: only replication 1 runs, replication 0's files are kept
+    code, err = _run(grauc_main, capsys, *args, "--reps", "2", quiet=False)
+    assert code == 0, err
+    assert "1 already done" in err and "1 to run" in err
+    second = _mtimes(out)
+    assert all(second[f] == t for f, t in first.items())
+    assert len(second) > len(first)
+    res = pd.read_csv(os.path.join(out, "results.csv"))
+    assert len(res) == 2 * 3 * 6
+    assert sorted(res["rep"].unique()) == [0, 1]
+    assert (res["prevalence"] == 0.3).all() and (res["n_train"] == 40).all()
+    grauc = res[res["method"] == "grauc"]
+    assert grauc["lam"].isin([1.0, 0.1]).all() and (grauc["w_dist"] == 0.0).all()
+    assert res[res["method"] != "grauc"]["lam"].isna().all()
+    assert res.groupby("rep")["seed"].nunique().eq(1).all() and res["seed"].nunique() == 2
+    assert np.isfinite(res["auc"]).all() and (res["auc_se"] > 0).all()
+    summary = pd.read_csv(os.path.join(out, "summary.csv"))
+    assert list(summary.columns) == [
+        "simulation",
+        "n_train",
+        "prevalence",
+        "level",
+        "method",
+        "n_reps",
+        "auc_mean",
+        "auc_sd",
+    ]
+    assert len(summary) == 3 and (summary["n_reps"] == 2).all()
+    per_rep = res.groupby(["method", "rep"])["auc"].mean().groupby("method").mean()
+    np.testing.assert_allclose(summary.set_index("method")["auc_mean"], per_rep[summary["method"]])
+    for name in (
+        "fig_mean_auc.png",
+        "fig_auc_boxplots.png",
+        "fig_site_auc.png",
+        "fig_coef_heatmap.png",
+        "fig_site_map.png",
+    ):
+        assert os.path.getsize(os.path.join(out, name)) > 10_000, name
+
+    # a rerun of the finished study recomputes nothing
+    code, err = _run(grauc_main, capsys, *args, "--reps", "2", "--no-figures", quiet=False)
+    assert code == 0 and "2 already done" in err and "0 to run" in err
+    assert _mtimes(out) == second
+
+    # a crash mid-task (its results part missing) and mid-append (a half row): that task
+    # alone reruns, and results.csv is rebuilt whole from the parts
+    cell = {"simulation": 1, "n_train": 40, "prevalence": 0.3, "level": 3}
+    os.remove(os.path.join(out, "parts", cell_label(cell), "rep-0001.csv"))
+    with open(os.path.join(out, "results.csv"), "a") as fh:
+        fh.write("1,40,0.3,3,1,grauc,S1,0.9")
+    code, err = _run(grauc_main, capsys, *args, "--reps", "2", "--no-figures", quiet=False)
+    assert code == 0 and "1 already done" in err and "1 to run" in err
+    again = pd.read_csv(os.path.join(out, "results.csv"))
+    pd.testing.assert_frame_equal(
+        again.drop(columns="seconds"), res.drop(columns="seconds"), check_exact=False
+    )
+
+
+def test_rowfed_study_two_cells_in_parallel(tmp_path, capsys):
+    cfg = _config(tmp_path, ROWFED_TOML)
+    out = str(tmp_path / "out")
+    code, err = _run(rowfed_main, capsys, "--config", cfg, "--out", out, "--workers", "2")
+    assert code == 0, err
+    res = pd.read_csv(os.path.join(out, "results.csv"))
+    head = ["M", "n_m", "p", "q", "rep", "method", "mse_est", "mse_pred", "ri"]
+    assert list(res.columns[: len(head)]) == head
+    assert len(res) == 2 * 4
+    assert res[["p", "q"]].drop_duplicates().values.tolist() == [[6, 3], [8, 4]]  # grid order
+    assert set(res["method"]) == {"rowfed", "perfl-lsma", "nonfed", "fedavg"}
+    assert np.isfinite(res[["mse_est", "mse_pred", "ri"]].to_numpy()).all()
+    assert ((res["ri"] >= 0) & (res["ri"] <= 1)).all()
+    summary = pd.read_csv(os.path.join(out, "summary.csv"))
+    assert len(summary) == 8 and (summary["n_reps"] == 1).all()
+    assert {"mse_est_mean", "mse_est_sd", "mse_pred_mean", "ri_mean"} <= set(summary.columns)
+    for name in ("fig_errors.png", "fig_clusters.png"):
+        assert os.path.getsize(os.path.join(out, name)) > 10_000, name
+
+
+@pytest.mark.parametrize(
+    "only,words",
+    [
+        ("colour=3", ["unknown key 'colour'", "simulation, n_train, prevalence, level"]),
+        ("level=7", ["level=7 is not in the grid", "level: 3"]),
+        ("n_train=forty", ["n_train=forty", "expected int"]),
+        ("prevalence", ["expected KEY=VALUE"]),
+    ],
+)
+def test_only_errors(tmp_path, capsys, only, words):
+    cfg = _config(tmp_path, GRAUC_TOML)
+    out = tmp_path / "out"
+    code, err = _run(grauc_main, capsys, "--config", cfg, "--out", str(out), "--only", only)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: only: "), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        (None, ["config: file not found"]),
+        ("study = 'grauc'\n[design\nlevel = [1]", ["config: cannot parse"]),
+        ("colour = 1\n" + GRAUC_TOML, ["config: unknown setting 'colour'"]),
+        (GRAUC_TOML + "colour = 1\n", ["grauc.colour: unknown setting"]),
+        (GRAUC_TOML.replace("level = [3]", "level = [3.5]"), ["design.level: expected int"]),
+        (GRAUC_TOML.replace("folds = 3", "folds = 1"), ["tuning.folds"]),
+        (GRAUC_TOML.replace("max-rounds = 30", "max-round = 30"), ["grauc.max-round"]),
+        (GRAUC_TOML.replace('"grauc",', '"grauc", "magic",'), ["methods", "magic"]),
+        (ROWFED_TOML, ["study = 'rowfed'"]),
+    ],
+)
+def test_config_errors(tmp_path, capsys, text, words):
+    cfg = str(tmp_path / "missing.toml") if text is None else _config(tmp_path, text)
+    code, err = _run(grauc_main, capsys, "--config", cfg, "--out", str(tmp_path / "out"))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_out_of_another_study_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "study.json").write_text('{"study": "grauc", "seed": 99}')
+    cfg = _config(tmp_path, GRAUC_TOML)
+    code, err = _run(grauc_main, capsys, "--config", cfg, "--out", str(out))
+    assert code == 2 and err.startswith("error: out: ") and "other settings" in err
+
+
+def test_rowfed_errors(tmp_path, capsys):
+    cfg = _config(tmp_path, ROWFED_TOML.replace('penalty = "scad"', 'penalty = "ridge"'))
+    code, err = _run(rowfed_main, capsys, "--config", cfg, "--out", str(tmp_path / "o"))
+    assert code == 2 and err.strip().startswith("error: penalty") and "\n" not in err.strip()
+    cfg = _config(tmp_path, ROWFED_TOML, "ok.toml")
+    code, err = _run(
+        rowfed_main, capsys, "--config", cfg, "--out", str(tmp_path / "o"), "--only", "p=7"
+    )
+    assert code == 2 and "p=7 is not in the grid (p: 6, 8)" in err
+
+
+# ---------------------------------------------------------------------------------------
+# Pieces
+# ---------------------------------------------------------------------------------------
+TYPES = {"a": int, "b": float, "p": int, "q": int}
+
+
+def test_design_linked_factors_and_selection():
+    keys, cells = expand_design(
+        {"pq": [{"p": 1, "q": 2}, {"p": 3, "q": 4}], "a": [1, 2], "b": 0.5}, TYPES, ("a",)
+    )
+    assert keys == ("a", "p", "q", "b")
+    assert len(cells) == 4 and cells[0] == {"a": 1, "p": 1, "q": 2, "b": 0.5}
+    assert [c["p"] for c in select_cells(cells, keys, TYPES, ["q=4"])] == [3, 3]
+    both = select_cells(cells, keys, TYPES, ["a=1", "a=2", "p=3"])  # one key: any value
+    assert [(c["a"], c["p"]) for c in both] == [(1, 3), (2, 3)]
+    assert len(select_cells(cells, keys, TYPES, ["b=0.50"])) == 4  # parsed as a float
+    with pytest.raises(InputError, match="a level is listed twice"):
+        expand_design({"a": [1, 1]}, TYPES, ("a",))
+    with pytest.raises(InputError, match="set by two factors"):
+        expand_design({"a": [1], "x": [{"a": 2}]}, TYPES, ("a",))
+
+
+def test_task_seed_depends_on_cell_and_rep_only():
+    cell = {"a": 1, "b": 0.5}
+    assert task_seed(3, cell, 0) == task_seed(3, {"b": 0.5, "a": 1}, 0)  # not on key order
+    seeds = {task_seed(3, {"a": a, "b": 0.5}, r) for a in range(5) for r in range(20)}
+    assert len(seeds) == 100 and all(0 <= s < 2**31 for s in seeds)
+    assert task_seed(4, cell, 0) != task_seed(3, cell, 0)
+
+
+def test_stratified_folds_balance_classes():
+    from grauc_flower.study import stratified_folds
+
+    y = np.array([1] * 7 + [0] * 23)
+    fold = stratified_folds(y, 5, np.random.default_rng(0))
+    for cls in (0, 1):
+        counts = np.bincount(fold[y == cls], minlength=5)
+        assert counts.max() - counts.min() <= 1
+    sizes = np.bincount(fold, minlength=5)
+    assert sizes.max() - sizes.min() <= 1
