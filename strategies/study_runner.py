@@ -486,14 +486,40 @@ def _run_local(task_path, settings, todo, workers, on_result):
             raise
 
 
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """``host:port`` (or ``ray://host:port``) must accept a TCP connection: Ray itself
+    retries an unreachable address for minutes."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    if address in ("auto", "local") or ":" not in target:
+        return
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as exc:
+        raise InputError(f"ray-address: cannot connect to {address!r}: {exc}") from None
+
+
 def _run_ray(task_path, settings, todo, address, on_result):
     try:
         import ray
     except ImportError:  # pragma: no cover - Ray comes with flwr[simulation]
         msg = "ray-address: Ray is not installed (pip install 'flwr[simulation]')"
         raise InputError(msg) from None
+    import logging
+    import warnings
+
+    _check_reachable(address)
+    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
     try:
-        ray.init(address=address, log_to_driver=False)  # "local": a new local instance
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            if address == "local":  # a new local instance, even when one is running
+                ray.init(address="local", include_dashboard=False, **quiet)
+            else:  # an existing cluster; every node needs this project installed
+                ray.init(address=address, **quiet)
     except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"ray-address: cannot connect to {address!r}: {first}") from None

@@ -293,3 +293,29 @@ def test_stratified_folds_balance_classes():
         assert counts.max() - counts.min() <= 1
     sizes = np.bincount(fold, minlength=5)
     assert sizes.max() - sizes.min() <= 1
+
+
+def test_unreachable_ray_address_is_one_line(tmp_path, capsys):
+    cfg = _config(tmp_path, ROWFED_TOML)
+    out = str(tmp_path / "o")
+    code, err = _run(
+        rowfed_main, capsys, "--config", cfg, "--out", out, "--ray-address", "127.0.0.1:1"
+    )
+    assert (
+        code == 2 and err.startswith("error: ray-address: cannot connect") and err.count("\n") == 1
+    )
+
+
+@pytest.mark.slow
+def test_ray_local_gives_the_same_results(tmp_path, capsys):
+    """Tasks on a fresh local Ray instance (about 10 s) give the in-process numbers."""
+    cfg = _config(tmp_path, ROWFED_TOML.replace("lam1 = [0.3, 0.1]", "lam1 = [0.3]"))
+    outs = {}
+    for name, extra in (("ray", ["--ray-address", "local"]), ("local", [])):
+        outs[name] = str(tmp_path / name)
+        code, err = _run(
+            rowfed_main, capsys, "--config", cfg, "--out", outs[name], "--no-figures", *extra
+        )
+        assert code == 0, err
+    ray, local = (pd.read_csv(os.path.join(outs[k], "results.csv")) for k in ("ray", "local"))
+    pd.testing.assert_frame_equal(ray.drop(columns="seconds"), local.drop(columns="seconds"))
