@@ -59,6 +59,21 @@ class ClientInfo:
     features: tuple[str, ...] = ()
 
 
+def input_scale(theta: np.ndarray, registry) -> np.ndarray:
+    """Coefficients ``(M, p, q)`` on the predictors' input scale (a copy)."""
+    if registry.scale is None:
+        return np.array(theta, copy=True)
+    return theta / registry.scale[None, :, None]
+
+
+def fitted_intercepts(cfg, registry, sites, coef: np.ndarray) -> np.ndarray | None:
+    """``b_m = ybar_m - xbar_m^T Theta_m`` (input scale) ``(M, q)``, or ``None``."""
+    if not cfg.intercept:
+        return None
+    x_mean, y_mean = registry.means(sites)
+    return y_mean - np.einsum("mp,mpq->mq", x_mean, coef)
+
+
 class RowFedRegistry(Registry):
     """:class:`strategies.registry.Registry` for RowFed clients (``n, p, q`` instead of a
     location and class counts).  Standardization divides by the pooled SD only: with an
@@ -251,17 +266,11 @@ class _RowFedSites(SiteStrategy):
 
     def coefficients(self) -> np.ndarray:
         """``Theta_hat_m`` on the input scale of the predictors, ``(M, p, q)``."""
-        theta = self.estimate()
-        if self.registry.scale is None:
-            return theta.copy()
-        return theta / self.registry.scale[None, :, None]
+        return input_scale(self.estimate(), self.registry)
 
     def intercepts(self) -> np.ndarray | None:
         """``b_m = ybar_m - xbar_m^T Theta_m`` (input scale) ``(M, q)``, or ``None``."""
-        if not self.cfg.intercept:
-            return None
-        x_mean, y_mean = self.registry.means(self.sites)
-        return y_mean - np.einsum("mp,mpq->mq", x_mean, self.coefficients())
+        return fitted_intercepts(self.cfg, self.registry, self.sites, self.coefficients())
 
     def structure(self) -> tuple[np.ndarray, np.ndarray]:
         """Row clusters ``(M, p)`` and support ``(M, p, q)`` of the fit."""
@@ -680,16 +689,10 @@ class RowFedAvg(FedAvg):
         return np.broadcast_to(self.theta, (len(self.sites),) + self.theta.shape).copy()
 
     def coefficients(self) -> np.ndarray:
-        theta = self.theta_work
-        if self.registry.scale is None:
-            return theta
-        return theta / self.registry.scale[None, :, None]
+        return input_scale(self.theta_work, self.registry)
 
     def intercepts(self) -> np.ndarray | None:
-        if not self.cfg.intercept:
-            return None
-        x_mean, y_mean = self.registry.means(self.sites)
-        return y_mean - np.einsum("mp,mpq->mq", x_mean, self.coefficients())
+        return fitted_intercepts(self.cfg, self.registry, self.sites, self.coefficients())
 
     def structure(self) -> tuple[np.ndarray, np.ndarray]:
         theta = self.theta_work
