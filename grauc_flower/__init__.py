@@ -1,0 +1,3 @@
+"""GrAUC-PFL on Flower (see README.md)."""
+
+import strategies  # noqa: F401  (first: single-threaded BLAS before numpy loads)

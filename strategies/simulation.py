@@ -39,12 +39,16 @@ def _bin(name: str) -> str:
 def flower_env(home: str) -> dict:
     """Environment for Flower's processes: ``FLWR_HOME`` and this interpreter's scripts
     first on ``PATH`` (the SuperLink starts ``flower-superexec``, ``flwr-serverapp``...)."""
+    from . import single_threaded_blas
+
     bindir = str(Path(sys.executable).parent)
-    return {
+    env = {
         **os.environ,
         "FLWR_HOME": home,
         "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
     }
+    single_threaded_blas(env)
+    return env
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
