@@ -23,10 +23,29 @@ D = GrAUCConfig()
 
 
 def _fit_parser(sub) -> None:
-    p = sub.add_parser("fit", help="fit one method on DATA.csv and SITES.csv")
-    p.add_argument("--data", required=True, help="CSV: site, y (0/1), features")
-    p.add_argument("--sites", required=True, help="CSV: site, lat, lon")
+    p = sub.add_parser("fit", help="fit one method on DATA.csv and SITES.csv (or real data)")
+    p.add_argument(
+        "--source",
+        default="csv",
+        choices=("csv", "cdc", "crime"),
+        help="csv: --data and --sites; cdc: the CDC COVID-19 case file as --data (counties "
+        "at the shipped centroids); crime: Communities and Crime (the shipped copy, or --data)",
+    )
+    p.add_argument("--data", default="", help="CSV: site, y (0/1), features (or the CDC file)")
+    p.add_argument("--sites", default="", help="CSV: site, lat, lon (source csv)")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--counties", default="", help="cdc: comma-separated county FIPS codes")
+    p.add_argument("--num-counties", type=int, default=18, help="cdc: the largest N counties")
+    p.add_argument(
+        "--train-fraction",
+        type=float,
+        default=0.0,
+        help="cdc/crime: training share of each class per site (default cdc 0.2, crime 0.5)",
+    )
+    p.add_argument("--min-per-class", type=int, default=0, help="cdc 15, crime 5 by default")
+    p.add_argument("--max-per-class", type=int, default=5000, help="0 = no limit")
+    p.add_argument("--missing-levels", default="level", choices=("level", "drop"))
+    p.add_argument("--data-seed", type=int, default=0, help="cdc/crime: the train/test split")
     p.add_argument("--method", default="grauc", choices=GRAUC_METHODS)
     p.add_argument("--engine", default="inprocess", choices=("inprocess", "flower"))
     p.add_argument("--lam", type=float, default=D.lam)
@@ -37,6 +56,12 @@ def _fit_parser(sub) -> None:
     p.add_argument("--graph", default=D.graph, choices=("mst", "knn", "complete"))
     p.add_argument("--knn-k", type=int, default=D.knn_k)
     p.add_argument("--penalty", default=D.penalty, choices=("l1", "group"))
+    p.add_argument(
+        "--algorithm",
+        default=D.algorithm,
+        choices=("pqn", "admm"),
+        help="pqn: proximal quasi-Newton (few rounds); admm: the paper's ADMM",
+    )
     p.add_argument("--local-solver", default=D.local_solver, choices=("prox", "linearized"))
     p.add_argument("--init", default=D.init, choices=("random", "zeros"))
     p.add_argument("--tol", type=float, default=D.tol)
@@ -116,6 +141,7 @@ def config_from_args(a) -> GrAUCConfig:
         graph=a.graph,
         knn_k=a.knn_k,
         penalty=a.penalty,
+        algorithm=a.algorithm,
         local_solver=a.local_solver,
         init=a.init,
         tol=a.tol,
@@ -140,11 +166,44 @@ class Progress:
         if self.quiet or time.perf_counter() - self.last < 2.0:
             return
         self.last = time.perf_counter()
-        resid = "" if res is None else f"  primal {res.primal:.2e}  dual {res.dual:.2e}"
+        resid = "" if res is None else f"  {res.describe()}"
         sys.stderr.write(
             f"{self.method}: round {rnd}/{self.max_rounds}  objective "
             f"{objective:.8g}{resid}  {elapsed:.1f} s\n"
         )
+
+
+def _data_spec(a):
+    """The fit command's data as a :class:`~grauc_flower.sources.DataSpec` (what the Flower
+    engine's ClientApps load); checks which files each source needs."""
+    from .sources import DataSpec
+
+    if a.source == "csv":
+        for key in ("data", "sites"):
+            if not getattr(a, key):
+                raise InputError(f"{key}: --source csv needs --data and --sites")
+    elif a.source == "cdc" and not a.data:
+        raise InputError("data: --source cdc needs --data (the CDC COVID-19 case file)")
+    elif a.sites:
+        raise InputError(f"sites: --source {a.source} places sites at the shipped centroids")
+    if a.source != "csv":
+        if a.train_fraction and not 0 < a.train_fraction < 1:
+            raise InputError(f"train-fraction: must be in (0, 1), got {a.train_fraction!r}")
+        if a.max_per_class < 0:
+            raise InputError(f"max-per-class: must be >= 0, got {a.max_per_class!r}")
+    return DataSpec(
+        source=a.source,
+        data_path=os.path.abspath(a.data) if a.data else "",
+        sites_path=os.path.abspath(a.sites) if a.sites else "",
+        allow_missing_class=a.missing_class == "borrow",
+        data_seed=a.data_seed,
+        counties=a.counties,
+        num_counties=a.num_counties,
+        train_fraction=a.train_fraction,
+        min_per_class=a.min_per_class,
+        max_per_class=a.max_per_class,
+        missing_levels=a.missing_levels,
+    )
 
 
 def cmd_fit(a) -> int:
@@ -152,9 +211,25 @@ def cmd_fit(a) -> int:
     from .data import load_csv
 
     cfg = config_from_args(a)
-    sites, features = load_csv(a.data, a.sites, cfg.missing_class == "borrow")
-    if not sites:
-        raise InputError("data: no site of the data is in the sites file")
+    spec = _data_spec(a)
+    if a.source == "csv":
+        sites, features = load_csv(a.data, a.sites, cfg.missing_class == "borrow")
+        if not sites:
+            raise InputError("data: no site of the data is in the sites file")
+    else:
+        from .sources import load_real_spec
+
+        sites, table = load_real_spec(spec)
+        features = table.features
+        if not a.quiet:
+            for note in table.notes:
+                sys.stderr.write(f"note: {note}\n")
+            n_train = sum(len(s.y_train) for s in sites)
+            n_test = sum(len(s.y_test) for s in sites)
+            sys.stderr.write(
+                f"{a.source}: {len(sites)} sites, {len(features)} features, "
+                f"{n_train} training and {n_test} test rows\n"
+            )
     t0 = time.perf_counter()
     with atomic_output_dir(a.out) as tmp:
         if a.engine == "inprocess":
@@ -181,9 +256,7 @@ def cmd_fit(a) -> int:
                 "task": "grauc",
                 "method": a.method,
                 "out-dir": tmp,
-                "data.source": "csv",
-                "data.path": os.path.abspath(a.data),
-                "data.sites-path": os.path.abspath(a.sites),
+                **spec.to_run_config(),
                 "data.num-sites": len(sites),
                 "checkpoint.path": os.path.abspath(a.checkpoint) if a.checkpoint else "",
                 "checkpoint.every": a.checkpoint_every,
@@ -199,15 +272,24 @@ def cmd_fit(a) -> int:
             features=list(features),
             n_sites=len(sites),
             seconds=round(time.perf_counter() - t0, 3),
-            data=os.path.abspath(a.data),
-            sites=os.path.abspath(a.sites),
+            source=a.source,
+            data=os.path.abspath(a.data) if a.data else "(shipped copy)",
+            sites=os.path.abspath(a.sites) if a.sites else "(shipped centroids)",
         )
+        if a.source != "csv":
+            metrics["split"] = {
+                "train-fraction": spec.train_fraction,
+                "data-seed": spec.data_seed,
+                "n_train": sum(len(s.y_train) for s in sites),
+                "n_test": sum(len(s.y_test) for s in sites),
+            }
         with open(path, "w") as fh:
             json.dump(metrics, fh, indent=2)
     status = "converged" if metrics["converged"] else "stopped at the round limit"
+    what = "in-sample" if a.source == "csv" else "test"
     print(
         f"{a.method}: {status} after {metrics['rounds']} rounds; objective "
-        f"{metrics['objective']}; mean in-sample AUC {metrics['mean_auc']}; wrote {a.out}"
+        f"{metrics['objective']}; mean {what} AUC {metrics['mean_auc']}; wrote {a.out}"
     )
     return 0
 

@@ -13,6 +13,10 @@
 - ``fig_site_map.png``: the sites at their coordinates with the graph's edges; an edge's
   shade is the number of features on which GrAUC-PFL fused its two sites; site colours are
   the dendrogram's two main clusters.
+
+A real-data study (no prevalence or level in its design) gets ``fig_mean_auc.png`` as the
+mean test AUC over institutions of each replication (a line per replication across methods,
+the mean and its 95% interval), one panel per design cell, and the three one-cell figures.
 """
 
 from __future__ import annotations
@@ -120,6 +124,53 @@ def fig_mean_auc(results: pd.DataFrame, keys, path: str) -> str:
     reps = f"{n_reps} replication{'s' if n_reps != 1 else ''}"
     title = f"Mean test AUC over institutions (bars: 95% interval over {reps})"
     return finish(fig, title, path, handles, labels)
+
+
+def fig_real_mean_auc(results: pd.DataFrame, keys, path: str) -> str:
+    """Mean test AUC over institutions per replication and method (real data): one panel
+    per design cell, a grey line per replication joining the methods, the mean and its
+    95% interval over replications."""
+    plt = pyplot()
+    keys = list(keys)
+    per_rep = _per_rep(results, keys)
+    methods = _methods(results)
+    cells = list(dict.fromkeys(tuple(r) for r in per_rep[keys].itertuples(index=False)))
+    fig, axes = plt.subplots(
+        1, len(cells), figsize=(max(6.0, 4.2 * len(cells) + 0.8), 5.0), squeeze=False
+    )
+    n_reps = int(per_rep.groupby(keys)["rep"].nunique().min())
+    for ax, c in zip(axes[0], cells, strict=True):
+        sel = np.logical_and.reduce([per_rep[k] == v for k, v in zip(keys, c, strict=True)])
+        wide = per_rep[sel].pivot(index="rep", columns="method", values="auc")
+        wide = wide[[m for m in methods if m in wide.columns]]
+        xs = np.arange(wide.shape[1])
+        for _, row in wide.iterrows():
+            ax.plot(xs, row.to_numpy(), color="0.6", lw=1, alpha=0.7, zorder=1)
+        for k, m in enumerate(wide.columns):
+            v = wide[m].dropna().to_numpy()
+            half = 1.96 * v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0.0
+            ax.errorbar(
+                [k],
+                [v.mean()],
+                yerr=[half],
+                marker="o",
+                ms=8,
+                capsize=5,
+                color=COLORS.get(m),
+                zorder=2,
+            )
+            ax.annotate(
+                f"{v.mean():.3f}", (k, v.mean()), xytext=(9, -3), textcoords="offset points"
+            )
+        ax.set_xticks(xs)
+        ax.set_xticklabels([LABELS.get(m, m) for m in wide.columns])
+        ax.set_xlim(-0.5, len(xs) - 0.3)
+        ax.set_title(_cell_title(dict(zip(keys, c, strict=True))))
+        ax.set_ylabel("mean test AUC over institutions")
+        ax.grid(axis="y", alpha=0.3)
+    reps = f"{n_reps} replication{'s' if n_reps != 1 else ''} (random splits)"
+    title = f"Mean test AUC over institutions: {reps}; grey lines join one replication"
+    return finish(fig, title, path)
 
 
 def fig_auc_boxplots(results: pd.DataFrame, keys, path: str) -> str:
@@ -252,8 +303,14 @@ def fig_coef_heatmap(coef: pd.DataFrame, cell: dict, rep: int, path: str) -> tup
     ind = coef[coef["method"] == "individual"]
     if len(ind):
         panels.append(("individual", ind.set_index("site").loc[sites, features].to_numpy(float)))
-    fig = plt.figure(figsize=(3.5 + 0.55 * len(features) * len(panels), 2.0 + 0.3 * len(sites)))
-    widths = [1.4, 0.5] + [max(2.0, 0.5 * len(features))] * len(panels) + [0.25]
+    p = len(features)
+    cw = 0.55 if p <= 20 else max(0.13, 11.0 / p)  # inches per feature column
+    fontsize = 10 if p <= 20 else (7 if p <= 40 else 5.5)
+    label_in = max(len(str(f)) for f in features) * fontsize * 0.0076 if p > 12 else 0.3
+    fig = plt.figure(
+        figsize=(3.5 + cw * p * len(panels), 2.0 + 0.3 * len(sites) + max(0.0, label_in - 0.4))
+    )
+    widths = [1.4, 0.5] + [max(2.0, 0.9 * cw * p)] * len(panels) + [0.25]
     grid = fig.add_gridspec(1, len(widths), width_ratios=widths, wspace=0.08)
     ax_d = fig.add_subplot(grid[0, 0])
     if link is not None:
@@ -281,7 +338,9 @@ def fig_coef_heatmap(coef: pd.DataFrame, cell: dict, rep: int, path: str) -> tup
             rows, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest"
         )
         ax.set_xticks(range(len(features)))
-        ax.set_xticklabels(features, rotation=90 if len(features) > 12 else 0)
+        ax.set_xticklabels(
+            features, rotation=90 if len(features) > 12 else 0, fontsize=min(10, fontsize)
+        )
         ax.set_yticks(range(len(sites)))
         ax.set_yticklabels([sites[i] for i in order][::-1] if k == 0 else [])
         ax.set_title(LABELS.get(m, m))
@@ -294,7 +353,8 @@ def fig_coef_heatmap(coef: pd.DataFrame, cell: dict, rep: int, path: str) -> tup
         va="top",
         fontsize=12,
     )
-    fig.subplots_adjust(left=0.04, right=0.92, top=1 - 0.75 / h, bottom=0.6 / h)
+    bottom = (0.3 + label_in) / h if p > 12 else 0.6 / h
+    fig.subplots_adjust(left=0.04, right=0.92, top=1 - 0.75 / h, bottom=bottom)
     fig.savefig(path)
     plt.close(fig)
     return path, labels
@@ -411,10 +471,13 @@ def fig_site_map(
 def make_figures(out: str, study, results: pd.DataFrame, store, cells) -> list[str]:
     """Every figure of the study into ``out``; returns the paths written."""
     keys = list(study.keys)
-    made = [
-        fig_mean_auc(results, keys, os.path.join(out, "fig_mean_auc.png")),
-        fig_auc_boxplots(results, keys, os.path.join(out, "fig_auc_boxplots.png")),
-    ]
+    if "prevalence" in keys and "level" in keys:  # the simulations
+        made = [
+            fig_mean_auc(results, keys, os.path.join(out, "fig_mean_auc.png")),
+            fig_auc_boxplots(results, keys, os.path.join(out, "fig_auc_boxplots.png")),
+        ]
+    else:  # real data
+        made = [fig_real_mean_auc(results, keys, os.path.join(out, "fig_mean_auc.png"))]
     cell = figure_cell(results, study, cells)
     made.append(fig_site_auc(results, cell, os.path.join(out, "fig_site_auc.png")))
     sel = np.logical_and.reduce([results[k] == v for k, v in cell.items()])

@@ -31,11 +31,28 @@ Config (``configs/sim1.toml`` and friends; every table but ``[design]`` is optio
     tol = 1e-6
     [figures]
     cell = {simulation = 1, n_train = 50, prevalence = 0.3, level = 3}
+
+Real data (``configs/crime_grauc.toml``, ``configs/cdc_covid.toml``): ``[data] source`` is
+``"crime"`` or ``"cdc"`` (:mod:`grauc_flower.realdata`), the design's one required key is
+``train_fraction`` (the share of each class of each institution used for training; the
+rest is the test set), and a replication is a new random split (the task's seed)::
+
+    [design]
+    train_fraction = [0.5]
+    [data]
+    source = "crime"          # or "cdc"
+    path = ""                 # the CSV (cdc: required; crime: empty = the shipped copy)
+    min_per_class = 5         # institutions need this many of each class (0: the default)
+    max_per_class = 5000      # rows drawn per class and institution (0: all)
+    counties = []             # cdc: FIPS codes (empty: the num_counties largest)
+    num_counties = 18         # cdc
+    missing_levels = "level"  # cdc: Missing/Unknown covariate values: a level, or "drop"
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -44,7 +61,7 @@ import pandas as pd
 
 from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config
 from strategies.errors import InputError
-from strategies.study_runner import Study, add_study_options, load_study, run_study
+from strategies.study_runner import Study, add_study_options, load_study, read_toml, run_study
 
 from .data import LEVEL_SHIFT, SiteData, simulate
 
@@ -61,6 +78,24 @@ DESIGN_TYPES = {
 REQUIRED = ("simulation", "n_train", "prevalence", "level")
 SECTIONS = ("data", "tuning", "grauc", "figures")
 DATA_DEFAULTS = {"n_sites": 20, "n_features": 10, "n_test": 200}
+#: Real data (``[data] source``): design keys, and the ``[data]`` settings with defaults.
+REAL_SOURCES = ("crime", "cdc")
+REAL_DESIGN_TYPES = {
+    "train_fraction": float,
+    "min_per_class": int,
+    "max_per_class": int,
+    "num_counties": int,
+}
+REAL_REQUIRED = ("train_fraction",)
+REAL_DATA_DEFAULTS = {
+    "source": "crime",
+    "path": "",
+    "min_per_class": 0,
+    "max_per_class": 5000,
+    "counties": [],
+    "num_counties": 18,
+    "missing_levels": "level",
+}
 TUNING_KEYS = ("folds", "lam", "w_dist", "cv_tol", "cv_max_rounds")
 TASK = "grauc_flower.study:run_task"
 
@@ -122,13 +157,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     for m in methods:
         if m not in GRAUC_METHODS:
             raise InputError(f"methods: must be among {', '.join(GRAUC_METHODS)}, got {m!r}")
-    data = dict(DATA_DEFAULTS)
-    for key, value in settings.get("data", {}).items():
-        if key not in DATA_DEFAULTS:
-            raise InputError(f"data.{key}: unknown setting (allowed: {', '.join(DATA_DEFAULTS)})")
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InputError(f"data.{key}: must be an integer >= 1, got {value!r}")
-        data[key] = value
+    data = parse_data(settings.get("data", {}))
     tuning = settings.get("tuning", {})
     for key in tuning:
         if key not in TUNING_KEYS:
@@ -173,6 +202,93 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     )
 
 
+def _source(data: dict) -> str:
+    source = data.get("source", "simulated") if isinstance(data, dict) else "simulated"
+    if source not in ("simulated", *REAL_SOURCES):
+        raise InputError(
+            f"data.source: must be simulated, {', '.join(REAL_SOURCES)}, got {source!r}"
+        )
+    return source
+
+
+def parse_data(table: dict) -> dict:
+    """``[data]``: the simulation's sizes, or a real source's settings (with defaults)."""
+    if not isinstance(table, dict):
+        raise InputError("data: expected a table")
+    source = _source(table)
+    if source == "simulated":
+        data = {"source": "simulated", **DATA_DEFAULTS}
+        for key, value in table.items():
+            if key == "source":
+                continue
+            if key not in DATA_DEFAULTS:
+                allowed = ", ".join(["source", *DATA_DEFAULTS])
+                raise InputError(f"data.{key}: unknown setting (allowed: {allowed})")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"data.{key}: must be an integer >= 1, got {value!r}")
+            data[key] = value
+        return data
+    data = dict(REAL_DATA_DEFAULTS)
+    for key, value in table.items():
+        if key not in REAL_DATA_DEFAULTS:
+            allowed = ", ".join(REAL_DATA_DEFAULTS)
+            raise InputError(f"data.{key}: unknown setting for source {source!r} ({allowed})")
+        data[key] = value
+    for key in ("path", "missing_levels"):
+        if not isinstance(data[key], str):
+            raise InputError(f"data.{key}: expected a string, got {data[key]!r}")
+    for key, low in (("min_per_class", 0), ("max_per_class", 0), ("num_counties", 1)):
+        v = data[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise InputError(f"data.{key}: must be an integer >= {low}, got {v!r}")
+    counties = data["counties"]
+    if isinstance(counties, str):
+        counties = [c.strip() for c in counties.split(",") if c.strip()]
+    if not isinstance(counties, list) or not all(isinstance(c, (str, int)) for c in counties):
+        raise InputError("data.counties: expected a list of county FIPS codes")
+    if counties and source != "cdc":
+        raise InputError("data.counties: only for source 'cdc'")
+    data["counties"] = [str(c) for c in counties]
+    if data["missing_levels"] not in ("level", "drop"):
+        raise InputError(
+            f"data.missing_levels: must be level or drop, got {data['missing_levels']!r}"
+        )
+    if source == "cdc" and not data["path"]:
+        raise InputError("data.path: source 'cdc' needs the CDC file (COVID-19 Case Surveillance)")
+    return data
+
+
+def real_data(data: dict, cell: dict, seed: int):
+    """A real source's sites for one task: the design cell's values override ``[data]``;
+    ``seed`` draws the train/test split.  Returns ``(sites, table)``."""
+    from .realdata import load_real
+
+    d = {**data, **{k: v for k, v in cell.items() if k in REAL_DATA_DEFAULTS}}
+    return load_real(
+        d["source"],
+        d["path"],
+        cell["train_fraction"],
+        seed,
+        tuple(d["counties"]),
+        d["num_counties"],
+        d["min_per_class"],
+        d["max_per_class"],
+        d["missing_levels"],
+    )
+
+
+def check_real_cell(cell: dict, data: dict) -> None:
+    """Reject a real-data cell before anything runs (and read the data once: bad files,
+    columns and county lists fail here, with one line)."""
+    label = ", ".join(f"{k}={v}" for k, v in cell.items())
+    if not 0 < cell["train_fraction"] < 1:
+        raise InputError(f"design.train_fraction: must be in (0, 1) (cell {label})")
+    for key, low in (("min_per_class", 0), ("max_per_class", 0), ("num_counties", 1)):
+        if key in cell and cell[key] < low:
+            raise InputError(f"design.{key}: must be >= {low} (cell {label})")
+    real_data(data, cell, 0)
+
+
 def check_cell(cell: dict, data: dict) -> None:
     """Reject a design cell the simulation cannot produce (before anything runs)."""
     label = ", ".join(f"{k}={v}" for k, v in cell.items())
@@ -192,10 +308,20 @@ def check_cell(cell: dict, data: dict) -> None:
 
 
 def load(path: str) -> tuple[Study, Settings]:
-    study = load_study(path, "grauc", DESIGN_TYPES, REQUIRED, SECTIONS)
+    source = _source(read_toml(path).get("data", {}))
+    if source == "simulated":
+        study = load_study(path, "grauc", DESIGN_TYPES, REQUIRED, SECTIONS)
+    else:
+        study = load_study(path, "grauc", REAL_DESIGN_TYPES, REAL_REQUIRED, SECTIONS)
+        data = study.settings.get("data", {})
+        if data.get("path"):  # relative to the working directory; tasks get it absolute
+            data["path"] = os.path.abspath(os.path.expanduser(data["path"]))
     settings = parse_settings(study.settings, study.keys)
     for cell in study.cells:
-        check_cell(cell, settings.data)
+        if source == "simulated":
+            check_cell(cell, settings.data)
+        else:
+            check_real_cell(cell, settings.data)
     return study, settings
 
 
@@ -277,7 +403,7 @@ def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataF
                         "w_dist": w,
                         "lam": lam,
                         "val_auc": val,
-                        "rounds": strategy.state.round,
+                        "rounds": strategy.rounds,
                         "converged": bool(strategy.converged),
                     }
                 )
@@ -308,17 +434,22 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
     from .federation import auc_table, run_methods_inprocess
 
     st = parse_settings(settings, tuple(cell))
-    data = {**st.data, **{k: v for k, v in cell.items() if k in st.data}}
-    sites = simulate(
-        cell["simulation"],
-        data["n_sites"],
-        data["n_features"],
-        cell["n_train"],
-        data["n_test"],
-        cell["prevalence"],
-        cell["level"],
-        seed,
-    )
+    if st.data["source"] == "simulated":
+        data = {**st.data, **{k: v for k, v in cell.items() if k in st.data}}
+        sites = simulate(
+            cell["simulation"],
+            data["n_sites"],
+            data["n_features"],
+            cell["n_train"],
+            data["n_test"],
+            cell["prevalence"],
+            cell["level"],
+            seed,
+        )
+        features = [f"x{j + 1}" for j in range(data["n_features"])]
+    else:  # a real source: a new stratified train/test split per replication
+        sites, source_table = real_data(st.data, cell, seed)
+        features = list(source_table.features)
     cfg = st.cfg.replace(seed=seed)
     frames: dict[str, pd.DataFrame] = {}
     lam = w_dist = float("nan")
@@ -334,13 +465,15 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
     table["w_dist"] = np.where(is_grauc, w_dist, np.nan)
     table["rounds"] = table["method"].map({m: r.rounds for m, r in results.items()})
     table["converged"] = table["method"].map({m: r.converged for m, r in results.items()})
+    n_train = {s.site: (s.n_pos, s.n_neg) for s in sites}
+    table["n_train_pos"] = table["site"].map(lambda z: n_train[z][0])
+    table["n_train_neg"] = table["site"].map(lambda z: n_train[z][1])
     table["seed"] = seed
     table.insert(0, "rep", rep)
     for pos, key in enumerate(cell):
         table.insert(pos, key, cell[key])
     frames["results"] = table
 
-    features = [f"x{j + 1}" for j in range(data["n_features"])]
     coef = []
     lat = {s.site: s.lat for s in sites}
     lon = {s.site: s.lon for s in sites}

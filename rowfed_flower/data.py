@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strategies.errors import InputError
+
 #: Row ``j < 6`` of the true ``Theta`` has ``N_CLUSTERS[j]`` client clusters (B.7).
 N_CLUSTERS = (1, 1, 2, 2, 3, 3)
 #: Entries of a cluster's row vector and their probabilities (about a third zero, B.7).
@@ -171,7 +173,8 @@ def load_crime(
     path : str
         A CSV with a header: the normalized copy (one-hot ``state_<FIPS>`` columns) or a
         file with a ``state`` (FIPS) column such as the UCI unnormalized data with its
-        column names; ``?`` is read as missing.
+        column names; ``?`` is read as missing.  Empty: the normalized copy shipped with
+        the package (``strategies/datasets/communities_crime.csv``).
     responses : sequence of str
         Response columns (``q = len(responses)``).
     min_rows : int
@@ -194,27 +197,52 @@ def load_crime(
     """
     import pandas as pd
 
-    df = pd.read_csv(path, na_values="?")
+    from strategies.datasets import dataset_path
+
+    path = path or dataset_path("communities_crime.csv")
+    try:
+        df = pd.read_csv(path, na_values="?")
+    except FileNotFoundError:
+        raise InputError(f"data: file not found: {path}") from None
+    except pd.errors.EmptyDataError:
+        raise InputError(f"data: file is empty: {path}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"data: cannot parse {path}: {first}") from None
     responses = list(responses)
+    if not responses:
+        raise InputError("responses: give one or more response columns")
     missing = [c for c in responses if c not in df.columns]
     if missing:
-        raise ValueError(f"responses: columns not in {path}: {missing}")
+        raise InputError(f"responses: columns not in {path}: {missing}")
+    unknown = [c for c in exclude if c not in df.columns]
+    if unknown:
+        raise InputError(f"exclude: columns not in {path}: {unknown}")
     state_cols = [c for c in df.columns if c.startswith("state_")]
     if state_cols:
         onehot = df[state_cols].to_numpy()
         if not np.all(onehot.sum(axis=1) == 1):
-            raise ValueError("state_*: every row needs exactly one state")
+            raise InputError("state_*: every row needs exactly one state")
         state = np.array([int(c.split("_", 1)[1]) for c in state_cols])[onehot.argmax(axis=1)]
     elif "state" in df.columns:
         state = df["state"].to_numpy()
     else:
-        raise ValueError(f"{path}: needs state_<FIPS> columns or a 'state' column")
+        raise InputError(f"data: {path} needs state_<FIPS> columns or a 'state' column")
     if predictors is None:
         drop = set(responses) | set(state_cols) | set(NON_PREDICTORS) | set(exclude)
         numeric = df.select_dtypes(include="number").columns
         predictors = [c for c in numeric if c not in drop and not df[c].isna().any()]
     predictors = list(predictors)
-    data = df[predictors + responses].astype(float)
+    absent = [c for c in predictors if c not in df.columns]
+    if absent:
+        raise InputError(f"predictors: columns not in {path}: {absent}")
+    if not predictors:
+        raise InputError("predictors: no predictor column is left")
+    try:
+        data = df[predictors + responses].astype(float)
+    except (TypeError, ValueError):
+        bad = next(c for c in predictors + responses if not pd.api.types.is_numeric_dtype(df[c]))
+        raise InputError(f"data: column {bad!r} is not numeric") from None
     keep_rows = ~data.isna().any(axis=1).to_numpy()
     data, state = data[keep_rows], np.asarray(state)[keep_rows]
     xs, ys, clients, x_means, y_means = [], [], [], [], []
@@ -232,3 +260,34 @@ def load_crime(
         y_means.append(ym)
         clients.append(int(s))
     return ClientData(xs, ys, clients, predictors, responses, x_means, y_means)
+
+
+def split_clients(
+    data: ClientData, train_fraction: float, seed: int, min_test: int = 1
+) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """A random train/test split within each client of :func:`load_crime`'s data (load it
+    with ``center=False``: the fit's own intercept then plays the centring's part).
+
+    Client ``m`` with ``n`` rows gets ``n_test = max(min_test, round(n (1 -
+    train_fraction)))`` test rows (rounded half up), at most ``n - 2`` (so at least two
+    training rows), drawn with ``numpy.random.default_rng([seed, FIPS])`` (a client's split
+    does not depend on the others).  Returns ``(client, x_train, y_train, x_test,
+    y_test)`` per client; clients with fewer than ``2 + min_test`` rows are left out.
+    """
+    if not 0 < train_fraction < 1:
+        raise InputError(f"train_fraction: must be in (0, 1), got {train_fraction!r}")
+    out = []
+    for client, x, y, xm, ym in zip(
+        data.clients, data.x, data.y, data.x_mean, data.y_mean, strict=True
+    ):
+        n = x.shape[0]
+        if n < 2 + min_test:
+            continue
+        n_test = int(np.floor(n * (1.0 - train_fraction) + 0.5))
+        n_test = min(max(n_test, min_test), n - 2)
+        rng = np.random.default_rng([int(seed), int(client)])
+        idx = rng.permutation(n)
+        test, train = np.sort(idx[:n_test]), np.sort(idx[n_test:])
+        x, y = x + xm, y + ym  # undo a centring, if any
+        out.append((client, x[train], y[train], x[test], y[test]))
+    return out

@@ -28,6 +28,22 @@ Config (``configs/rowfed_dims.toml``, ``configs/rowfed_sizes.toml``)::
     [rowfed]                  # RowFedConfig settings (run-config names); lam1, lam2 tuned
     penalty = "scad"
 
+Real data (``configs/crime_rowfed.toml``): ``[data] source = "crime"`` (Communities and
+Crime, US states as clients, :func:`rowfed_flower.data.load_crime`), the design's one
+required key ``train_fraction`` (each state's rows split at random into training and a
+held-out test set; a replication is a new split), and ``[data] responses`` (the q response
+columns), ``exclude`` (columns left out of the predictors), ``min_rows``, ``path``.  There
+is no true Theta, so the results hold MSE-Pred only (per state, on its test rows, overall
+and per response; MSE-Est and RI are not defined and not written)::
+
+    [design]
+    train_fraction = [0.7]
+    [data]
+    source = "crime"
+    responses = ["ViolentCrimesPerPop", "PctPopUnderPov"]
+    exclude = []
+    min_rows = 3
+
 ``criterion = "gic-nq"`` **[choice, not the paper's]**: ``log(RSS/(N q)) + log(log N)
 log(p q M) df / (N q)`` — the same GIC with the df penalty spread over the ``N q`` scalar
 responses instead of the ``N`` rows; the point is picked from :func:`tune_gic`'s table and
@@ -36,14 +52,16 @@ refitted.  It exists to study the GIC's choice (see the study's report), not as 
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 
 import numpy as np
 import pandas as pd
 
 from strategies.config import from_run_config
 from strategies.errors import InputError
-from strategies.study_runner import Study, add_study_options, load_study, run_study
+from strategies.study_runner import Study, add_study_options, load_study, read_toml, run_study
 
 from .config import ROWFED_METHODS, RowFedConfig
 
@@ -55,6 +73,11 @@ CRITERIA = ("gic", "gic-nq")
 TASK = "rowfed_flower.study:run_task"
 DEFAULT_LAM1 = (0.5, 0.3, 0.2, 0.1)
 DEFAULT_LAM2 = (0.3, 0.2, 0.1, 0.05)
+#: Real data (``[data] source``): design keys and the ``[data]`` settings with defaults.
+REAL_SOURCES = ("crime",)
+REAL_DESIGN_TYPES = {"train_fraction": float, "min_rows": int}
+REAL_REQUIRED = ("train_fraction",)
+REAL_DATA_DEFAULTS = {"source": "crime", "path": "", "responses": [], "exclude": [], "min_rows": 3}
 
 
 def _grid(value, key: str) -> tuple[float, ...]:
@@ -81,12 +104,17 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
         if m not in ROWFED_METHODS:
             raise InputError(f"methods: must be among {', '.join(ROWFED_METHODS)}, got {m!r}")
     data = settings.get("data", {})
-    for key in data:
-        if key != "n_test":
-            raise InputError(f"data.{key}: unknown setting (allowed: n_test)")
-    n_test = data.get("n_test", 100)
-    if not isinstance(n_test, int) or isinstance(n_test, bool) or n_test < 1:
-        raise InputError(f"data.n_test: must be an integer >= 1, got {n_test!r}")
+    real = None
+    n_test = 100
+    if _source(data) == "simulated":
+        for key in data:
+            if key not in ("n_test", "source"):
+                raise InputError(f"data.{key}: unknown setting (allowed: source, n_test)")
+        n_test = data.get("n_test", 100)
+        if not isinstance(n_test, int) or isinstance(n_test, bool) or n_test < 1:
+            raise InputError(f"data.n_test: must be an integer >= 1, got {n_test!r}")
+    else:
+        real = parse_real_data(data)
     tuning = dict(settings.get("tuning", {}))
     allowed = {"lam1", "lam2", "criterion", "fedavg_lam2", *TUNED}
     for key in tuning:
@@ -139,12 +167,95 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
     return {
         "methods": tuple(methods),
         "n_test": n_test,
+        "real": real,
         "grids": grids,
         "criterion": criterion,
         "fedavg_lam2": fedavg_lam2,
         "cfg": cfg,
         "figure_cell": cell,
     }
+
+
+def _source(data) -> str:
+    source = data.get("source", "simulated") if isinstance(data, dict) else "simulated"
+    if source not in ("simulated", *REAL_SOURCES):
+        raise InputError(
+            f"data.source: must be simulated or {', '.join(REAL_SOURCES)}, got {source!r}"
+        )
+    return source
+
+
+def _names(value, key: str) -> list[str]:
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise InputError(f"{key}: expected a list of column names, got {value!r}")
+    if len(set(value)) != len(value):
+        raise InputError(f"{key}: a column is named twice")
+    return list(value)
+
+
+def parse_real_data(table: dict) -> dict:
+    """``[data]`` of a real-data study: ``source``, ``path``, ``responses``, ``exclude``,
+    ``min_rows`` (with defaults)."""
+    data = dict(REAL_DATA_DEFAULTS)
+    for key, value in table.items():
+        if key not in REAL_DATA_DEFAULTS:
+            allowed = ", ".join(REAL_DATA_DEFAULTS)
+            raise InputError(f"data.{key}: unknown setting for a real source ({allowed})")
+        data[key] = value
+    if not isinstance(data["path"], str):
+        raise InputError(f"data.path: expected a string, got {data['path']!r}")
+    data["responses"] = _names(data["responses"], "data.responses")
+    if not data["responses"]:
+        raise InputError("data.responses: give one or more response columns")
+    data["exclude"] = _names(data["exclude"], "data.exclude")
+    both = set(data["responses"]) & set(data["exclude"])
+    if both:
+        raise InputError(f"data.exclude: {sorted(both)[0]!r} is also a response")
+    m = data["min_rows"]
+    if not isinstance(m, int) or isinstance(m, bool) or m < 3:
+        raise InputError(
+            f"data.min_rows: must be an integer >= 3 (2 training rows and 1 test row), got {m!r}"
+        )
+    return data
+
+
+@functools.lru_cache(maxsize=2)
+def _crime(path: str, responses: tuple, min_rows: int, exclude: tuple):
+    from .data import load_crime
+
+    return load_crime(path, responses, min_rows=min_rows, exclude=exclude, center=False)
+
+
+def real_federation(real: dict, cell: dict, seed: int):
+    """A real source's federation for one task: the states with at least ``min_rows``
+    communities, each split at random (``seed``) into training and test rows.  Client ids
+    are the states' postal codes."""
+    from strategies.datasets import state_centroids
+
+    from .client import ClientSamples
+    from .data import split_clients
+    from .federation import FederatedData
+
+    d = {**real, **{k: v for k, v in cell.items() if k in REAL_DATA_DEFAULTS}}
+    crime = _crime(d["path"], tuple(d["responses"]), d["min_rows"], tuple(d["exclude"]))
+    codes = state_centroids().set_index("state_fips")["state"]
+    parts = split_clients(crime, cell["train_fraction"], seed)
+    if len(parts) < 2:
+        raise InputError(f"data.min_rows: only {len(parts)} state(s) kept; RowFed needs >= 2")
+    clients = tuple(ClientSamples(str(codes.get(c, c)), x, y, xt, yt) for c, x, y, xt, yt in parts)
+    return FederatedData(clients, tuple(crime.predictors), tuple(crime.responses))
+
+
+def check_real_cell(cell: dict, real: dict) -> None:
+    """Reject a real-data cell before anything runs (the data are read once here)."""
+    label = ", ".join(f"{k}={v}" for k, v in cell.items())
+    if not 0 < cell["train_fraction"] < 1:
+        raise InputError(f"design.train_fraction: must be in (0, 1) (cell {label})")
+    if "min_rows" in cell and cell["min_rows"] < 3:
+        raise InputError(f"design.min_rows: must be >= 3 (cell {label})")
+    real_federation(real, cell, 0)
 
 
 def check_cell(cell: dict) -> None:
@@ -155,10 +266,19 @@ def check_cell(cell: dict) -> None:
 
 
 def load(path: str) -> tuple[Study, dict]:
-    study = load_study(path, "rowfed", DESIGN_TYPES, REQUIRED, SECTIONS)
+    if _source(read_toml(path).get("data", {})) == "simulated":
+        study = load_study(path, "rowfed", DESIGN_TYPES, REQUIRED, SECTIONS)
+    else:
+        study = load_study(path, "rowfed", REAL_DESIGN_TYPES, REAL_REQUIRED, SECTIONS)
+        data = study.settings.get("data", {})
+        if data.get("path"):  # relative to the working directory; tasks get it absolute
+            data["path"] = os.path.abspath(os.path.expanduser(data["path"]))
     settings = parse_settings(study.settings, study.keys)
     for cell in study.cells:
-        check_cell(cell)
+        if settings["real"] is None:
+            check_cell(cell)
+        else:
+            check_real_cell(cell, settings["real"])
     return study, settings
 
 
@@ -180,26 +300,15 @@ def _quiet() -> None:
     FLOWER_LOGGER.setLevel(logging.WARNING)
 
 
-def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
-    """One (cell, replication).  Frames: ``results`` (one row per method), ``clusters``
-    (estimated and true row partitions, ``method, client, x1..xp``) and ``gic`` (every
-    tuned method's grid)."""
-    _quiet()
+def fit_methods(st: dict, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
+    """Every method of ``st["methods"]`` on ``data``: the tuned ones by GIC over their
+    grids (``gic-nq``: picked from the same table and refitted), FedAvg with NonFed's
+    ``lam2`` (or ``tuning.fedavg_lam2``).  Returns the fits and the GIC tables."""
     from . import federation as fed
-    from .metrics import mean_rand_index, mse_est
 
-    st = parse_settings(settings, tuple(cell))
-    spec = fed.RowFedDataSpec(
-        num_clients=cell["M"],
-        n_train=cell["n_m"],
-        n_test=st["n_test"],
-        num_features=cell["p"],
-        num_responses=cell["q"],
-        seed=seed,
-    )
-    data = fed.simulated_data(spec)
-    cfg = st["cfg"].replace(seed=seed)
-    n_total = cell["M"] * cell["n_m"]
+    m_clients = len(data.clients)
+    n_total = sum(c.n for c in data.clients)
+    p, q = len(data.features), len(data.responses)
     fits, tables = {}, []
     for method in st["methods"]:
         if method not in TUNED:
@@ -208,7 +317,7 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
         res, table = fed.tune_gic(cfg, data, method, lam1s, lam2s)
         table = table.assign(method=method)
         if st["criterion"] == "gic-nq":
-            crit = gic_nq(table, n_total, cell["p"], cell["q"], cell["M"])
+            crit = gic_nq(table, n_total, p, q, m_clients)
             best = int(np.nanargmin(crit))
             table["gic_nq"] = crit
             table["selected"] = np.arange(len(table)) == best
@@ -223,27 +332,96 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
             lam2 = fits["nonfed"].lam2 if "nonfed" in fits else cfg.lam2
         point = cfg.replace(lam2=float(lam2))
         fits["fedavg"] = fed.run_methods_inprocess(point, data, ["fedavg"])["fedavg"]
+    return fits, tables
+
+
+def _tuning_columns(method: str, res) -> dict:
+    return {
+        "lam1": res.lam1 if method in ("rowfed", "perfl-lsma") else np.nan,
+        "lam2": res.lam2,
+        "gic": res.gic,
+        "rounds": res.rounds,
+        "converged": res.converged,
+    }
+
+
+def response_mse(res, data) -> np.ndarray:
+    """Test MSE per client and response ``(M, q)``: ``mean_i (y_ik - x_i theta_k - a_k)^2``
+    on the input scale (its row mean is the client's MSE-Pred of B.6)."""
+    out = np.empty((len(data.clients), len(data.responses)))
+    for m, c in enumerate(data.clients):
+        pred = c.x_test @ res.theta[m]
+        if res.intercept is not None:
+            pred = pred + res.intercept[m]
+        out[m] = np.mean((c.y_test - pred) ** 2, axis=0)
+    return out
+
+
+def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
+    """One (cell, replication).  Frames: ``results``, ``clusters`` (estimated row
+    partitions, ``method, client, <predictor>...``; simulations add the truth) and ``gic``
+    (every tuned method's grid).
+
+    Simulations: one row per method (MSE-Est, MSE-Pred, RI).  Real data: one row per method
+    and client (state): ``mse_pred`` on its test rows, ``n_train``, ``n_test`` and
+    ``mse_<response>`` per response."""
+    _quiet()
+    from . import federation as fed
+    from .metrics import mean_rand_index, mse_est
+
+    st = parse_settings(settings, tuple(cell))
+    if st["real"] is None:
+        spec = fed.RowFedDataSpec(
+            num_clients=cell["M"],
+            n_train=cell["n_m"],
+            n_test=st["n_test"],
+            num_features=cell["p"],
+            num_responses=cell["q"],
+            seed=seed,
+        )
+        data = fed.simulated_data(spec)
+    else:
+        data = real_federation(st["real"], cell, seed)
+    cfg = st["cfg"].replace(seed=seed)
+    fits, tables = fit_methods(st, data, cfg)
     rows = []
     for method in st["methods"]:
         res = fits[method]
-        rows.append(
-            {
-                **cell,
-                "rep": rep,
-                "method": method,
-                "mse_est": mse_est(res.theta, data.theta_true),
-                "mse_pred": fed.mean_mse_pred(res),
-                "ri": mean_rand_index(data.partitions_true, res.clusters),
-                "lam1": res.lam1 if method in ("rowfed", "perfl-lsma") else np.nan,
-                "lam2": res.lam2,
-                "gic": res.gic,
-                "rounds": res.rounds,
-                "converged": res.converged,
-                "seed": seed,
-            }
-        )
-    features = [f"x{j + 1}" for j in range(cell["p"])]
-    parts = [("truth", data.partitions_true)] + [(m, fits[m].clusters) for m in st["methods"]]
+        if st["real"] is None:
+            rows.append(
+                {
+                    **cell,
+                    "rep": rep,
+                    "method": method,
+                    "mse_est": mse_est(res.theta, data.theta_true),
+                    "mse_pred": fed.mean_mse_pred(res),
+                    "ri": mean_rand_index(data.partitions_true, res.clusters),
+                    **_tuning_columns(method, res),
+                    "seed": seed,
+                }
+            )
+            continue
+        per_response = response_mse(res, data)
+        for m, c in enumerate(data.clients):
+            ev = res.evaluation.get(c.site, {})
+            rows.append(
+                {
+                    **cell,
+                    "rep": rep,
+                    "method": method,
+                    "client": c.site,
+                    "mse_pred": float(ev.get("mse_pred", np.nan)),
+                    "n_train": c.n,
+                    "n_test": int(c.x_test.shape[0]),
+                    **{f"mse_{r}": per_response[m, k] for k, r in enumerate(data.responses)},
+                    **_tuning_columns(method, res),
+                    "seed": seed,
+                }
+            )
+    features = list(data.features)
+    parts = [(m, fits[m].clusters) for m in st["methods"]]
+    if data.partitions_true is not None:
+        parts.insert(0, ("truth", data.partitions_true))
     clusters = []
     for method, labels in parts:
         frame = pd.DataFrame(np.asarray(labels), columns=features)
@@ -271,7 +449,11 @@ def add_parser(sub) -> None:
 def cmd_study(a) -> int:
     from .figures import make_figures
 
-    study, _ = load(a.config)
+    study, st = load(a.config)
+    if st["real"] is None:
+        metrics = ("mse_est", "mse_pred", "ri")
+    else:  # no true Theta: prediction error only (overall and per response)
+        metrics = ("mse_pred", *(f"mse_{r}" for r in st["real"]["responses"]))
     return run_study(
         study,
         TASK,
@@ -280,10 +462,19 @@ def cmd_study(a) -> int:
         only=a.only,
         workers=a.workers,
         ray_address=a.ray_address,
-        metrics=("mse_est", "mse_pred", "ri"),
+        metrics=metrics,
         figures=None if a.no_figures else make_figures,
         quiet=a.quiet,
     )
 
 
-__all__ = ["cmd_study", "gic_nq", "load", "parse_settings", "run_task"]
+__all__ = [
+    "cmd_study",
+    "fit_methods",
+    "gic_nq",
+    "load",
+    "parse_settings",
+    "real_federation",
+    "response_mse",
+    "run_task",
+]

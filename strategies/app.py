@@ -35,7 +35,7 @@ def _run_grauc(grid: Grid, context: Context) -> None:
     sites = None
     n_sites = spec.n_sites
     features = tuple(f"x{k + 1}" for k in range(spec.n_features))
-    if spec.source == "csv" or "pooled" in methods:
+    if spec.source != "simulated" or "pooled" in methods:
         sites, features = fed.load_sites(spec)
         n_sites = len(sites)
     round_timeout = float(rc.get("round-timeout", 0.0)) or None

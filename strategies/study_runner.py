@@ -52,6 +52,8 @@ except ModuleNotFoundError:  # Python 3.10: tomli comes with flwr
     import tomli as tomllib
 
 RESULTS = "results"
+#: Id columns read back as text (a county FIPS code such as "06037" keeps its zero).
+ID_DTYPES = {"site": str, "client": str}
 
 
 # ---------------------------------------------------------------------------------------
@@ -308,7 +310,7 @@ class PartStore:
 
     def read(self, cell: dict, rep: int, name: str = RESULTS) -> pd.DataFrame | None:
         path = self.path(cell, rep, name)
-        return pd.read_csv(path) if os.path.isfile(path) else None
+        return pd.read_csv(path, dtype=ID_DTYPES) if os.path.isfile(path) else None
 
     def all_results(self) -> pd.DataFrame:
         """Every finished task's rows (any cell, any replication), or an empty frame."""
@@ -321,7 +323,7 @@ class PartStore:
                 continue
             for name in sorted(os.listdir(d)):
                 if name.startswith("rep-") and name.endswith(".csv") and name.count(".") == 1:
-                    frames.append(pd.read_csv(os.path.join(d, name)))
+                    frames.append(pd.read_csv(os.path.join(d, name), dtype=ID_DTYPES))
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -7,7 +7,6 @@ Tiers (STYLE.md 8): pieces against closed forms and brute force; the gradient wi
 from __future__ import annotations
 
 import itertools
-import os
 
 import cvxpy as cp
 import numpy as np
@@ -40,11 +39,12 @@ from rowfed_flower.metrics import (
     row_clusters,
 )
 from strategies.admm import all_pairs
+from strategies.datasets import dataset_path
 from strategies.penalties import Penalty
 
 M, P, Q, N = 4, 3, 2, 30
 LAM1, LAM2 = 0.1, 0.1
-CRIME = "/work/shared/data/communities_crime.csv"
+CRIME = dataset_path("communities_crime.csv")  # the copy shipped with the package
 
 
 @pytest.fixture(scope="module")
@@ -449,7 +449,6 @@ def test_simulate_covariances():
     assert_allclose(np.cov(e.T), target, atol=0.04)
 
 
-@pytest.mark.skipif(not os.path.exists(CRIME), reason="crime data not available")
 def test_load_crime():
     d = load_crime(CRIME, ["ViolentCrimesPerPop", "PctPopUnderPov"])
     assert len(d.x) == len(d.clients) == 43  # 46 states, three with a single community
