@@ -1,8 +1,9 @@
 """``python -m grauc_flower bench``: what a fit costs, side by side, on this machine.
 
-- rounds to a 1e-4 and a 1e-6 relative objective gap for the paper's ``linearized`` solver
-  (at its better rho of {0.1, 1}, from zeros) and for ``prox`` at the default settings, on the
-  20-institution simulation-1 problem, against an optimum from a tight solve;
+- rounds to a 1e-4 and a 1e-6 relative objective gap, and to the stopping rule, for the
+  defaults (proximal quasi-Newton), ADMM with the exact local step, and the paper's
+  linearized ADMM (rho in {0.1, 1}, from zeros) on the 20-institution simulation-1 problem,
+  against an optimum from tight solves;
 - wall time per round in-process and through ``flwr run`` (20 simulated SuperNodes);
 - the surrogate's gradient: time and peak memory versus ``n m`` (chunked vs one pass);
 - graph building versus the number of sites ``Z``; the server step versus ``Z`` (p = 20).
@@ -12,15 +13,14 @@ Ratios between variants are the figures to quote; absolute times depend on the m
 
 from __future__ import annotations
 
-import os
-import platform
 import time
 import tracemalloc
 
 import numpy as np
 import pandas as pd
 
-from strategies import admm
+from strategies import admm, pqn
+from strategies.benchtable import finish, format_table  # noqa: F401
 from strategies.config import GrAUCConfig
 
 from . import federation as fed
@@ -37,23 +37,34 @@ def _gap_rounds(history: list[dict], fstar: float, level: float) -> float:
 
 
 def rounds_table(quick: bool) -> list[dict]:
+    """Rounds to a 1e-4 and a 1e-6 relative objective gap and to the stopping rule (default
+    ``tol``) for the default algorithm (proximal quasi-Newton), ADMM with the exact local
+    step (defaults otherwise) and the paper's linearized ADMM from zeros at rho in {0.1, 1};
+    the optimum is the lowest objective of tight solves by both algorithms."""
     sites, _ = fed.load_sites(fed.DataSpec())
     base = GrAUCConfig()
-    ref = fed.run_methods_inprocess(base.replace(tol=1e-13, max_rounds=4000), sites, ["grauc"])[
-        "grauc"
+    tight = [
+        fed.run_methods_inprocess(base.replace(tol=1e-13, max_rounds=200), sites, ["grauc"]),
+        fed.run_methods_inprocess(
+            base.replace(algorithm="admm", tol=1e-13, max_rounds=4000), sites, ["grauc"]
+        ),
     ]
-    fstar = min(h["objective"] for h in ref.history[-50:])
+    fstar = min(h["objective"] for t in tight for h in t["grauc"].history)
     rows = []
     limit = 1500 if quick else 4000
-    variants = [("prox (defaults)", base)]
+    variants = [
+        ("defaults (pqn)", base),
+        ("admm prox", base.replace(algorithm="admm")),
+    ]
     for rho in (0.1, 1.0):
         variants.append(
             (
-                f"linearized rho={rho:g} zeros",
-                base.replace(local_solver="linearized", rho=rho, init="zeros"),
+                f"admm linearized rho={rho:g} zeros (paper)",
+                base.replace(algorithm="admm", local_solver="linearized", rho=rho, init="zeros"),
             )
         )
     for name, cfg in variants:
+        stop = fed.run_methods_inprocess(cfg.replace(max_rounds=limit), sites, ["grauc"])["grauc"]
         t0 = time.perf_counter()
         res = fed.run_methods_inprocess(cfg.replace(tol=1e-12, max_rounds=limit), sites, ["grauc"])[
             "grauc"
@@ -64,34 +75,37 @@ def rounds_table(quick: bool) -> list[dict]:
                 "variant": name,
                 "rounds_to_1e-4": _gap_rounds(res.history, fstar, 1e-4),
                 "rounds_to_1e-6": _gap_rounds(res.history, fstar, 1e-6),
+                "rounds_to_stop": stop.rounds if stop.converged else float("nan"),
                 "seconds_per_round_inprocess": (time.perf_counter() - t0) / res.rounds,
             }
         )
+    ref = rows[0]["rounds_to_1e-6"]
+    for row in rows:
+        row["rounds_1e-6_over_default"] = row["rounds_to_1e-6"] / ref
     return rows
 
 
-def flower_round_time(rounds: int = 30) -> dict:
-    """Seconds per round through ``flwr run`` (20 simulated SuperNodes), read off the
-    server's per-round log (elapsed time at each round), and the start-up before round 1."""
+def flower_round_time() -> dict:
+    """A whole GrAUC-PFL fit with the default settings (stopping rule at ``tol`` = 1e-6)
+    through ``flwr run`` (20 simulated SuperNodes): wall time with start-up, rounds, and the
+    seconds per round read off the server's per-round log."""
     import re
 
     from strategies.cli_utils import project_dir
     from strategies.simulation import flwr_run
 
     t0 = time.perf_counter()
-    out = flwr_run(
-        project_dir(), {"method": "grauc", "grauc.max-rounds": rounds, "grauc.tol": 1e-14}, 20
-    )
+    out = flwr_run(project_dir(), {"method": "grauc"}, 20)
     wall = time.perf_counter() - t0
     stamps = {
         int(k): float(t)
         for k, t in re.findall(r"grauc round (\d+): objective .*?\(([\d.]+) s\)", out)
     }
     first, last = min(stamps), max(stamps)
-    per_round = (stamps[last] - stamps[first]) / (last - first)
+    per_round = (stamps[last] - stamps[first]) / max(last - first, 1)
     return {
         "what": "flower",
-        "variant": "flwr run, 20 SuperNodes",
+        "variant": "flwr run, 20 SuperNodes, default fit",
         "seconds_per_round_flower": per_round,
         "rounds": last,
         "wall_seconds": wall,
@@ -164,9 +178,28 @@ def server_step_table(zs, p: int = 20) -> list[dict]:
         rows.append(
             {
                 "what": "server step",
-                "variant": f"Z={z} p={p}",
+                "variant": f"admm Z={z} p={p}",
                 "Z": z,
                 "seconds": (time.perf_counter() - t0) / reps,
+            }
+        )
+        # pqn: the model problem (cold, then warm-started as in the rounds that follow)
+        x = rng.standard_normal((z, p)) * 0.1
+        g = rng.standard_normal((z, p)) * 0.1
+        a = rng.standard_normal((z, p, p)) / np.sqrt(p)
+        hess = 0.1 * np.einsum("zij,zkj->zik", a, a) + 0.01 * np.eye(p)
+        t0 = time.perf_counter()
+        cold = pqn.solve_model(problem, x, g, hess)
+        t_cold = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pqn.solve_model(problem, x, g * 1.01, hess, warm=cold)
+        rows.append(
+            {
+                "what": "server step",
+                "variant": f"pqn model problem Z={z} p={p}",
+                "Z": z,
+                "seconds": time.perf_counter() - t0,
+                "seconds_cold": t_cold,
             }
         )
     return rows
@@ -179,23 +212,4 @@ def run(out: str, quick: bool = False, flower: bool = True) -> pd.DataFrame:
     rows += gradient_table([(1000, 9000), (10000, 90000)] if not quick else [(1000, 9000)])
     rows += graph_table([100, 1000, 10000] if not quick else [100, 1000])
     rows += server_step_table([200, 2000])
-    df = pd.DataFrame(rows)
-    df.insert(
-        0,
-        "machine",
-        f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
-    )
-    if out:
-        os.makedirs(out, exist_ok=True)
-        df.to_csv(os.path.join(out, "bench.csv"), index=False)
-    return df
-
-
-def format_table(df: pd.DataFrame) -> str:
-    """One block per measurement, each with only its own columns."""
-    lines = [f"machine: {df['machine'].iloc[0]}"]
-    with pd.option_context("display.width", 160, "display.float_format", lambda v: f"{v:.4g}"):
-        for what, block in df.groupby("what", sort=False):
-            block = block.drop(columns=["machine", "what"]).dropna(axis=1, how="all")
-            lines += ["", f"[{what}]", block.to_string(index=False)]
-    return "\n".join(lines)
+    return finish(rows, out)

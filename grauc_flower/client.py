@@ -10,6 +10,9 @@ Tasks (``config["task"]``):
 ``admm``      <- ``[beta_z, pull_z]`` and ``rho-sigma``, ``local-solver``: forms
                  ``beta_tilde = beta_z - pull_z / c_z`` with its own curvature ``c_z`` and takes
                  the local step -> ``[beta_z_new]``, metrics ``site, loss``.
+``gradient``  <- ``[beta_z]`` -> ``[grad f_z(beta_z)]``, metrics ``site, loss`` (and, when
+                 ``curvature`` is true, the Lipschitz bound ``mu_z`` of the gradient, a
+                 scalar): the proximal quasi-Newton algorithm (what a FedSGD client sends).
 ``local``     -> the individual fit ``argmin f_z`` -> ``[beta_z]``.
 ``fedavg``    <- ``[beta]``: ``fedavg-local-steps`` gradient steps of size ``fedavg-lr`` (or
                  ``1/mu_z``) -> ``[beta]``, metrics ``site, loss`` (at the received beta).
@@ -102,6 +105,13 @@ class GrAUCClient(NumPyClient):
             else:
                 new = linearized_step(f, beta_tilde, beta, c)
             return [new], n, {"task": "admm", "site": self.data.site, "loss": f.value(new)}
+        if task == "gradient":
+            (beta,) = parameters
+            loss, grad = f.value_and_grad(beta)
+            metrics = {"task": "gradient", "site": self.data.site, "loss": float(loss)}
+            if config.get("curvature"):
+                metrics["curvature"] = float(f.lipschitz())
+            return [grad], n, metrics
         if task == "local":
             new = local_fit(f)
             return [new], n, {"task": "local", "site": self.data.site, "loss": f.value(new)}

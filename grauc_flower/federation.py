@@ -155,7 +155,7 @@ def collect(method: str, strategy) -> MethodResult:
             "beta_std": strategy.coefficients_std(),
         }
         history = strategy.history.rows
-        rounds = strategy.state.round
+        rounds = strategy.rounds
     else:
         history, rounds = [], 1
         if method == "pooled":
@@ -261,9 +261,9 @@ def write_result(
     coef = pd.DataFrame(res.coefficients, columns=list(features))
     coef.insert(0, "site", res.sites)
     coef.to_csv(os.path.join(out_dir, "coefficients.csv"), index=False)
-    hist = pd.DataFrame(
-        res.history, columns=["round", "objective", "primal_residual", "dual_residual", "rho"]
-    )
+    columns = ["round", "objective", "primal_residual", "dual_residual", "rho"]
+    columns += [k for k in ("decrease", "step") if res.history and k in res.history[0]]
+    hist = pd.DataFrame(res.history, columns=columns)
     hist.to_csv(os.path.join(out_dir, "history.csv"), index=False)
     if "graph" in res.extra:
         g = res.extra["graph"]

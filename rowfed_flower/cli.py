@@ -42,6 +42,7 @@ CONFIG_OPTIONS = (
     "participation",
     "rho",
     "alpha",
+    "algorithm",
     "local_solver",
     "init",
     "tol",
@@ -78,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--participation", type=float, help="pi in (0, 1] (default 1)")
     fit.add_argument("--rho", type=float, help=f"ADMM penalty (default {d.rho})")
     fit.add_argument("--alpha", type=float, help="rho <- alpha rho each round (default 1)")
+    fit.add_argument(
+        "--algorithm",
+        choices=("auto", "pqn", "admm"),
+        help="auto (default): pqn for the lasso with full participation, else admm",
+    )
     fit.add_argument("--local-solver", choices=("prox", "linearized"), dest="local_solver")
     fit.add_argument("--init", choices=("ridge", "nonfed"), help=f"default {d.init}")
     fit.add_argument("--tol", type=float, help=f"residual tolerance (default {d.tol:g})")
@@ -97,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .study import add_parser as _study_parser
 
     _study_parser(sub)
+    bench = sub.add_parser("bench", help="rounds to a 1e-4/1e-6 gap: defaults vs the paper's")
+    bench.add_argument("--out", default="", help="directory for bench.csv")
+    bench.add_argument("--quick", action="store_true", help="lasso only, lower round limit")
     return parser
 
 
@@ -212,6 +221,11 @@ def main(argv=None) -> int:
             from .study import cmd_study
 
             return cmd_study(args)
+        if args.command == "bench":
+            from . import bench
+
+            print(bench.format_table(bench.run(args.out, quick=args.quick)))
+            return 0
         return fit(args)
     except (InputError, ValueError) as exc:
         return fail(" ".join(str(exc).split()) or type(exc).__name__)

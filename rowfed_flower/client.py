@@ -2,8 +2,11 @@
 
 What leaves the client: ``p x q`` coefficient matrices, its counts and per-column sums
 (``sum x``, ``sum x^2``, ``sum y``: for federated standardization and the input-scale
-intercept), and scalar metrics (loss, residual sum of squares, prediction error).  Never a
-data row, never ``X^T X`` (each client keeps its own ``lambda_max(X^T X)``).
+intercept), gradients of its loss at coefficients the server chose (the pqn algorithm),
+``lambda_max(X^T X / n)`` once (pqn's curvature bound), and scalar metrics (loss, residual
+sum of squares, prediction error).  Never a data row, never ``X^T X`` itself -- although a
+server can infer ``X^T X / n`` from the gradients of a quadratic loss at enough points (the
+pqn server does, for its curvature model), as it could from ADMM's exact local steps.
 
 Tasks (``config["task"]``):
 
@@ -15,6 +18,8 @@ Tasks (``config["task"]``):
                  ``c_m`` from its own ``L_m`` (:func:`rowfed_flower.core.curvature`),
                  ``Theta_tilde_m = Theta_m - pull_m / c_m`` and one local step
                  (METHODS.md B.3 step 4) -> ``[Theta_m_new]``, metrics ``task, site, loss``.
+``gradient``  <- ``[Theta_m]`` -> ``[grad f_m(Theta_m)]``, metrics ``task, site, loss`` (and,
+                 when ``curvature`` is true, ``L_m``): the proximal quasi-Newton algorithm.
 ``fedavg``    <- ``[Theta]`` (common), ``fedavg-local-steps``, ``fedavg-lr`` and the sparsity
                  penalty: proximal-gradient steps -> ``[Theta]``, metrics ``task, site, loss``
                  (the loss at the received ``Theta``).
@@ -181,6 +186,12 @@ class RowFedClient(NumPyClient):
             )
             new = local_step(f, theta - pull / c, theta, c, solver)
             return [new], d.n, {"task": task, "site": d.site, "loss": f.value(new)}
+        if task == "gradient":
+            (theta,) = parameters
+            metrics = {"task": task, "site": d.site, "loss": f.value(theta)}
+            if config.get("curvature"):
+                metrics["curvature"] = float(f.lipschitz())
+            return [f.grad(theta)], d.n, metrics
         if task == "local":
             if str(config.get("init", "ridge")) == "nonfed":
                 new = f.local_fit(_penalty(config), float(config["lam2"]), str(config["sparsity"]))

@@ -42,7 +42,8 @@ class RowFedConfig:
     participation: float = 1.0  # [rowfed.participation] pi in (0, 1]
     rho: float = 1.0  # [rowfed.rho] initial ADMM penalty > 0
     alpha: float = 1.0  # [rowfed.alpha] rho <- alpha rho each round, >= 1
-    local_solver: str = "prox"  # [rowfed.local-solver] prox | linearized
+    algorithm: str = "auto"  # [rowfed.algorithm] auto | pqn | admm (auto: see resolved_algorithm)
+    local_solver: str = "prox"  # [rowfed.local-solver] prox | linearized (algorithm admm)
     init: str = "ridge"  # [rowfed.init] oracle initial estimate: ridge | nonfed
     tol: float = 1e-6  # [rowfed.tol] absolute and relative residual tolerance > 0
     max_rounds: int = 1000  # [rowfed.max-rounds] ADMM round limit >= 1
@@ -72,6 +73,18 @@ class RowFedConfig:
             self.participation,
         )
         _check(self.rho > 0, "rho", "must be > 0", self.rho)
+        _check(
+            self.algorithm in ("auto", "pqn", "admm"),
+            "algorithm",
+            "must be auto, pqn or admm",
+            self.algorithm,
+        )
+        _check(
+            self.algorithm != "pqn" or (self.penalty == "lasso" and self.participation == 1),
+            "algorithm",
+            "pqn needs penalty = lasso and participation = 1 (use admm)",
+            self.algorithm,
+        )
         _check(self.alpha >= 1, "alpha", "must be >= 1", self.alpha)
         _check(
             self.local_solver in ("prox", "linearized"),
@@ -125,6 +138,15 @@ class RowFedConfig:
     def penalty_obj(self) -> Penalty:
         """The :class:`Penalty` used for fusion and sparsity."""
         return Penalty(self.penalty, None if self.penalty == "lasso" else self.iota)
+
+    @property
+    def resolved_algorithm(self) -> str:
+        """``auto``: the proximal quasi-Newton method (a handful of rounds) for the convex
+        lasso with every client in every round; the paper's ADMM for MCP/SCAD (nonconvex:
+        its fixed points are what the paper studies) and for partial participation."""
+        if self.algorithm != "auto":
+            return self.algorithm
+        return "pqn" if self.penalty == "lasso" and self.participation == 1 else "admm"
 
     def replace(self, **changes) -> RowFedConfig:
         return dataclasses.replace(self, **changes)

@@ -252,7 +252,7 @@ class MethodResult:
 
 def collect(method: str, strategy) -> MethodResult:
     if method in ("rowfed", "perfl-lsma"):
-        rounds = strategy.state.round if strategy.phase == "admm" else 0
+        rounds = strategy.rounds
     elif method == "fedavg":
         rounds = strategy.rounds_done
     else:
@@ -435,6 +435,7 @@ def coefficients_frame(res: MethodResult, features, responses) -> pd.DataFrame:
 
 def history_frame(res: MethodResult) -> pd.DataFrame:
     cols = ["round", "objective", "primal_residual", "dual_residual", "rho"]
+    cols += [k for k in ("decrease", "step") if res.history and k in res.history[0]]
     return pd.DataFrame([{k: row.get(k) for k in cols} for row in res.history], columns=cols)
 
 

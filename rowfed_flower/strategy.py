@@ -29,7 +29,7 @@ from flwr.common import (
 )
 from flwr.server.strategy import FedAvg
 
-from strategies import admm
+from strategies import admm, pqn
 from strategies.base import SiteStrategy
 from strategies.errors import InputError
 from strategies.registry import EMPTY, Registry
@@ -376,6 +376,17 @@ class RowFedStrategy(_RowFedSites):
     def _start(self, theta0: np.ndarray) -> None:
         self.state = admm.init_state(self.problem, theta0, self.cfg.rho, threshold=True)
         self.phase = "admm"
+        self.qn = None
+        if self.cfg.resolved_algorithm == "pqn":
+            # the least-squares loss is quadratic: the secant model becomes X^T X / n
+            self.qn = pqn.init_qn(theta0, model="secant")
+
+    @property
+    def rounds(self) -> int:
+        """Communication rounds after the initialization round."""
+        if self.phase != "admm":
+            return 0
+        return self.qn.round if self.qn is not None else self.state.round
 
     @property
     def theta_work(self) -> np.ndarray:
@@ -389,6 +400,10 @@ class RowFedStrategy(_RowFedSites):
         primal residual.  Fused rows are read from ``delta`` (:meth:`clusters`)."""
         if self.phase != "admm":
             return self.theta_init
+        if self.qn is not None:  # pqn: the zeros of the last model problem's eta
+            if self.qn.inner is None:
+                return self.qn.x
+            return np.where(self.qn.inner.delta[SPARSITY] == 0.0, 0.0, self.qn.x)
         eta = self.state.delta[SPARSITY]
         return np.where(eta == 0.0, 0.0, self.state.beta)
 
@@ -417,6 +432,19 @@ class RowFedStrategy(_RowFedSites):
                 (by_site[s], FitIns(EMPTY, {**config, "site": s}))
                 for s in self.sites
                 if s in by_site and np.isnan(self.theta_init[self.site_index[s]]).any()
+            ]
+        if self.qn is not None:
+            common = {"task": "gradient", "curvature": not self.qn.evaluated, **self._common()}
+            return [
+                (
+                    by_site[s],
+                    FitIns(
+                        ndarrays_to_parameters([self.qn.trial[self.site_index[s]]]),
+                        {**common, "site": s},
+                    ),
+                )
+                for s in self.sites
+                if s in by_site
             ]
         while not self.done:
             drawn = self.draw()
@@ -449,6 +477,8 @@ class RowFedStrategy(_RowFedSites):
             if not np.isnan(self.theta_init).any():
                 self._start(self.theta_init)
             return EMPTY, {}
+        if self.qn is not None:
+            return self._qn_aggregate(server_round, answered)
         theta = self.state.beta.copy()
         took_part = np.zeros(len(self.sites), dtype=bool)
         for site, (_, res) in answered.items():
@@ -467,6 +497,36 @@ class RowFedStrategy(_RowFedSites):
             "dual_residual": res.dual,
         }
         return EMPTY, metrics
+
+    def _qn_aggregate(self, server_round, answered):
+        qn = self.qn
+        values = {}
+        for site, (_, res) in answered.items():
+            z = self.site_index[site]
+            arrays = parameters_to_ndarrays(res.parameters)
+            if len(arrays) != 1 or arrays[0].shape != qn.x[z].shape:
+                log(WARNING, "round %s: client %s sent a malformed update", server_round, site)
+                continue
+            values[z] = (float(res.metrics["loss"]), arrays[0])
+            if not qn.evaluated and "curvature" in res.metrics:
+                pqn.set_curvature(qn, z, float(res.metrics["curvature"]))  # L_m: B >= X^T X/n
+        self.qn, step = pqn.qn_round(self.problem, qn, values, self.cfg.tol)
+        self.loss = self.qn.value.copy()
+        self.history.append(
+            round=self.qn.round,
+            objective=step.objective,
+            primal_residual=np.nan,
+            dual_residual=np.nan,
+            rho=np.nan,
+            n_participants=len(values),
+            decrease=step.decrease,
+            step=1.0 if step.accepted else self.qn.step,
+        )
+        self.converged = step.converged
+        self.done = step.converged or self.qn.round >= self.cfg.max_rounds
+        if self.progress is not None:
+            self.progress(self.qn.round, step.objective, step, time.perf_counter() - self._t0)
+        return EMPTY, {"objective": step.objective, "decrease": step.decrease}
 
     def _advance(self, theta: np.ndarray, took_part: np.ndarray) -> admm.Residuals:
         """One server half-round on the new ``Theta`` (B.3 steps 1-2) and the stopping rule."""
@@ -498,6 +558,12 @@ class RowFedStrategy(_RowFedSites):
         """Clusters from the fusion ``delta``, support from the sparsity ``eta`` (B.3)."""
         if self.phase != "admm":
             return super().structure()
+        if self.qn is not None:
+            if self.qn.inner is None:
+                return super().structure()
+            inner = self.qn.inner
+            state = admm.AdmmState(self.qn.x, inner.delta, inner.u, inner.rho, self.qn.round)
+            return fitted_structure(self.problem, state)
         return fitted_structure(self.problem, self.state)
 
     def objective(self) -> float:

@@ -159,6 +159,9 @@ class Residuals:
     def converged(self) -> bool:
         return self.primal <= self.eps_primal and self.dual <= self.eps_dual
 
+    def describe(self) -> str:
+        return f"primal {self.primal:.3g}, dual {self.dual:.3g}"
+
 
 def init_state(problem: Problem, beta0: np.ndarray, rho: float, threshold: bool) -> AdmmState:
     """Initial state.

@@ -32,9 +32,10 @@ class GrAUCConfig:
     graph: str = "mst"  # [grauc.graph] mst | knn | complete
     knn_k: int = 3  # [grauc.knn-k] neighbours for graph = knn
     penalty: str = "l1"  # [grauc.penalty] l1 | group
-    local_solver: str = "prox"  # [grauc.local-solver] prox | linearized
+    algorithm: str = "pqn"  # [grauc.algorithm] pqn (proximal quasi-Newton) | admm (the paper)
+    local_solver: str = "prox"  # [grauc.local-solver] prox | linearized (algorithm = admm)
     init: str = "random"  # [grauc.init] random (N(0, I), the paper) | zeros
-    tol: float = 1e-6  # [grauc.tol] absolute and relative residual tolerance > 0
+    tol: float = 1e-6  # [grauc.tol] stopping tolerance > 0 (ADMM residuals; pqn: decrease)
     max_rounds: int = 300  # [grauc.max-rounds] ADMM round limit >= 1
     min_fit_fraction: float = 1.0  # [grauc.min-fit-fraction] sites needed for a round
     standardize: str = "none"  # [grauc.standardize] none | federated
@@ -58,6 +59,12 @@ class GrAUCConfig:
         )
         _check(self.knn_k >= 1, "knn-k", "must be >= 1", self.knn_k)
         _check(self.penalty in ("l1", "group"), "penalty", "must be l1 or group", self.penalty)
+        _check(
+            self.algorithm in ("pqn", "admm"),
+            "algorithm",
+            "must be pqn or admm",
+            self.algorithm,
+        )
         _check(
             self.local_solver in ("prox", "linearized"),
             "local-solver",

@@ -31,12 +31,11 @@ def round_logger(method: str, every: int = 1):
         else:
             log(
                 INFO,
-                "%s round %d: objective %.10g, primal %.3g, dual %.3g (%.1f s)",
+                "%s round %d: objective %.10g, %s (%.1f s)",
                 method,
                 rnd,
                 objective,
-                res.primal,
-                res.dual,
+                res.describe(),
                 elapsed,
             )
 

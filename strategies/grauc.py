@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from logging import INFO
 
 import numpy as np
@@ -18,7 +19,7 @@ from flwr.common import (
 )
 from flwr.server.strategy import FedAvg
 
-from . import admm
+from . import admm, pqn
 from .base import SiteStrategy
 from .config import GrAUCConfig
 from .errors import InputError
@@ -42,9 +43,18 @@ def initial_beta(n_sites: int, p: int, cfg: GrAUCConfig) -> np.ndarray:
 
 
 class GrAUCStrategy(SiteStrategy):
-    """GrAUC-PFL: ``aggregate_fit`` does the fused-lasso ``delta`` and dual updates, and
-    computes each site's graph pull ``[Omega^T (gamma + rho (Omega beta - delta))]_z`` that
-    ``configure_fit`` sends with its ``beta_z`` in its own ``FitIns``."""
+    """GrAUC-PFL.
+
+    ``algorithm = "admm"`` (the paper): ``aggregate_fit`` does the fused-lasso ``delta`` and
+    dual updates, and computes each site's graph pull
+    ``[Omega^T (gamma + rho (Omega beta - delta))]_z`` that ``configure_fit`` sends with its
+    ``beta_z`` in its own ``FitIns``.
+
+    ``algorithm = "pqn"`` (default): each site returns its loss and gradient at the point
+    sent; ``aggregate_fit`` updates the sites' BFGS models, solves the fused-lasso model
+    problem on the server (ADMM, no communication) and line-searches
+    (:mod:`strategies.pqn`).
+    """
 
     def __init__(
         self,
@@ -84,6 +94,9 @@ class GrAUCStrategy(SiteStrategy):
             beta0 = initial_beta(len(self.sites), self.n_features, cfg)
         self.state = admm.init_state(self.problem, beta0, cfg.rho, threshold=False)
         self.loss = np.full(len(self.sites), np.nan)
+        self.qn = None
+        if cfg.algorithm == "pqn" and len(self.graph.edges) > 0:
+            self.qn = pqn.init_qn(beta0)
         if self.resume:
             self._load_checkpoint(self.resume)
         log(
@@ -112,6 +125,8 @@ class GrAUCStrategy(SiteStrategy):
                 (c, FitIns(EMPTY, {**common, "site": self.registry.cid_to_site[c.cid]}))
                 for c in clients
             ]
+        if self.qn is not None:
+            return self._qn_instructions(clients)
         pull = self.pull()
         common = {
             "task": "admm",
@@ -127,7 +142,60 @@ class GrAUCStrategy(SiteStrategy):
             ins.append((proxy, FitIns(params, {**common, "site": site})))
         return ins
 
+    def _qn_instructions(self, clients):
+        common = {
+            "task": "gradient",
+            "curvature": not self.qn.evaluated,
+            **self.registry.scaling_config(),
+        }
+        ins = []
+        for proxy in clients:
+            site = self.registry.cid_to_site[proxy.cid]
+            z = self.site_index[site]
+            params = ndarrays_to_parameters([self.qn.trial[z]])
+            ins.append((proxy, FitIns(params, {**common, "site": site})))
+        return ins
+
+    def _qn_aggregate(self, answered):
+        qn = self.qn
+        values = {}
+        for site, (_, res) in answered.items():
+            z = self.site_index[site]
+            values[z] = (float(res.metrics["loss"]), parameters_to_ndarrays(res.parameters)[0])
+            if not qn.evaluated and not qn.paired[z] and "curvature" in res.metrics:
+                # B_z before its first gradient pair: a quarter of the site's Lipschitz bound
+                pqn.set_curvature(qn, z, 0.25 * float(res.metrics["curvature"]))
+        self.qn, step = pqn.qn_round(self.problem, qn, values, self.cfg.tol)
+        self.loss = self.qn.value.copy()
+        self.state = replace(self.state, beta=self.qn.x.copy(), round=self.qn.round)
+        objective = step.objective
+        self.history.append(
+            round=self.qn.round,
+            objective=objective,
+            primal_residual=np.nan,
+            dual_residual=np.nan,
+            rho=np.nan,
+            decrease=step.decrease,
+            step=self.qn.step if not step.accepted else 1.0,
+            n_answered=len(answered),
+        )
+        self.converged = step.converged
+        self.done = step.converged or self.qn.round >= self.cfg.max_rounds
+        if self.checkpoint and (self.qn.round % self.checkpoint_every == 0 or self.done):
+            self._save_checkpoint(self.checkpoint)
+        if self.progress is not None:
+            self.progress(self.qn.round, objective, step, time.perf_counter() - self._t0)
+        metrics = {"objective": objective, "decrease": step.decrease}
+        return ndarrays_to_parameters([self.qn.x]), metrics
+
+    @property
+    def rounds(self) -> int:
+        """Communication rounds of the fit so far (registration excluded)."""
+        return self.qn.round if self.qn is not None else self.state.round
+
     def _aggregate(self, server_round, answered):
+        if self.qn is not None:
+            return self._qn_aggregate(answered)
         beta = self.state.beta.copy()
         for site, (_, res) in answered.items():
             z = self.site_index[site]
@@ -171,7 +239,7 @@ class GrAUCStrategy(SiteStrategy):
         return ndarrays_to_parameters([beta]), metrics
 
     def coefficients_std(self) -> np.ndarray:
-        return self.state.beta
+        return self.qn.x if self.qn is not None else self.state.beta
 
     # -- checkpoints ---------------------------------------------------------------------
     def _save_checkpoint(self, path: str) -> None:
@@ -185,6 +253,8 @@ class GrAUCStrategy(SiteStrategy):
         }
         if self.registry.center is not None:
             extra.update(center=self.registry.center, scale=self.registry.scale)
+        if self.qn is not None:
+            extra.update({f"qn_{k}": v for k, v in self.qn.arrays().items()})
         admm.save_state(path, self.state, **extra)
         log(INFO, "checkpoint: round %d written to %s", self.state.round, path)
 
@@ -210,13 +280,24 @@ class GrAUCStrategy(SiteStrategy):
             and not np.allclose(extra["center"], self.registry.center, rtol=0, atol=0)
         ):
             raise InputError("resume: the sites' data changed since the checkpoint")
+        qn = {k[3:]: v for k, v in extra.items() if k.startswith("qn_")}
+        if bool(qn) != (self.qn is not None):
+            raise InputError(
+                f"resume: the checkpoint was written by another algorithm than "
+                f"{self.cfg.algorithm!r}"
+            )
+        if qn:
+            self.qn = pqn.QuasiNewtonState.from_arrays(qn)
         self.state = state
         self.loss = np.asarray(extra["loss"], dtype=float)
         self.history.rows = json.loads(str(extra["history"]))
         log(INFO, "resumed from %s at round %d", path, state.round)
 
     def clusters(self) -> np.ndarray:
-        """Fused groups per coordinate, ``(Z, p)`` labels, read off ``delta``."""
+        """Fused groups per coordinate, ``(Z, p)`` labels, read off ``delta`` (for ``pqn``:
+        the last model problem's ``delta``)."""
+        if self.qn is not None and self.qn.inner is not None:
+            return admm.fused_groups(self.graph.edges, self.qn.inner.delta[0], len(self.sites))
         return admm.fused_groups(self.graph.edges, self.state.delta[0], len(self.sites))
 
 

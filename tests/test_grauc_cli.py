@@ -34,7 +34,7 @@ def _assert_rejected(proc, out, *words):
 def test_fit_writes_the_contract(small_federation, tmp_path):
     sites, data, site_file = small_federation
     out = str(tmp_path / "out")
-    proc = _fit(data, site_file, out, "--max-rounds", "40")
+    proc = _fit(data, site_file, out, "--max-rounds", "40", "--algorithm", "admm")
     assert proc.returncode == 0, proc.stderr
     coef = pd.read_csv(os.path.join(out, "coefficients.csv"))
     assert list(coef.columns) == ["site", "f0", "f1", "f2", "f3"]
@@ -48,6 +48,28 @@ def test_fit_writes_the_contract(small_federation, tmp_path):
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert metrics["rounds"] == 40 and metrics["engine"] == "inprocess"
     assert set(metrics["auc"]) == {s.site for s in sites}
+
+
+def test_fit_pqn_history(small_federation, tmp_path):
+    """The default algorithm adds its stopping measures to history.csv and converges."""
+    sites, data, site_file = small_federation
+    out = str(tmp_path / "out")
+    proc = _fit(data, site_file, out, "--max-rounds", "60")
+    assert proc.returncode == 0, proc.stderr
+    hist = pd.read_csv(os.path.join(out, "history.csv"))
+    assert list(hist.columns) == [
+        "round",
+        "objective",
+        "primal_residual",
+        "dual_residual",
+        "rho",
+        "decrease",
+        "step",
+    ]
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["converged"] and metrics["rounds"] == len(hist) < 60
+    # accepted steps never increase the objective (Armijo)
+    assert (hist["objective"].diff().dropna() <= 1e-12).all()
 
 
 def _frames(small_federation):

@@ -194,15 +194,16 @@ def test_reference_problem_is_not_trivial(graph, references):
 
 @pytest.mark.parametrize("standardize", ["none", "federated"])
 @pytest.mark.parametrize("penalty", ["l1", "group"])
-@pytest.mark.parametrize("solver", ["prox", "linearized"])
+@pytest.mark.parametrize("solver", ["pqn", "prox", "linearized"])
 def test_grauc_matches_cvxpy(graph, references, solver, penalty, standardize):
     edges, w = graph
     refs, scale = references
     ds, beta_ref, f_ref = refs[standardize, penalty]
     sites = SITES_SCALED if standardize == "federated" else SITES
-    res = run(
-        ["grauc"], sites=sites, local_solver=solver, penalty=penalty, standardize=standardize
-    )["grauc"]
+    algo = (
+        {"algorithm": "pqn"} if solver == "pqn" else {"algorithm": "admm", "local_solver": solver}
+    )
+    res = run(["grauc"], sites=sites, penalty=penalty, standardize=standardize, **algo)["grauc"]
     assert res.sites == [s.site for s in sites]
     assert_array_equal(res.extra["graph"].edges, edges)
     assert_allclose(res.extra["weights"], w, rtol=1e-10)

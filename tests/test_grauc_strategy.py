@@ -94,7 +94,9 @@ def failed_res():
 
 
 def make_cfg(**kw):
-    return GrAUCConfig(**{"lam": 0.3, "rho": 0.7, "w_dist": 1.0, "q": 0.05, "seed": 3, **kw})
+    """ADMM settings (the hand computations below follow METHODS.md A.4)."""
+    base = {"lam": 0.3, "rho": 0.7, "w_dist": 1.0, "q": 0.05, "seed": 3, "algorithm": "admm"}
+    return GrAUCConfig(**{**base, **kw})
 
 
 def registered(cfg=None, cids=CIDS, n_sites=4):

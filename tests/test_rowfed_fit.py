@@ -215,7 +215,15 @@ def test_output_files(data_csv, tmp_path, capsys):
         coef["client"]
     ) == {f"site{k}" for k in range(4)}
     hist = pd.read_csv(out / "history.csv")
-    assert list(hist.columns) == ["round", "objective", "primal_residual", "dual_residual", "rho"]
+    assert list(hist.columns) == [
+        "round",
+        "objective",
+        "primal_residual",
+        "dual_residual",
+        "rho",
+        "decrease",  # the lasso with full participation: the pqn algorithm's columns
+        "step",
+    ]
     assert hist["round"].tolist() == list(range(1, len(hist) + 1))
     clusters = pd.read_csv(out / "clusters.csv")
     assert list(clusters.columns[:2]) == ["feature", "n_clusters"]

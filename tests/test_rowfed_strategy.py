@@ -154,7 +154,9 @@ def answer_init(strategy, mgr, samples, rnd=2, fail=()):
 # RowFedStrategy on hand-made results
 # ---------------------------------------------------------------------------------------
 def test_registration_is_keyed_by_site(samples):
-    strategy, mgr, proxies = ready_strategy(samples, RowFedConfig(intercept=False))
+    strategy, mgr, proxies = ready_strategy(
+        samples, RowFedConfig(algorithm="admm", intercept=False)
+    )
     assert strategy.registry.order() == ["s0", "s1", "s2", "s3"]
     ins = strategy.configure_fit(2, EMPTY, mgr)
     assert strategy.ready and strategy.sites == ["s0", "s1", "s2", "s3"]
@@ -171,7 +173,7 @@ def test_registration_is_keyed_by_site(samples):
 
 
 def test_init_round_with_a_failure_is_retried(samples):
-    cfg = RowFedConfig(intercept=False)
+    cfg = RowFedConfig(algorithm="admm", intercept=False)
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples, fail=("s2",))
     assert strategy.phase == "init"
@@ -190,7 +192,9 @@ def test_init_round_with_a_failure_is_retried(samples):
 
 
 def test_admm_round_sends_own_theta_and_pull_and_handles_failures(samples):
-    cfg = RowFedConfig(intercept=False, local_solver="linearized", lam1=0.1, lam2=0.05)
+    cfg = RowFedConfig(
+        algorithm="admm", intercept=False, local_solver="linearized", lam1=0.1, lam2=0.05
+    )
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples)
     before = strategy.state
@@ -236,7 +240,7 @@ def test_admm_round_sends_own_theta_and_pull_and_handles_failures(samples):
 
 
 def test_all_participants_fail_is_a_round_without_change(samples):
-    strategy, mgr, _ = ready_strategy(samples, RowFedConfig(intercept=False))
+    strategy, mgr, _ = ready_strategy(samples, RowFedConfig(algorithm="admm", intercept=False))
     answer_init(strategy, mgr, samples)
     beta = strategy.state.beta.copy()
     ins = strategy.configure_fit(3, EMPTY, mgr)
@@ -293,7 +297,7 @@ def test_non_participants_keep_theta(samples):
 
 
 def test_evaluate_only_when_done_and_read_out(samples):
-    cfg = RowFedConfig(max_rounds=2, lam1=0.1, lam2=0.05)
+    cfg = RowFedConfig(algorithm="admm", max_rounds=2, lam1=0.1, lam2=0.05)
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples)
     assert strategy.configure_evaluate(2, EMPTY, mgr) == []
@@ -342,6 +346,7 @@ def test_evaluate_only_when_done_and_read_out(samples):
 )
 def test_inprocess_equals_fit_rowfed(samples, participation, solver, alpha):
     cfg = RowFedConfig(
+        algorithm="admm",
         intercept=False,
         participation=participation,
         local_solver=solver,

@@ -1,0 +1,91 @@
+"""``python -m rowfed_flower bench``: rounds RowFed needs, side by side, on this machine.
+
+On the B.7 simulation (M = 10 clients, n_m = 100, (p, q) = (20, 20)), for the lasso at the
+default levels and for SCAD: rounds to a 1e-4 and a 1e-6 relative objective gap and to the
+stopping rule (``tol`` = 1e-6) for the defaults (``algorithm = auto``: proximal quasi-Newton
+for the lasso, ADMM with the exact local step for SCAD), ADMM with the exact local step, and
+the paper's linearized ADMM at rho in {0.3, 1, 3}, and the in-process time per round.  The
+optimum is the lowest objective of a tight run (tol 1e-12) of every variant.  Ratios
+between variants are the figures to quote; absolute times depend on the machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+
+from strategies.benchtable import finish, format_table  # noqa: F401
+
+from .config import RowFedConfig
+
+
+def _first_below(gaps: np.ndarray, level: float) -> float:
+    """The first round after which the gap stays at or below ``level`` (nan if never)."""
+    above = np.flatnonzero(gaps > level)
+    if len(above) == 0:
+        return 1.0
+    return float(above[-1] + 2) if above[-1] + 1 < len(gaps) else float("nan")
+
+
+def rounds_table(quick: bool = False) -> list[dict]:
+    """Every variant through the in-process engine (the Strategy and NumPyClient objects
+    that ``flwr run`` uses), from the same ridge start, without an intercept (B.7 has
+    none)."""
+    from .federation import RowFedDataSpec, run_methods_inprocess, simulated_data
+
+    data = simulated_data(RowFedDataSpec(seed=1))
+    base = RowFedConfig(intercept=False)
+    limit = 1500 if quick else 4000
+    rows = []
+    settings = [("lasso", base.lam1, base.lam2)]
+    if not quick:
+        settings.append(("scad", 0.2, 0.1))
+    for penalty, lam1, lam2 in settings:
+        cfg = base.replace(penalty=penalty, lam1=lam1, lam2=lam2)
+        variants = [(f"defaults ({cfg.resolved_algorithm})", {})]
+        if cfg.resolved_algorithm != "admm":
+            variants.append(("admm prox, rho=1", {"algorithm": "admm"}))
+        for rho in (0.3, 1.0, 3.0):
+            changes = {"algorithm": "admm", "local_solver": "linearized", "rho": rho}
+            variants.append((f"admm linearized rho={rho:g} (paper)", changes))
+        runs = {}
+        for name, changes in variants:
+            try:
+                variant = cfg.replace(**changes)
+                variant.penalty_obj().check_rho(variant.rho)
+            except ValueError as exc:  # SCAD's concavity bound at a small rho
+                rows.append(
+                    {"what": "rounds", "penalty": penalty, "variant": name, "note": str(exc)}
+                )
+                continue
+            t0 = time.perf_counter()
+            tight = run_methods_inprocess(
+                variant.replace(tol=1e-12, max_rounds=limit), data, ["rowfed"]
+            )["rowfed"]
+            seconds = (time.perf_counter() - t0) / max(tight.rounds, 1)
+            stop = run_methods_inprocess(variant.replace(max_rounds=limit), data, ["rowfed"])[
+                "rowfed"
+            ]
+            runs[name] = (tight, stop, seconds)
+        fstar = min(h["objective"] for t, _, _ in runs.values() for h in t.history)
+        for name, (tight, stop, seconds) in runs.items():
+            gaps = np.array([abs(h["objective"] - fstar) / abs(fstar) for h in tight.history])
+            rows.append(
+                {
+                    "what": "rounds",
+                    "penalty": penalty,
+                    "variant": name,
+                    "rounds_to_1e-4": _first_below(gaps, 1e-4),
+                    "rounds_to_1e-6": _first_below(gaps, 1e-6),
+                    "rounds_to_stop": stop.rounds if stop.converged else float("nan"),
+                    "objective_at_stop": stop.objective,
+                    "seconds_per_round_inprocess": seconds,
+                }
+            )
+    return rows
+
+
+def run(out: str, quick: bool = False) -> pd.DataFrame:
+    return finish(rounds_table(quick), out)

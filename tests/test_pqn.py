@@ -1,0 +1,163 @@
+"""The proximal quasi-Newton pieces against independent references: the server's model
+problem against a conic solver (cvxpy), BFGS against its defining equations, and the whole
+method with a site that stops answering against the optimum with that site held fixed."""
+
+from __future__ import annotations
+
+import cvxpy as cp
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from grauc_flower.auc import PairwiseLogistic
+from strategies import admm, pqn
+from strategies.penalties import Penalty
+
+Z, P = 7, 3
+EDGES = np.array([[0, 1], [1, 2], [1, 3], [3, 4], [4, 5], [2, 6]])
+
+
+def problem(grouping="entry", lam=None):
+    lam = np.linspace(0.05, 0.4, len(EDGES)) if lam is None else lam
+    d = admm.incidence_matrix(EDGES, Z)
+    return admm.Problem((admm.Split(d, Penalty("lasso"), lam, grouping),), Z)
+
+
+def random_model(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((Z, P))
+    g = rng.standard_normal((Z, P)) * 0.3
+    a = rng.standard_normal((Z, P, P))
+    hess = np.einsum("zij,zkj->zik", a, a) + 0.05 * np.eye(P)
+    return x, g, hess
+
+
+def cvxpy_model(x, g, hess, lam, grouping, frozen):
+    b = cp.Variable((Z, P))
+    obj = 0
+    for z in range(Z):
+        obj += g[z] @ (b[z] - x[z]) + 0.5 * cp.quad_form(b[z] - x[z], hess[z])
+    for e, (u, v) in enumerate(EDGES):
+        diff = b[u] - b[v]
+        obj += lam[e] * (cp.norm(diff, 2) if grouping == "block" else cp.norm(diff, 1))
+    cons = [b[z] == x[z] for z in np.flatnonzero(frozen)]
+    prob = cp.Problem(cp.Minimize(obj), cons)
+    prob.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    return b.value, prob.value
+
+
+def model_value(b, x, g, hess, prob):
+    d = b - x
+    return float(np.sum(g * d) + 0.5 * np.einsum("zi,zij,zj->", d, hess, d) + prob.penalty_value(b))
+
+
+@pytest.mark.parametrize("grouping", ["entry", "block"])
+@pytest.mark.parametrize("n_frozen", [0, 2])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_model_problem_matches_cvxpy(grouping, n_frozen, seed):
+    x, g, hess = random_model(seed)
+    prob = problem(grouping)
+    frozen = np.zeros(Z, bool)
+    frozen[[2, 5][:n_frozen]] = True
+    sol = pqn.solve_model(prob, x, g, hess, frozen)
+    ref, ref_val = cvxpy_model(x, g, hess, prob.splits[0].lam, grouping, frozen)
+    assert_allclose(sol.b[frozen], x[frozen], rtol=0, atol=0)
+    ours = model_value(sol.b, x, g, hess, prob)
+    assert ours - ref_val <= 1e-8 * max(1.0, abs(ref_val))
+    assert_allclose(sol.b, ref, atol=1e-5)
+    # exact fusions: the solver's delta has exact zeros where the reference fuses
+    fused_ref = np.abs(ref[EDGES[:, 0]] - ref[EDGES[:, 1]]) < 1e-7
+    if grouping == "block":
+        fused_ref = fused_ref.all(axis=1, keepdims=True) & np.ones((1, P), bool)
+    assert np.array_equal(sol.delta[0] == 0.0, fused_ref)
+
+
+def test_model_problem_warm_start_gives_the_same_answer():
+    x, g, hess = random_model(3)
+    prob = problem()
+    cold = pqn.solve_model(prob, x, g, hess)
+    warm = pqn.solve_model(prob, x + 1e-3, g, hess, warm=cold)
+    again = pqn.solve_model(prob, x + 1e-3, g, hess)
+    assert_allclose(warm.b, again.b, atol=1e-7)
+    assert warm.iterations < again.iterations
+
+
+def test_bfgs_secant_symmetry_and_skip():
+    rng = np.random.default_rng(0)
+    b = np.eye(4) * 2.0
+    for first in (True, False):
+        s, y = rng.standard_normal(4), rng.standard_normal(4)
+        y = y if s @ y > 0 else -y
+        new = pqn.bfgs_update(b, s, y, first)
+        assert_allclose(new @ s, y, rtol=1e-12, atol=1e-12)  # the secant equation
+        assert_allclose(new, new.T, atol=1e-14)
+        assert np.linalg.eigvalsh(new).min() > 0
+        b = new
+    assert pqn.bfgs_update(b, s, -y, False) is b  # negative curvature: skipped
+
+
+def _sites(seed=5, n=30):
+    rng = np.random.default_rng(seed)
+    out = []
+    for z in range(Z):
+        mu = np.array([0.8, 0.5 * (z % 2), -0.4])
+        out.append(
+            PairwiseLogistic(rng.normal(mu, 1.0, (n // 3, P)), rng.normal(0, 1, (n, P)), eta=1e-2)
+        )
+    return out
+
+
+def drive(fs, prob, drop_after=None, dropped=3, rounds=80, tol=1e-9):
+    st = pqn.init_qn(np.zeros((Z, P)), 0.25 * np.array([f.lipschitz() for f in fs]))
+    for r in range(1, rounds + 1):
+        answered = {
+            z: f.value_and_grad(st.trial[z])
+            for z, f in enumerate(fs)
+            if not (drop_after is not None and z == dropped and r > drop_after)
+        }
+        st, step = pqn.qn_round(prob, st, answered, tol)
+        if step.converged:
+            return st, r
+    return st, rounds
+
+
+def cvxpy_grauc(fs, lam, fixed=None):
+    """The penalized surrogate (l1 fusion) by a conic solver; ``fixed = (z, beta_z)``."""
+    b = cp.Variable((Z, P))
+    obj = 0
+    for z, f in enumerate(fs):
+        diffs = np.repeat(f.x_pos, len(f.x_neg), axis=0) - np.tile(f.x_neg, (len(f.x_pos), 1))
+        obj += cp.sum(cp.logistic(-diffs @ b[z])) / len(diffs) + f.eta / 2 * cp.sum_squares(b[z])
+    for e, (u, v) in enumerate(EDGES):
+        obj += lam[e] * cp.norm(b[u] - b[v], 1)
+    cons = [] if fixed is None else [b[fixed[0]] == fixed[1]]
+    prob = cp.Problem(cp.Minimize(obj), cons)
+    prob.solve(solver="CLARABEL", tol_gap_abs=1e-11, tol_gap_rel=1e-11, tol_feas=1e-11)
+    return b.value, prob.value
+
+
+def objective(fs, prob, beta):
+    return sum(f.value(b) for f, b in zip(fs, beta, strict=True)) + prob.penalty_value(beta)
+
+
+def test_pqn_reaches_the_conic_optimum():
+    fs = _sites()
+    prob = problem()
+    st, rounds = drive(fs, prob)
+    ref, ref_val = cvxpy_grauc(fs, prob.splits[0].lam)
+    assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= 1e-8
+    assert_allclose(st.x, ref, atol=2e-4)
+    assert rounds < 40
+
+
+def test_a_silent_site_is_held_at_its_last_point():
+    fs = _sites()
+    prob = problem()
+    st, _ = drive(fs, prob, drop_after=4)
+    assert st.frozen[3] and not st.frozen[np.arange(Z) != 3].any()
+    held = st.x[3].copy()
+    # the point it holds is one it was evaluated at (it answered 4 times)
+    before, _ = drive(fs, prob, rounds=4)
+    assert np.any(np.all(np.isclose(held, [before.x[3], before.trial[3]]), axis=1))
+    ref, ref_val = cvxpy_grauc(fs, prob.splits[0].lam, fixed=(3, held))
+    assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= 1e-8
