@@ -127,6 +127,13 @@ class PairwiseLogistic:
         ``sum_ij d d^T = m X+^T X+ + n X-^T X- - S+ S-^T - S- S+^T`` with ``S+ = sum_i x+_i``
         (METHODS.md A.2; the paper's ``mu_z``).
         """
+        cached = self.__dict__.get("_mu")
+        if cached is not None:  # the data never change: computed once per datafit
+            return cached
+        object.__setattr__(self, "_mu", self._lipschitz())
+        return self.__dict__["_mu"]
+
+    def _lipschitz(self) -> float:
         if self.empty:
             return float(self.eta)
         n, m = self.n_pos, self.n_neg

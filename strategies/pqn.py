@@ -54,11 +54,6 @@ class ModelSolution:
     iterations: int
 
 
-@dataclass(frozen=True)
-class _Solver:
-    solve: object
-
-
 def _system_parts(problem: Problem, hess: np.ndarray) -> tuple[sp.csr_matrix, sp.csr_matrix]:
     """``blockdiag(B_z)`` and ``(sum_k A_k^T A_k) kron I_p`` (``Zp x Zp``, sparse): the
     model problem's linear system is ``blockdiag + rho kron``."""
@@ -114,13 +109,13 @@ def solve_model(
         rhs_fixed = rho * (gram_fx @ x_flat[~free]) if gram_fx is not None else 0.0
         if matrix.shape[0] <= DENSE_LIMIT:  # small (or dense: all pairs): Cholesky
             chol = cho_factor(matrix.toarray())
-            return _Solver(lambda r: cho_solve(chol, r)), rhs_fixed
+            return (lambda r: cho_solve(chol, r)), rhs_fixed
         # a symmetric fill-reducing ordering keeps a tree's sparsity (4x fewer nonzeros
         # than the default ordering for Z = 2000, p = 20)
         lu = splu(sp.csc_matrix(matrix), permc_spec="MMD_AT_PLUS_A")
-        return _Solver(lambda r: lu.solve(np.asfortranarray(r))), rhs_fixed
+        return (lambda r: lu.solve(np.asfortranarray(r))), rhs_fixed
 
-    lu, rhs_fixed = factor(rho)
+    solve, rhs_fixed = factor(rho)
     b = x.copy()
     scale = max(1.0, float(np.max(np.abs(x))), float(np.max(np.abs(grad))))
     it = 0
@@ -128,7 +123,7 @@ def solve_model(
         pull = problem.apply_t_sum(tuple(d - uu for d, uu in zip(delta, u, strict=True)))
         rhs = linear + rho * pull.reshape(linear.shape)
         b_flat = x_flat.copy()
-        b_flat[free] = lu.solve(np.asarray(rhs.reshape(x_flat.shape)[free] - rhs_fixed))
+        b_flat[free] = solve(np.asarray(rhs.reshape(x_flat.shape)[free] - rhs_fixed))
         b = b_flat.reshape(x.shape)
         a_b = problem.apply_all(b)
         new_delta = tuple(
@@ -148,7 +143,7 @@ def solve_model(
                 continue
             rho *= factor_
             u = tuple(uu / factor_ for uu in u)
-            lu, rhs_fixed = factor(rho)
+            solve, rhs_fixed = factor(rho)
     return ModelSolution(b, delta, u, rho, it)
 
 

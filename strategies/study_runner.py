@@ -29,7 +29,6 @@ so any subset of a study reproduces the same numbers.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import json
@@ -444,22 +443,6 @@ def execute_task(task_path: str, settings: dict, cell: dict, rep: int, seed: int
         return "error", text, 0.0
 
 
-@contextlib.contextmanager
-def _single_thread_blas():
-    """Worker processes share the cores: one BLAS thread each, for processes started inside
-    the block (the variables the user set are kept; this process's are restored after)."""
-    saved = {}
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        if var not in os.environ:
-            saved[var] = None
-            os.environ[var] = "1"
-    try:
-        yield
-    finally:
-        for var in saved:
-            os.environ.pop(var, None)
-
-
 def _run_local(task_path, settings, todo, workers, on_result):
     if workers == 1:
         for cell, rep, seed in todo:
@@ -470,11 +453,11 @@ def _run_local(task_path, settings, todo, workers, on_result):
 
     ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        with _single_thread_blas():  # the workers start on the first submissions
-            pending = {
-                pool.submit(execute_task, task_path, settings, cell, rep, seed): (cell, rep, seed)
-                for cell, rep, seed in todo
-            }
+        # one BLAS thread per worker: inherited from strategies.single_threaded_blas
+        pending = {
+            pool.submit(execute_task, task_path, settings, cell, rep, seed): (cell, rep, seed)
+            for cell, rep, seed in todo
+        }
         try:
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
