@@ -96,6 +96,31 @@ def test_bfgs_secant_symmetry_and_skip():
     assert pqn.bfgs_update(b, s, -y, False) is b  # negative curvature: skipped
 
 
+def test_bfgs_many_sites_at_once():
+    """The stacked update satisfies every site's secant equation, rescales on a first pair,
+    and leaves a site with non-positive curvature alone."""
+    rng = np.random.default_rng(1)
+    n, p = 6, 4
+    a = rng.standard_normal((n, p, p))
+    hess = np.einsum("zij,zkj->zik", a, a) + np.eye(p)
+    s, y = rng.standard_normal((n, p)), rng.standard_normal((n, p))
+    y *= np.sign(np.einsum("zi,zi->z", s, y))[:, None]
+    y[2] = -y[2]  # negative curvature: skipped
+    first = np.array([True, False, False, True, False, False])
+    new = pqn.bfgs_update_many(hess, s, y, first)
+    for z in range(n):
+        if z == 2:
+            assert_allclose(new[z], hess[z], rtol=0, atol=0)
+            continue
+        assert_allclose(new[z] @ s[z], y[z], rtol=1e-10, atol=1e-12)
+        assert np.linalg.eigvalsh(new[z]).min() > 0
+    # a first pair forgets the old matrix: B = c I - c s s^T / s^T s + y y^T / s^T y
+    c = y[0] @ y[0] / (s[0] @ y[0])
+    expect = c * np.eye(p) - c * np.outer(s[0], s[0]) / (s[0] @ s[0])
+    expect += np.outer(y[0], y[0]) / (s[0] @ y[0])
+    assert_allclose(new[0], expect, rtol=1e-12, atol=1e-12)
+
+
 def _sites(seed=5, n=30):
     rng = np.random.default_rng(seed)
     out = []

@@ -3,7 +3,13 @@ and config errors (one line, exit 2), seeds per (cell, replication)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -319,3 +325,60 @@ def test_ray_local_gives_the_same_results(tmp_path, capsys):
         assert code == 0, err
     ray, local = (pd.read_csv(os.path.join(outs[k], "results.csv")) for k in ("ray", "local"))
     pd.testing.assert_frame_equal(ray.drop(columns="seconds"), local.drop(columns="seconds"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_study_on_a_ray_cluster_started_elsewhere(tmp_path, capsys):
+    """``--ray-address host:port`` runs the cells on a cluster that someone else started with
+    ``ray start --head`` (here in its own process group, ended by its id afterwards), with the
+    in-process numbers; the study leaves the cluster running."""
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    if not os.path.isfile(ray_cli):  # pragma: no cover - Ray comes with flwr[simulation]
+        pytest.fail("the ray command is not installed next to this Python")
+    port = _free_port()
+    head = subprocess.Popen(
+        [ray_cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=2"]
+        + ["--include-dashboard=false", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert head.poll() is None, "ray start --head exited"
+                assert time.monotonic() < deadline, "the Ray head did not come up in 120 s"
+                time.sleep(0.5)
+        cfg = _config(tmp_path, ROWFED_TOML.replace("lam1 = [0.3, 0.1]", "lam1 = [0.3]"))
+        outs = {}
+        for name, extra in (("cluster", ["--ray-address", f"127.0.0.1:{port}"]), ("local", [])):
+            outs[name] = str(tmp_path / name)
+            code, err = _run(
+                rowfed_main, capsys, "--config", cfg, "--out", outs[name], "--no-figures", *extra
+            )
+            assert code == 0, err
+        assert head.poll() is None  # the study disconnected; the cluster is still up
+        cluster, local = (
+            pd.read_csv(os.path.join(outs[k], "results.csv")) for k in ("cluster", "local")
+        )
+        pd.testing.assert_frame_equal(
+            cluster.drop(columns="seconds"), local.drop(columns="seconds")
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGTERM)  # ray start --block ends its own processes
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
