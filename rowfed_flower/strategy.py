@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import INFO
 
 import numpy as np
 from flwr.common import (
@@ -206,6 +206,10 @@ class _RowFedSites(SiteStrategy):
         self.cfg = cfg
         self.history = admm.History()
         self.converged = False
+
+    def update_shape(self) -> tuple[int, ...] | None:
+        """One ``p x q`` matrix: coefficients (ADMM, initialization) or a gradient (pqn)."""
+        return (self.n_features, self.n_responses)
 
     def _become_ready(self) -> None:
         if self.standardize == "federated" and self.registry.center is None:
@@ -483,11 +487,7 @@ class RowFedStrategy(_RowFedSites):
         took_part = np.zeros(len(self.sites), dtype=bool)
         for site, (_, res) in answered.items():
             z = self.site_index[site]
-            arrays = parameters_to_ndarrays(res.parameters)
-            if len(arrays) != 1 or arrays[0].shape != theta[z].shape:
-                log(WARNING, "round %s: client %s sent a malformed update", server_round, site)
-                continue
-            theta[z] = arrays[0]
+            theta[z] = parameters_to_ndarrays(res.parameters)[0]  # checked by SiteStrategy
             self.loss[z] = float(res.metrics["loss"])
             took_part[z] = True
         res = self._advance(theta, took_part)
@@ -503,11 +503,8 @@ class RowFedStrategy(_RowFedSites):
         values = {}
         for site, (_, res) in answered.items():
             z = self.site_index[site]
-            arrays = parameters_to_ndarrays(res.parameters)
-            if len(arrays) != 1 or arrays[0].shape != qn.x[z].shape:
-                log(WARNING, "round %s: client %s sent a malformed update", server_round, site)
-                continue
-            values[z] = (float(res.metrics["loss"]), arrays[0])
+            grad = parameters_to_ndarrays(res.parameters)[0]  # checked by SiteStrategy
+            values[z] = (float(res.metrics["loss"]), grad)
             if not qn.evaluated and "curvature" in res.metrics:
                 pqn.set_curvature(qn, z, float(res.metrics["curvature"]))  # L_m: B >= X^T X/n
         self.qn, step = pqn.qn_round(self.problem, qn, values, self.cfg.tol)

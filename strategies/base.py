@@ -6,7 +6,7 @@ import time
 from logging import WARNING
 
 import numpy as np
-from flwr.common import EvaluateIns, log, ndarrays_to_parameters
+from flwr.common import EvaluateIns, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.strategy import Strategy
 
 from .registry import EMPTY, Registry
@@ -76,6 +76,17 @@ class SiteStrategy(Strategy):
             for proxy, res in results
             if str(res.metrics["site"]) in self.site_index
         }
+        for site in list(answered):
+            problem = self._malformed(answered[site][1])
+            if problem:  # counted as no answer: the site keeps its coefficients
+                log(
+                    WARNING,
+                    "round %s: site %s sent a malformed update (%s); ignored",
+                    server_round,
+                    site,
+                    problem,
+                )
+                del answered[site]
         for site in answered:
             self.missing.discard(site)
         silent = (set(failed) | getattr(self, "_asked", set())) - set(answered)
@@ -99,6 +110,28 @@ class SiteStrategy(Strategy):
             )
             return EMPTY, {}
         return self._aggregate(server_round, answered)
+
+    def update_shape(self) -> tuple[int, ...] | None:
+        """The shape of the one array a site's fit answer must carry (``None``: any)."""
+        return None
+
+    def _malformed(self, res) -> str:
+        """Why a fit answer cannot be used ('' if it can): one finite array of
+        :meth:`update_shape`, and a finite ``loss`` metric when there is one."""
+        try:
+            arrays = parameters_to_ndarrays(res.parameters)
+        except Exception as exc:  # noqa: BLE001 - whatever the bytes were, they are unusable
+            return f"undecodable parameters: {type(exc).__name__}"
+        shape = self.update_shape()
+        if shape is not None and (len(arrays) != 1 or arrays[0].shape != tuple(shape)):
+            got = [a.shape for a in arrays]
+            return f"expected one array of shape {tuple(shape)}, got {got}"
+        if not all(np.all(np.isfinite(a)) for a in arrays if a.dtype.kind in "fc"):
+            return "non-finite values"
+        loss = res.metrics.get("loss")
+        if loss is not None and not np.isfinite(float(loss)):
+            return "non-finite loss"
+        return ""
 
     def configure_evaluate(self, server_round, parameters, client_manager):
         if not self.done or self.evaluated:

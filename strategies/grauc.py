@@ -188,6 +188,10 @@ class GrAUCStrategy(SiteStrategy):
         metrics = {"objective": objective, "decrease": step.decrease}
         return ndarrays_to_parameters([self.qn.x]), metrics
 
+    def update_shape(self) -> tuple[int, ...] | None:
+        """One ``p`` vector: coefficients (ADMM) or a gradient (pqn)."""
+        return self.state.beta.shape[1:]
+
     @property
     def rounds(self) -> int:
         """Communication rounds of the fit so far (registration excluded)."""

@@ -10,6 +10,7 @@ functions of :mod:`strategies.admm`.
 from __future__ import annotations
 
 import copy
+import logging
 
 import numpy as np
 import pytest
@@ -323,8 +324,10 @@ def test_reregistered_site_keeps_its_state():
 # ---------------------------------------------------------------------------------------
 # failures and partial rounds
 # ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("how", ["missing", "failed_res", "exception"])
-def test_failed_site_keeps_its_beta(how):
+@pytest.mark.parametrize(
+    "how", ["missing", "failed_res", "exception", "wrong_shape", "two_arrays", "nan", "nan_loss"]
+)
+def test_failed_site_keeps_its_beta(how, caplog):
     cfg = make_cfg(min_fit_fraction=0.5)
     strategy, mgr, proxies = registered(cfg)
     ins = strategy.configure_fit(2, EMPTY, mgr)
@@ -333,11 +336,26 @@ def test_failed_site_keeps_its_beta(how):
     old = strategy.state
     results = round_results(strategy, ins, betas, skip=("D",))
     failures = {
-        "missing": [],
         "failed_res": [(proxies["n9"], failed_res())],
         "exception": [RuntimeError("node lost")],
-    }[how]
-    strategy.aggregate_fit(2, results, failures)
+    }.get(how, [])
+    malformed = {  # an answer from D that cannot be used counts as no answer
+        "wrong_shape": admm_res("D", np.zeros(P + 1)),
+        "two_arrays": ok([np.zeros(P), np.zeros(P)], 10, {"task": "admm", "site": "D"}),
+        "nan": admm_res("D", np.full(P, np.nan)),
+        "nan_loss": admm_res("D", np.zeros(P), loss=float("nan")),
+    }
+    if how in malformed:
+        results.append((proxies["n9"], malformed[how]))
+    flwr_logger = logging.getLogger("flwr")  # it may not propagate to the root logger
+    flwr_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            strategy.aggregate_fit(2, results, failures)
+    finally:
+        flwr_logger.removeHandler(caplog.handler)
+    if how in malformed:
+        assert "site D sent a malformed update" in caplog.text
     expected = np.array([betas[s] for s in ORDER])
     expected[3] = old.beta[3]
     assert_array_equal(strategy.state.beta, expected)
