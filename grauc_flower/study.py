@@ -61,7 +61,7 @@ import pandas as pd
 
 from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config
 from strategies.errors import InputError
-from strategies.study_runner import Study, add_study_options, load_study, read_toml, run_study
+from strategies.study_runner import Study, add_study_parser, load_study, read_toml, run_study_args
 
 from .data import LEVEL_SHIFT, SiteData, simulate
 
@@ -496,27 +496,15 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
 # The command
 # ---------------------------------------------------------------------------------------
 def add_parser(sub) -> None:
-    """The ``study`` subcommand of ``python -m grauc_flower``."""
-    p = sub.add_parser("study", help="a simulation study driven by a TOML config")
-    add_study_options(p)
+    """The ``study`` subcommand."""
+    add_study_parser(sub)
 
 
 def cmd_study(a) -> int:
     from .figures import make_figures
 
     study, _ = load(a.config)
-    return run_study(
-        study,
-        TASK,
-        a.out,
-        reps=a.reps,
-        only=a.only,
-        workers=a.workers,
-        ray_address=a.ray_address,
-        metrics=("auc",),
-        figures=None if a.no_figures else make_figures,
-        quiet=a.quiet,
-    )
+    return run_study_args(a, study, TASK, ("auc",), make_figures)
 
 
 __all__ = [

@@ -61,7 +61,7 @@ import pandas as pd
 
 from strategies.config import from_run_config
 from strategies.errors import InputError
-from strategies.study_runner import Study, add_study_options, load_study, read_toml, run_study
+from strategies.study_runner import Study, add_study_parser, load_study, read_toml, run_study_args
 
 from .config import ROWFED_METHODS, RowFedConfig
 
@@ -441,9 +441,8 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
 # The command
 # ---------------------------------------------------------------------------------------
 def add_parser(sub) -> None:
-    """The ``study`` subcommand of ``python -m rowfed_flower``."""
-    p = sub.add_parser("study", help="a simulation study driven by a TOML config")
-    add_study_options(p)
+    """The ``study`` subcommand."""
+    add_study_parser(sub)
 
 
 def cmd_study(a) -> int:
@@ -454,18 +453,7 @@ def cmd_study(a) -> int:
         metrics = ("mse_est", "mse_pred", "ri")
     else:  # no true Theta: prediction error only (overall and per response)
         metrics = ("mse_pred", *(f"mse_{r}" for r in st["real"]["responses"]))
-    return run_study(
-        study,
-        TASK,
-        a.out,
-        reps=a.reps,
-        only=a.only,
-        workers=a.workers,
-        ray_address=a.ray_address,
-        metrics=metrics,
-        figures=None if a.no_figures else make_figures,
-        quiet=a.quiet,
-    )
+    return run_study_args(a, study, TASK, metrics, make_figures)
 
 
 __all__ = [

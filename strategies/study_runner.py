@@ -686,6 +686,27 @@ def figure_cell(results: pd.DataFrame, study, cells) -> dict:
 # ---------------------------------------------------------------------------------------
 # The whole run
 # ---------------------------------------------------------------------------------------
+def add_study_parser(sub) -> None:
+    """The ``study`` subcommand (both methods share it)."""
+    add_study_options(sub.add_parser("study", help="a simulation study driven by a TOML config"))
+
+
+def run_study_args(a, study: Study, task_path: str, metrics, make_figures) -> int:
+    """:func:`run_study` with the parsed options of :func:`add_study_options`."""
+    return run_study(
+        study,
+        task_path,
+        a.out,
+        reps=a.reps,
+        only=a.only,
+        workers=a.workers,
+        ray_address=a.ray_address,
+        metrics=metrics,
+        figures=None if a.no_figures else make_figures,
+        quiet=a.quiet,
+    )
+
+
 def add_study_options(p) -> None:
     """The options of both methods' ``study`` subcommands."""
     p.add_argument("--config", required=True, help="study config (TOML), e.g. configs/sim1.toml")
