@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import igraph as ig
@@ -24,7 +25,16 @@ def geodesic_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
 
 
 def distance_matrix(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
-    """All pairwise geodesic distances (km), ``Z x Z``."""
+    """All pairwise geodesic distances (km), ``Z x Z``.  The last few sets of locations are
+    remembered: a study fits the same institutions dozens of times (cross-validation)."""
+    lat = np.ascontiguousarray(lat, dtype=float)
+    lon = np.ascontiguousarray(lon, dtype=float)
+    return _distances(lat.tobytes(), lon.tobytes()).copy()
+
+
+@functools.lru_cache(maxsize=16)
+def _distances(lat_bytes: bytes, lon_bytes: bytes) -> np.ndarray:
+    lat, lon = np.frombuffer(lat_bytes), np.frombuffer(lon_bytes)
     z = len(lat)
     d = np.zeros((z, z))
     for u in range(z):

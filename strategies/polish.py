@@ -114,8 +114,8 @@ def forest(matrix: sp.spmatrix) -> Forest | None:
         return None
     parent = np.full(n_sites, -1)
     depth = np.zeros(n_sites, int)
-    for comp in range(n_comp):
-        start = int(np.flatnonzero(label == comp)[0])
+    _, firsts = np.unique(label, return_index=True)
+    for start in firsts:
         order, pred = breadth_first_order(adj, start, directed=False)
         far = order[-1]  # one end of a longest path
         order, pred = breadth_first_order(adj, far, directed=False)
