@@ -476,7 +476,7 @@ class RowFedStrategy(_RowFedSites):
         if self.phase == "init":
             for site, (_, res) in answered.items():
                 z = self.site_index[site]
-                self.theta_init[z] = parameters_to_ndarrays(res.parameters)[0]
+                self.theta_init[z] = self.updates[site]
                 self.loss[z] = float(res.metrics["loss"])
             if not np.isnan(self.theta_init).any():
                 self._start(self.theta_init)
@@ -487,7 +487,7 @@ class RowFedStrategy(_RowFedSites):
         took_part = np.zeros(len(self.sites), dtype=bool)
         for site, (_, res) in answered.items():
             z = self.site_index[site]
-            theta[z] = parameters_to_ndarrays(res.parameters)[0]  # checked by SiteStrategy
+            theta[z] = self.updates[site]  # decoded and checked by SiteStrategy
             self.loss[z] = float(res.metrics["loss"])
             took_part[z] = True
         res = self._advance(theta, took_part)
@@ -503,7 +503,7 @@ class RowFedStrategy(_RowFedSites):
         values = {}
         for site, (_, res) in answered.items():
             z = self.site_index[site]
-            grad = parameters_to_ndarrays(res.parameters)[0]  # checked by SiteStrategy
+            grad = self.updates[site]  # decoded and checked by SiteStrategy
             values[z] = (float(res.metrics["loss"]), grad)
             if not qn.evaluated and "curvature" in res.metrics:
                 pqn.set_curvature(qn, z, float(res.metrics["curvature"]))  # L_m: B >= X^T X/n
@@ -594,7 +594,7 @@ class NonFedStrategy(_RowFedSites):
     def _aggregate(self, server_round, answered):
         for site, (_, res) in answered.items():
             z = self.site_index[site]
-            self.theta[z] = parameters_to_ndarrays(res.parameters)[0]
+            self.theta[z] = self.updates[site]
             self.loss[z] = float(res.metrics["loss"])
         self.done = not np.isnan(self.theta).any()
         self.converged = self.done

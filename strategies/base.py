@@ -36,6 +36,7 @@ class SiteStrategy(Strategy):
         self.evaluation: dict[str, dict] = {}
         self.evaluated = False
         self.missing: set[str] = set()
+        self.updates: dict[str, np.ndarray] = {}  # this round's decoded answers, by site
         self._t0 = time.perf_counter()
 
     #: Whether a round with fewer than ``min_fit_fraction`` of the sites is skipped.
@@ -76,9 +77,12 @@ class SiteStrategy(Strategy):
             for proxy, res in results
             if str(res.metrics["site"]) in self.site_index
         }
+        self.updates = {}
         for site in list(answered):
-            problem = self._malformed(answered[site][1])
-            if problem:  # counted as no answer: the site keeps its coefficients
+            arrays, problem = self._decode(answered[site][1])
+            if not problem:
+                self.updates[site] = arrays[0] if len(arrays) == 1 else arrays
+            else:  # counted as no answer: the site keeps its coefficients
                 log(
                     WARNING,
                     "round %s: site %s sent a malformed update (%s); ignored",
@@ -115,23 +119,24 @@ class SiteStrategy(Strategy):
         """The shape of the one array a site's fit answer must carry (``None``: any)."""
         return None
 
-    def _malformed(self, res) -> str:
-        """Why a fit answer cannot be used ('' if it can): one finite array of
+    def _decode(self, res) -> tuple[list[np.ndarray], str]:
+        """A fit answer's arrays, decoded once (kept in ``self.updates`` by site for
+        ``_aggregate``), and why they cannot be used ('' if they can): one finite array of
         :meth:`update_shape`, and a finite ``loss`` metric when there is one."""
         try:
             arrays = parameters_to_ndarrays(res.parameters)
         except Exception as exc:  # noqa: BLE001 - whatever the bytes were, they are unusable
-            return f"undecodable parameters: {type(exc).__name__}"
+            return [], f"undecodable parameters: {type(exc).__name__}"
         shape = self.update_shape()
         if shape is not None and (len(arrays) != 1 or arrays[0].shape != tuple(shape)):
             got = [a.shape for a in arrays]
-            return f"expected one array of shape {tuple(shape)}, got {got}"
+            return arrays, f"expected one array of shape {tuple(shape)}, got {got}"
         if not all(np.all(np.isfinite(a)) for a in arrays if a.dtype.kind in "fc"):
-            return "non-finite values"
+            return arrays, "non-finite values"
         loss = res.metrics.get("loss")
         if loss is not None and not np.isfinite(float(loss)):
-            return "non-finite loss"
-        return ""
+            return arrays, "non-finite loss"
+        return arrays, ""
 
     def configure_evaluate(self, server_round, parameters, client_manager):
         if not self.done or self.evaluated:

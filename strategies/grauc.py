@@ -161,7 +161,7 @@ class GrAUCStrategy(SiteStrategy):
         values = {}
         for site, (_, res) in answered.items():
             z = self.site_index[site]
-            values[z] = (float(res.metrics["loss"]), parameters_to_ndarrays(res.parameters)[0])
+            values[z] = (float(res.metrics["loss"]), self.updates[site])
             if not qn.evaluated and not qn.paired[z] and "curvature" in res.metrics:
                 # B_z before its first gradient pair: a quarter of the site's Lipschitz bound
                 pqn.set_curvature(qn, z, 0.25 * float(res.metrics["curvature"]))
@@ -203,7 +203,7 @@ class GrAUCStrategy(SiteStrategy):
         beta = self.state.beta.copy()
         for site, (_, res) in answered.items():
             z = self.site_index[site]
-            beta[z] = parameters_to_ndarrays(res.parameters)[0]
+            beta[z] = self.updates[site]
             self.loss[z] = float(res.metrics["loss"])
         rho = self.state.rho
         if len(self.graph.edges) == 0:
@@ -328,7 +328,7 @@ class IndividualStrategy(SiteStrategy):
     def _aggregate(self, server_round, answered):
         for site, (_, res) in answered.items():
             z = self.site_index[site]
-            self.beta[z] = parameters_to_ndarrays(res.parameters)[0]
+            self.beta[z] = self.updates[site]
             self.loss[z] = float(res.metrics["loss"])
         self.done = not np.isnan(self.beta).any()
         self.converged = self.done

@@ -37,8 +37,9 @@ def _bin(name: str) -> str:
 
 
 def flower_env(home: str) -> dict:
-    """Environment for Flower's processes: ``FLWR_HOME`` and this interpreter's scripts
-    first on ``PATH`` (the SuperLink starts ``flower-superexec``, ``flwr-serverapp``...)."""
+    """Environment for Flower's processes: ``FLWR_HOME``, this interpreter's scripts first on
+    ``PATH`` (the SuperLink starts ``flower-superexec``, ``flwr-serverapp``...), a Ray of
+    their own and one BLAS thread (both unless set)."""
     from . import single_threaded_blas
 
     bindir = str(Path(sys.executable).parent)
@@ -47,6 +48,9 @@ def flower_env(home: str) -> dict:
         "FLWR_HOME": home,
         "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
     }
+    # the simulation starts its own Ray instance: without this, Ray joins the cluster named
+    # in <tmp>/ray/ray_current_cluster (left by any `ray start`, even a dead one: a hang)
+    env.setdefault("RAY_ADDRESS", "local")
     single_threaded_blas(env)
     return env
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -342,12 +344,16 @@ def test_study_on_a_ray_cluster_started_elsewhere(tmp_path, capsys):
     if not os.path.isfile(ray_cli):  # pragma: no cover - Ray comes with flwr[simulation]
         pytest.fail("the ray command is not installed next to this Python")
     port = _free_port()
+    # the head's state (and its ray_current_cluster file, which a later ray.init() without an
+    # address would try to join) in a directory of its own, removed afterwards
+    ray_tmp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths
     head = subprocess.Popen(
         [ray_cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=2"]
         + ["--include-dashboard=false", "--disable-usage-stats"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env={**os.environ, "RAY_TMPDIR": ray_tmp},
     )
     try:
         deadline = time.monotonic() + 120
@@ -382,3 +388,4 @@ def test_study_on_a_ray_cluster_started_elsewhere(tmp_path, capsys):
         except subprocess.TimeoutExpired:  # pragma: no cover
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
