@@ -335,6 +335,9 @@ class RowFedStrategy(_RowFedSites):
         ``progress(round, objective, residuals, elapsed)``.
     """
 
+    count_column = "n_participants"
+    first_curvature = 1.0  # L_m = lambda_max(X_m^T X_m / n_m): B_z >= the exact Hessian
+
     def __init__(
         self,
         cfg: RowFedConfig,
@@ -482,7 +485,7 @@ class RowFedStrategy(_RowFedSites):
                 self._start(self.theta_init)
             return EMPTY, {}
         if self.qn is not None:
-            return self._qn_aggregate(server_round, answered)
+            return EMPTY, self._qn_round(answered)[1]
         theta = self.state.beta.copy()
         took_part = np.zeros(len(self.sites), dtype=bool)
         for site, (_, res) in answered.items():
@@ -497,33 +500,6 @@ class RowFedStrategy(_RowFedSites):
             "dual_residual": res.dual,
         }
         return EMPTY, metrics
-
-    def _qn_aggregate(self, server_round, answered):
-        qn = self.qn
-        values = {}
-        for site, (_, res) in answered.items():
-            z = self.site_index[site]
-            grad = self.updates[site]  # decoded and checked by SiteStrategy
-            values[z] = (float(res.metrics["loss"]), grad)
-            if not qn.evaluated and "curvature" in res.metrics:
-                pqn.set_curvature(qn, z, float(res.metrics["curvature"]))  # L_m: B >= X^T X/n
-        self.qn, step = pqn.qn_round(self.problem, qn, values, self.cfg.tol)
-        self.loss = self.qn.value.copy()
-        self.history.append(
-            round=self.qn.round,
-            objective=step.objective,
-            primal_residual=np.nan,
-            dual_residual=np.nan,
-            rho=np.nan,
-            n_participants=len(values),
-            decrease=step.decrease,
-            step=1.0 if step.accepted else self.qn.step,
-        )
-        self.converged = step.converged
-        self.done = step.converged or self.qn.round >= self.cfg.max_rounds
-        if self.progress is not None:
-            self.progress(self.qn.round, step.objective, step, time.perf_counter() - self._t0)
-        return EMPTY, {"objective": step.objective, "decrease": step.decrease}
 
     def _advance(self, theta: np.ndarray, took_part: np.ndarray) -> admm.Residuals:
         """One server half-round on the new ``Theta`` (B.3 steps 1-2) and the stopping rule."""

@@ -9,6 +9,7 @@ import numpy as np
 from flwr.common import EvaluateIns, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.strategy import Strategy
 
+from . import pqn
 from .registry import EMPTY, Registry
 
 
@@ -163,6 +164,43 @@ class SiteStrategy(Strategy):
         return None
 
     # -- shared ----------------------------------------------------------------------------
+    #: ``B_z`` before site ``z``'s first gradient pair, as a multiple of the ``curvature`` it
+    #: reports with its first answer (a bound on its loss's Hessian).
+    first_curvature = 1.0
+    #: The history column counting the sites that answered.
+    count_column = "n_answered"
+
+    def _qn_round(self, answered) -> tuple[pqn.Step, dict[str, float]]:
+        """One round of the proximal quasi-Newton server (:mod:`strategies.pqn`) on the sites'
+        losses and gradients, for subclasses with ``qn``, ``problem``, ``cfg``, ``history``
+        and ``progress``: advances ``qn``, records the round, sets ``done``/``converged``;
+        returns the step and the round's metrics."""
+        values = {}
+        for site, (_, res) in answered.items():
+            z = self.site_index[site]
+            values[z] = (float(res.metrics["loss"]), self.updates[site])
+            if not self.qn.evaluated and "curvature" in res.metrics:
+                pqn.set_curvature(
+                    self.qn, z, self.first_curvature * float(res.metrics["curvature"])
+                )
+        self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.cfg.tol)
+        self.loss = self.qn.value.copy()
+        self.history.append(
+            round=self.qn.round,
+            objective=step.objective,
+            primal_residual=np.nan,
+            dual_residual=np.nan,
+            rho=np.nan,
+            **{self.count_column: len(values)},
+            decrease=step.decrease,
+            step=1.0 if step.accepted else self.qn.step,
+        )
+        self.converged = step.converged
+        self.done = step.converged or self.qn.round >= self.cfg.max_rounds
+        if self.progress is not None:
+            self.progress(self.qn.round, step.objective, step, time.perf_counter() - self._t0)
+        return step, {"objective": step.objective, "decrease": step.decrease}
+
     def _become_ready(self) -> None:
         if self.standardize == "federated" and self.registry.center is None:
             self.registry.standardize()

@@ -56,6 +56,8 @@ class GrAUCStrategy(SiteStrategy):
     (:mod:`strategies.pqn`).
     """
 
+    first_curvature = 0.25  # B_z before its first pair: a quarter of the Lipschitz bound
+
     def __init__(
         self,
         cfg: GrAUCConfig,
@@ -157,35 +159,10 @@ class GrAUCStrategy(SiteStrategy):
         return ins
 
     def _qn_aggregate(self, answered):
-        qn = self.qn
-        values = {}
-        for site, (_, res) in answered.items():
-            z = self.site_index[site]
-            values[z] = (float(res.metrics["loss"]), self.updates[site])
-            if not qn.evaluated and not qn.paired[z] and "curvature" in res.metrics:
-                # B_z before its first gradient pair: a quarter of the site's Lipschitz bound
-                pqn.set_curvature(qn, z, 0.25 * float(res.metrics["curvature"]))
-        self.qn, step = pqn.qn_round(self.problem, qn, values, self.cfg.tol)
-        self.loss = self.qn.value.copy()
+        _, metrics = self._qn_round(answered)
         self.state = replace(self.state, beta=self.qn.x.copy(), round=self.qn.round)
-        objective = step.objective
-        self.history.append(
-            round=self.qn.round,
-            objective=objective,
-            primal_residual=np.nan,
-            dual_residual=np.nan,
-            rho=np.nan,
-            decrease=step.decrease,
-            step=self.qn.step if not step.accepted else 1.0,
-            n_answered=len(answered),
-        )
-        self.converged = step.converged
-        self.done = step.converged or self.qn.round >= self.cfg.max_rounds
         if self.checkpoint and (self.qn.round % self.checkpoint_every == 0 or self.done):
             self._save_checkpoint(self.checkpoint)
-        if self.progress is not None:
-            self.progress(self.qn.round, objective, step, time.perf_counter() - self._t0)
-        metrics = {"objective": objective, "decrease": step.decrease}
         return ndarrays_to_parameters([self.qn.x]), metrics
 
     def update_shape(self) -> tuple[int, ...] | None:
