@@ -61,6 +61,17 @@ class Forest:
     edge_of: np.ndarray  # (Z,) the edge from a site to its parent, -1 at roots
 
     patterns: list = field(default_factory=list, compare=False, repr=False)
+    index: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def block_index(self, p: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row and column, in the ``Zp x Zp`` system, of every entry of the stacked ``p x p``
+        blocks ``B_z`` (computed once per ``p``)."""
+        if p not in self.index:
+            node = np.arange(len(self.parent) * p).reshape(-1, p)
+            rows = np.repeat(node[:, :, None], p, axis=2).ravel()
+            cols = np.repeat(node[:, None, :], p, axis=1).ravel()
+            self.index[p] = (rows, cols)
+        return self.index[p]
 
     def assemble(self, cluster, n_clusters, hess, rows, cols) -> sp.csc_matrix:
         """``sum_z E_z^T B_z E_z`` over the clusters (``E_z`` maps site ``z``'s coordinates to
@@ -158,15 +169,13 @@ def polish(
     lam = np.asarray(lam, float)[:, None]
     fused = delta == 0.0
     sign = np.where(delta < 0.0, -1.0, 1.0)
-    node = np.arange(n_sites * p).reshape(n_sites, p)
-    rows = np.repeat(node[:, :, None], p, axis=2).ravel()
-    cols = np.repeat(node[:, None, :], p, axis=1).ravel()
+    rows, cols = tree.block_index(p)
     slack = 1e-12 * max(1.0, float(np.abs(c).max())) * np.sqrt(n_sites)  # rounding in nu
     best, since_best = n_sites * p + 1, 0
     for it in range(1, max_iter + 1):
         e, j = np.nonzero(fused)
         links = sp.coo_matrix(
-            (np.ones(len(e)), (node[tree.plus[e], j], node[tree.minus[e], j])),
+            (np.ones(len(e)), (tree.plus[e] * p + j, tree.minus[e] * p + j)),
             shape=(n_sites * p,) * 2,
         )
         n_clusters, cluster = connected_components(links, directed=False)
