@@ -33,6 +33,9 @@ LOG_EVERY = 25
 def run_rowfed(grid: Grid, context: Context) -> dict:
     """Run the configured RowFed methods through Flower; returns ``{method: MethodResult}``."""
     rc = context.run_config
+    for key in ("checkpoint.path", "checkpoint.resume"):
+        if str(rc.get(key, "")):  # not silently ignored
+            raise InputError(f'{key}: checkpoints are kept for task = "grauc" only')
     cfg = rowfed_config(rc)
     methods = rowfed_methods(rc)
     spec = fed.RowFedDataSpec.from_run_config(rc)

@@ -582,6 +582,17 @@ def test_config_from_run_config():
         rowfed_methods({"method": "grauc"})
 
 
+@pytest.mark.parametrize("key", ["checkpoint.path", "checkpoint.resume"])
+def test_flower_run_rejects_a_checkpoint(key):
+    from types import SimpleNamespace
+
+    from rowfed_flower.app import run_rowfed
+
+    context = SimpleNamespace(run_config={"task": "rowfed", key: "/tmp/state.npz"})
+    with pytest.raises(InputError, match=rf"^{key}: .*grauc"):
+        run_rowfed(None, context)
+
+
 def test_read_graph(tmp_path):
     sites = ["a", "b", "c"]
     assert read_graph("all-pairs", sites) == (None, None)
