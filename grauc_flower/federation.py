@@ -244,6 +244,13 @@ def format_auc_table(results: dict[str, MethodResult]) -> str:
     no_auc = df[~np.isfinite(df["auc"].astype(float))]
     means = "".join(f"{np.nanmean(wide[m]):.4f}".rjust(12) for m in wide.columns)
     lines.append("mean".ljust(10) + means)
+    lines.append(
+        "rounds: "
+        + ", ".join(
+            f"{m} {res.rounds}" + ("" if res.converged else " (round limit)")
+            for m, res in results.items()
+        )
+    )
     for _, r in no_auc.iterrows():
         lines.append(
             f"note: {r['method']} at site {r['site']}: no AUC (a class is missing "

@@ -62,6 +62,11 @@ def test_main_job_prints_auc_table(tmp_path):
     mean = next(ln.split() for ln in lines if ln.startswith("mean"))
     means = dict(zip(header.split()[1:], map(float, mean[1:]), strict=True))
     assert means["grauc"] > means["fedavg"] and means["grauc"] > means["individual"]
+    rounds = dict(
+        part.split()[:2]
+        for part in next(ln for ln in lines if ln.startswith("rounds: "))[8:].split(", ")
+    )
+    assert 5 <= int(rounds["grauc"]) <= 30  # the default converges in a few rounds (25)
     auc = pd.read_csv(tmp_path / "main" / "auc.csv")
     assert set(auc["method"]) == {"grauc", "fedavg", "individual"}
     np.testing.assert_allclose(
