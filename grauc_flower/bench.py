@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from strategies import admm
-from strategies.benchtable import finish, format_table  # noqa: F401
+from strategies.benchtable import check_out, finish, format_table  # noqa: F401
 from strategies.config import GrAUCConfig
 
 from . import federation as fed
@@ -210,6 +210,7 @@ def server_step_table(zs, p: int = 20) -> list[dict]:
 
 
 def run(out: str, quick: bool = False, flower: bool = True) -> pd.DataFrame:
+    check_out(out)
     rows = rounds_table(quick)
     if flower:
         rows.append(flower_round_time())

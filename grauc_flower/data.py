@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from strategies.errors import InputError
+from strategies.tables import repeated_columns
 
 if TYPE_CHECKING:  # pandas is imported where CSV files are read (clients stay light)
     import pandas as pd
@@ -139,6 +140,9 @@ def _read_csv(path: str, what: str, dtype=None) -> pd.DataFrame:
         raise InputError(f"{what}: cannot parse {path}: {first}") from None
     if df.shape[0] == 0:
         raise InputError(f"{what}: file has no rows: {path}")
+    twice = repeated_columns(path)
+    if twice:
+        raise InputError(f"{what}: column {twice[0]!r} appears twice in {path}")
     return df
 
 

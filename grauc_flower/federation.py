@@ -100,6 +100,9 @@ def checkpoint_settings(rc: dict) -> dict:
                 f"checkpoint.{'path' if key == 'checkpoint' else key}: must be an "
                 f"absolute path, got {out[key]!r}"
             )
+    path = out["checkpoint"]
+    if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(path))):
+        raise InputError(f"checkpoint.path: must be a file in an existing directory, got {path!r}")
     if out["checkpoint_every"] < 1:
         raise InputError(f"checkpoint.every: must be >= 1, got {out['checkpoint_every']}")
     return out

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from strategies.benchtable import finish, format_table  # noqa: F401
+from strategies.benchtable import check_out, finish, format_table  # noqa: F401
 
 from .config import RowFedConfig
 
@@ -88,4 +88,5 @@ def rounds_table(quick: bool = False) -> list[dict]:
 
 
 def run(out: str, quick: bool = False) -> pd.DataFrame:
+    check_out(out)
     return finish(rounds_table(quick), out)

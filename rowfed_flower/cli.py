@@ -235,6 +235,9 @@ def main(argv=None) -> int:
         return fail("interrupted")
     except RuntimeError as exc:  # e.g. flwr run failed: its first line
         return fail(str(exc).splitlines()[0] if str(exc) else "RuntimeError")
+    except Exception as exc:  # never a traceback for a user; say what broke, in one line
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return fail(f"unexpected {type(exc).__name__}: {first}")
 
 
 __all__ = ["build_parser", "main"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from strategies.config import _check, from_run_config, parse_methods, to_run_config
+from strategies.config import _check, _check_finite, from_run_config, parse_methods, to_run_config
 from strategies.errors import InputError
 from strategies.penalties import DEFAULT_CONCAVITY, KINDS, Penalty
 
@@ -55,6 +55,7 @@ class RowFedConfig:
     seed: int = 0  # [seed] participation draws
 
     def __post_init__(self) -> None:
+        _check_finite(self)
         _check(self.penalty in KINDS, "penalty", f"must be one of {', '.join(KINDS)}", self.penalty)
         _check(self.concavity >= 0, "concavity", "must be >= 0 (0 = default)", self.concavity)
         _check(self.lam1 >= 0, "lam1", "must be >= 0", self.lam1)

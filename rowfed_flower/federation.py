@@ -14,6 +14,7 @@ import pandas as pd
 
 from strategies.engine import run_inprocess
 from strategies.errors import InputError
+from strategies.tables import repeated_columns
 
 from .client import ClientSamples, RowFedClient
 from .config import ROWFED_METHODS, RowFedConfig
@@ -157,8 +158,11 @@ def read_fit_csv(path: str, responses, client_column: str = "client") -> Federat
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"data: cannot read {path!r}: {msg}") from None
     df.columns = [str(c).strip() for c in df.columns]
-    if len(set(df.columns)) != len(df.columns):
-        raise InputError(f"data: duplicate column names in {path!r}")
+    twice = repeated_columns(path) or sorted(
+        {c for c in df.columns if list(df.columns).count(c) > 1}
+    )
+    if twice:
+        raise InputError(f"data: column {twice[0]!r} appears twice in {path!r}")
     if client_column not in df.columns:
         raise InputError(f"data: no {client_column!r} column in {path!r}")
     for r in responses:

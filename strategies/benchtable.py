@@ -8,6 +8,14 @@ import platform
 
 import pandas as pd
 
+from .cli_utils import atomic_output_dir, check_output_dir
+
+
+def check_out(out: str) -> None:
+    """Check ``out`` before a benchmark runs (not after it): a bad path fails at once."""
+    if out:
+        check_output_dir(out)
+
 
 def finish(rows: list[dict], out: str) -> pd.DataFrame:
     """The rows as a frame with a ``machine`` column, written to ``out/bench.csv``."""
@@ -18,8 +26,8 @@ def finish(rows: list[dict], out: str) -> pd.DataFrame:
         f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
     )
     if out:
-        os.makedirs(out, exist_ok=True)
-        df.to_csv(os.path.join(out, "bench.csv"), index=False)
+        with atomic_output_dir(out) as tmp:
+            df.to_csv(os.path.join(tmp, "bench.csv"), index=False)
     return df
 
 

@@ -25,26 +25,62 @@ def fail(message: str) -> int:
     return 2
 
 
-@contextlib.contextmanager
-def atomic_output_dir(out: str):
-    """Yield a temporary directory next to ``out``; on success its files are moved into
-    ``out`` (created if needed).  On any error nothing is written to ``out``."""
+def check_output_dir(out: str) -> str:
+    """``out`` as an absolute path, after checking it can be an output directory: not empty,
+    not an existing file, its parent an existing directory."""
+    if not str(out).strip():
+        raise InputError("out: must be a directory path, got ''")
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
     if os.path.exists(out) and not os.path.isdir(out):
         raise InputError(f"out: {out} exists and is not a directory")
     if not os.path.isdir(parent):
         raise InputError(f"out: parent directory does not exist: {parent}")
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    return out
+
+
+#: The list of files the last command wrote into an output directory (one per line).
+MANIFEST = ".outputs"
+
+
+def _earlier_outputs(out: str) -> list[str]:
+    """The files an earlier command wrote into ``out`` (relative paths inside it only)."""
+    try:
+        with open(os.path.join(out, MANIFEST)) as fh:
+            names = [ln.strip() for ln in fh if ln.strip()]
+    except OSError:
+        return []
+    return [n for n in names if not os.path.isabs(n) and not os.path.normpath(n).startswith("..")]
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: str):
+    """Yield a temporary directory next to ``out``; on success its files are moved into
+    ``out`` (created if needed) and replace an earlier command's result there: files that
+    result wrote and this one does not are removed (other files are never touched).  On any
+    error nothing is written to ``out``."""
+    out = check_output_dir(out)
+    try:
+        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out))
+    except OSError as exc:
+        raise InputError(f"out: cannot write next to {out}: {exc.strerror}") from None
     try:
         yield tmp
         os.makedirs(out, exist_ok=True)
+        written = []
         for root, _, files in os.walk(tmp):
             rel = os.path.relpath(root, tmp)
             target = os.path.join(out, rel) if rel != "." else out
             os.makedirs(target, exist_ok=True)
             for f in files:
                 os.replace(os.path.join(root, f), os.path.join(target, f))
+                written.append(os.path.normpath(os.path.join(rel, f)))
+        for stale in sorted(set(_earlier_outputs(out)) - set(written)):
+            path = os.path.join(out, stale)
+            if os.path.isfile(path):
+                os.remove(path)
+        with open(os.path.join(out, MANIFEST), "w") as fh:
+            fh.write("".join(f"{name}\n" for name in sorted(written)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -8,6 +8,7 @@ agree).  ``configs/*.toml`` only override.  Errors name the key and the allowed 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 
 from .errors import InputError
@@ -17,7 +18,18 @@ GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled")
 
 def _check(cond: bool, key: str, msg: str, value) -> None:
     if not cond:
+        if hasattr(value, "dtype") and hasattr(value, "item"):  # a numpy scalar: plain repr
+            value = value.item()
         raise InputError(f"{key}: {msg}, got {value!r}")
+
+
+def _check_finite(settings) -> None:
+    """Every ``float`` setting is a finite number (``inf`` or ``nan`` would run and mislead)."""
+    for f in fields(settings):
+        if f.type == "float":
+            value = getattr(settings, f.name)
+            key = f.name.replace("_", "-")
+            _check(math.isfinite(value), key, "must be a finite number", value)
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,7 @@ class GrAUCConfig:
     seed: int = 0  # [seed] random seed (initial coefficients)
 
     def __post_init__(self) -> None:
+        _check_finite(self)
         _check(self.lam >= 0, "lam", "must be >= 0", self.lam)
         _check(self.ridge >= 0, "ridge", "must be >= 0", self.ridge)
         _check(self.w_dist >= 0, "w-dist", "must be >= 0", self.w_dist)

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .cli_utils import check_output_dir
 from .errors import InputError
 
 try:
@@ -496,7 +497,6 @@ def _run_ray(task_path, settings, todo, address, on_result):
     import logging
     import warnings
 
-    _check_reachable(address)
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
     try:
         with warnings.catch_warnings():
@@ -753,12 +753,13 @@ def run_study(
         raise InputError(f"workers: must be >= 1, got {workers}")
     cells = select_cells(study.cells, study.keys, study.types, only)
     n_reps = study.replications if reps is None else reps
-    out = os.path.abspath(out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise InputError(f"out: {out} exists and is not a directory")
-    if not os.path.isdir(os.path.dirname(out)):
-        raise InputError(f"out: parent directory does not exist: {os.path.dirname(out)}")
-    os.makedirs(out, exist_ok=True)
+    out = check_output_dir(out)
+    if ray_address:  # before anything is written
+        _check_reachable(ray_address)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"out: cannot create {out}: {exc.strerror}") from None
     check_fingerprint(out, study)
     store = PartStore(out)
     tasks = [(c, r) for c in cells for r in range(n_reps)]

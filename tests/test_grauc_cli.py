@@ -92,6 +92,7 @@ def _frames(small_federation):
         ("site_twice", ["S1", "twice"]),
         ("missing_class", ["S2", "no positives"]),
         ("empty_data", ["empty"]),
+        ("feature_twice", ["'f1'", "twice"]),
     ],
 )
 def test_bad_input_is_rejected(small_federation, tmp_path, case, words):
@@ -120,6 +121,8 @@ def test_bad_input_is_rejected(small_federation, tmp_path, case, words):
         sites = pd.concat([sites, sites.iloc[[0]].assign(lat=sites.loc[0, "lat"] + 1)])
     elif case == "missing_class":
         data = data[~((data["site"] == "S2") & (data["y"] == 1))]
+    elif case == "feature_twice":  # pandas would read the second as 'f1.1'
+        data = data.assign(extra=data["f2"]).rename(columns={"extra": "f1"})
     d = str(tmp_path / "d.csv")
     s = str(tmp_path / "s.csv")
     if case == "empty_data":
@@ -141,12 +144,23 @@ def test_bad_input_is_rejected(small_federation, tmp_path, case, words):
         ("--max-rounds", "0", "max-rounds"),
         ("--tol", "-1e-6", "tol"),
         ("--graph", "ring", "graph"),
+        ("--lam", "inf", "lam: must be a finite number"),
+        ("--ridge", "nan", "ridge: must be a finite number"),
+        ("--checkpoint", "/no/such/dir/state.npz", "checkpoint.path"),
     ],
 )
 def test_bad_settings_are_rejected(small_federation, tmp_path, option, value, word):
     _, data, sites = small_federation
     out = str(tmp_path / "out")
     _assert_rejected(_fit(data, sites, out, option, value), out, word)
+
+
+@pytest.mark.parametrize("where", ["", "{tmp}/a-file/out", "/proc/no-such/out"])
+def test_out_must_be_a_directory_we_can_write(small_federation, tmp_path, where):
+    _, data, sites = small_federation
+    (tmp_path / "a-file").write_text("")
+    proc = _fit(data, sites, where.format(tmp=tmp_path))
+    _assert_rejected(proc, str(tmp_path / "never"), "out: ")
 
 
 def test_missing_data_file(small_federation, tmp_path):

@@ -204,6 +204,7 @@ def test_output_files(data_csv, tmp_path, capsys):
     assert run_fit(data_csv, out, "--lam1", "0.5", "--lam2", LAM2) == 0
     assert "converged" in capsys.readouterr().out
     assert sorted(os.listdir(out)) == [
+        ".outputs",  # the files written, so that a later result here replaces this one
         "clusters.csv",
         "coefficients.csv",
         "history.csv",
@@ -337,6 +338,8 @@ def _bad_csv(tmp_path, kind):
         df.iloc[3, df.columns.get_loc("Y2")] = np.nan
     elif kind == "one-row":
         df = pd.concat([df, df.iloc[[0]].assign(client="lonely")])
+    elif kind == "x1-twice":  # pandas would read the second as 'x1.1'
+        df = df.assign(extra=df["x2"]).rename(columns={"extra": "x1"})
     path = tmp_path / f"{kind}.csv"
     df.to_csv(path, index=False)
     return str(path)
@@ -353,6 +356,9 @@ CASES = [
     ("good", ["--participation", "1.5"], "participation: must be in (0, 1]"),
     ("good", ["--lam1", "-0.1"], "lam1: must be >= 0"),
     ("good", ["--lam2", "-2"], "lam2: must be >= 0"),
+    ("good", ["--lam1", "inf"], "lam1: must be a finite number"),
+    ("good", ["--rho", "nan"], "rho: must be a finite number"),
+    ("x1-twice", [], "data: column 'x1' appears twice"),
 ]
 
 
@@ -405,6 +411,29 @@ def test_graph_with_unknown_client(data_csv, tmp_path, capsys):
     assert "graph: unknown client 'nowhere'" in capsys.readouterr().err
     graph.write_text("u,v\nsite0,site1\nsite1,site2\nsite2,site3\n")
     assert run_fit(data_csv, tmp_path / "chain", "--graph", graph) == 0
+
+
+def test_a_new_result_replaces_the_old_one(data_csv, tmp_path):
+    """A second fit into the same folder leaves no file of the first that it did not write
+    itself (an untuned fit writes no gic.csv), and never touches other files."""
+    out = tmp_path / "out"
+    grid = ["--tune", "gic", "--lam1-grid", "0.3,0.05", "--lam2-grid", "0.2"]
+    assert run_fit(data_csv, out, *grid) == 0
+    assert (out / "gic.csv").exists()
+    (out / "notes.txt").write_text("mine")
+    assert run_fit(data_csv, out, "--lam1", "0.5", "--lam2", LAM2) == 0
+    written = (out / ".outputs").read_text().split()
+    assert sorted(os.listdir(out)) == sorted([".outputs", "notes.txt", *written])
+    assert "gic.csv" not in written and not (out / "gic.csv").exists()
+
+
+def test_bench_checks_out_before_it_runs(tmp_path, capsys):
+    from rowfed_flower.cli import main
+
+    taken = tmp_path / "file"
+    taken.write_text("")
+    assert main(["bench", "--quick", "--out", str(taken)]) == 2  # at once, not after the runs
+    assert "out: " in capsys.readouterr().err
 
 
 def test_missing_parent_of_out_is_rejected(data_csv, tmp_path, capsys):

@@ -312,6 +312,14 @@ def test_unreachable_ray_address_is_one_line(tmp_path, capsys):
     assert (
         code == 2 and err.startswith("error: ray-address: cannot connect") and err.count("\n") == 1
     )
+    assert not os.path.exists(out)  # refused before anything was written
+
+
+def test_out_that_cannot_be_created_is_one_line(tmp_path, capsys):
+    cfg = _config(tmp_path, ROWFED_TOML)
+    for out in ("/proc/no-such/o", "/proc/pfl-no-such", ""):
+        code, err = _run(rowfed_main, capsys, "--config", cfg, "--out", out)
+        assert code == 2 and err.startswith("error: out: ") and err.count("\n") == 1, err
 
 
 @pytest.mark.slow
