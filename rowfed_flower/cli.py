@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -116,6 +117,8 @@ def _grid(text: str, key: str) -> list[float]:
         raise InputError(f"{key}: expected comma-separated numbers, got {text!r}") from None
     if not values:
         raise InputError(f"{key}: give one or more values")
+    if not all(math.isfinite(v) for v in values):
+        raise InputError(f"{key}: values must be finite numbers, got {text!r}")
     if min(values) < 0:
         raise InputError(f"{key}: values must be >= 0, got {min(values)!r}")
     return values
@@ -156,8 +159,8 @@ def fit(args) -> int:
         raise InputError("tune: gic is available for rowfed, perfl-lsma and nonfed")
     if args.tune is not None and args.engine == "flower":
         raise InputError("tune: gic with --engine flower is not yet available; use inprocess")
-    lam1_grid = _grid(args.lam1_grid or DEFAULT_LAM1_GRID, "lam1-grid")
-    lam2_grid = _grid(args.lam2_grid or DEFAULT_LAM2_GRID, "lam2-grid")
+    lam1_grid = _grid(DEFAULT_LAM1_GRID if args.lam1_grid is None else args.lam1_grid, "lam1-grid")
+    lam2_grid = _grid(DEFAULT_LAM2_GRID if args.lam2_grid is None else args.lam2_grid, "lam2-grid")
 
     from flwr.common.logger import FLOWER_LOGGER
 

@@ -392,6 +392,8 @@ def test_bad_input_subprocess(tmp_path, kind, extra, message):
         (["--lam1", "abc"], "--lam1"),
         (["--tune", "gic", "--lam1", "0.1"], "tune:"),
         (["--tune", "gic", "--lam1-grid", "0.1,x"], "lam1-grid"),
+        (["--tune", "gic", "--lam1-grid=nan"], "lam1-grid: values must be finite"),
+        (["--tune", "gic", "--lam2-grid", ""], "lam2-grid: give one or more values"),
         (["--method", "fedavg", "--tune", "gic"], "tune:"),
         (["--max-rounds", "0"], "max-rounds: must be >= 1"),
     ],
