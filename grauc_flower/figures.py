@@ -22,6 +22,7 @@ the mean and its 95% interval), one panel per design cell, and the three one-cel
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -314,14 +315,16 @@ def fig_coef_heatmap(coef: pd.DataFrame, cell: dict, rep: int, path: str) -> tup
     grid = fig.add_gridspec(1, len(widths), width_ratios=widths, wspace=0.08)
     ax_d = fig.add_subplot(grid[0, 0])
     if link is not None:
-        dn = dendrogram(
-            link,
-            orientation="left",
-            ax=ax_d,
-            no_labels=True,
-            color_threshold=0,
-            above_threshold_color="black",
-        )
+        with warnings.catch_warnings():  # all sites fused: scipy warns of a zero-width axis,
+            warnings.simplefilter("ignore", UserWarning)  # which is set just below
+            dn = dendrogram(
+                link,
+                orientation="left",
+                ax=ax_d,
+                no_labels=True,
+                color_threshold=0,
+                above_threshold_color="black",
+            )
         order = dn["leaves"]
         top = float(link[:, 2].max()) or 1.0
         ax_d.set_xlim(top * 1.05, -0.03 * top)  # merges at distance 0 (fused sites) show

@@ -397,3 +397,19 @@ def test_study_on_a_ray_cluster_started_elsewhere(tmp_path, capsys):
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_coefficient_figure_with_every_site_fused(tmp_path):
+    """All sites with one model (a large lambda): one cluster, the figure is drawn without
+    scipy's warning about a zero-width dendrogram axis."""
+    import warnings
+
+    from grauc_flower.figures import fig_coef_heatmap
+
+    coef = pd.DataFrame(
+        {"method": "grauc", "site": [f"S{k}" for k in range(5)], "x1": 0.3, "x2": -0.2}
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path, labels = fig_coef_heatmap(coef, {"n_train": 50}, 0, str(tmp_path / "f.png"))
+    assert os.path.getsize(path) > 0 and set(labels) == {1}
