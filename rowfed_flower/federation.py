@@ -158,9 +158,7 @@ def read_fit_csv(path: str, responses, client_column: str = "client") -> Federat
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"data: cannot read {path!r}: {msg}") from None
     df.columns = [str(c).strip() for c in df.columns]
-    twice = repeated_columns(path) or sorted(
-        {c for c in df.columns if list(df.columns).count(c) > 1}
-    )
+    twice = repeated_columns(path)
     if twice:
         raise InputError(f"data: column {twice[0]!r} appears twice in {path!r}")
     if client_column not in df.columns:

@@ -82,7 +82,7 @@ class SiteStrategy(Strategy):
         for site in list(answered):
             arrays, problem = self._decode(answered[site][1])
             if not problem:
-                self.updates[site] = arrays[0] if len(arrays) == 1 else arrays
+                self.updates[site] = arrays[0]
             else:  # counted as no answer: the site keeps its coefficients
                 log(
                     WARNING,
@@ -117,7 +117,7 @@ class SiteStrategy(Strategy):
         return self._aggregate(server_round, answered)
 
     def update_shape(self) -> tuple[int, ...] | None:
-        """The shape of the one array a site's fit answer must carry (``None``: any)."""
+        """The shape of the one array a site's fit answer must carry (``None``: any shape)."""
         return None
 
     def _decode(self, res) -> tuple[list[np.ndarray], str]:
@@ -129,9 +129,10 @@ class SiteStrategy(Strategy):
         except Exception as exc:  # noqa: BLE001 - whatever the bytes were, they are unusable
             return [], f"undecodable parameters: {type(exc).__name__}"
         shape = self.update_shape()
-        if shape is not None and (len(arrays) != 1 or arrays[0].shape != tuple(shape)):
+        if len(arrays) != 1 or (shape is not None and arrays[0].shape != tuple(shape)):
             got = [a.shape for a in arrays]
-            return arrays, f"expected one array of shape {tuple(shape)}, got {got}"
+            want = "one array" + ("" if shape is None else f" of shape {tuple(shape)}")
+            return arrays, f"expected {want}, got {got}"
         if not all(np.all(np.isfinite(a)) for a in arrays if a.dtype.kind in "fc"):
             return arrays, "non-finite values"
         loss = res.metrics.get("loss")

@@ -302,6 +302,10 @@ class IndividualStrategy(SiteStrategy):
             for c in clients
         ]
 
+    def update_shape(self) -> tuple[int, ...]:
+        """One ``p`` vector: the site's own coefficients."""
+        return (self.n_features,)
+
     def _aggregate(self, server_round, answered):
         for site, (_, res) in answered.items():
             z = self.site_index[site]

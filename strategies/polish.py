@@ -73,10 +73,11 @@ class Forest:
             self.index[p] = (rows, cols)
         return self.index[p]
 
-    def assemble(self, cluster, n_clusters, hess, rows, cols) -> sp.csc_matrix:
+    def assemble(self, cluster, n_clusters, hess) -> sp.csc_matrix:
         """``sum_z E_z^T B_z E_z`` over the clusters (``E_z`` maps site ``z``'s coordinates to
         their clusters).  The last few patterns' sparsity structures are kept: the pattern
         seldom changes between late rounds, and then assembly is one weighted bincount."""
+        rows, cols = self.block_index(hess.shape[1])
         data = hess.ravel()
         for pat in self.patterns:
             if len(pat["cluster"]) == len(cluster) and np.array_equal(pat["cluster"], cluster):
@@ -169,7 +170,6 @@ def polish(
     lam = np.asarray(lam, float)[:, None]
     fused = delta == 0.0
     sign = np.where(delta < 0.0, -1.0, 1.0)
-    rows, cols = tree.block_index(p)
     slack = 1e-12 * max(1.0, float(np.abs(c).max())) * np.sqrt(n_sites)  # rounding in nu
     best, since_best = n_sites * p + 1, 0
     for it in range(1, max_iter + 1):
@@ -183,7 +183,7 @@ def polish(
         force = np.zeros((n_sites, p))  # D^T nu on the unfused entries
         np.add.at(force, tree.plus, nu_free)
         np.add.at(force, tree.minus, -nu_free)
-        system = tree.assemble(cluster, n_clusters, hess, rows, cols)
+        system = tree.assemble(cluster, n_clusters, hess)
         rhs = np.bincount(cluster, weights=(c - force).ravel(), minlength=n_clusters)
         try:
             y = splu(system, **_SPLU).solve(rhs)

@@ -492,8 +492,13 @@ def test_individual_strategy_sends_no_coefficients():
     assert not strategy.done
     assert np.isnan(strategy.coefficients()[1]).all()
     ins = strategy.configure_fit(3, EMPTY, mgr)
+    wrong = ok([np.zeros(P + 1)], 9, {"site": "B", "loss": 0.4})
+    strategy.aggregate_fit(3, [(p, wrong) for p, _ in ins if p.cid == "n4"], [])
+    assert not strategy.done  # a wrong-sized answer counts as none
+    assert np.isnan(strategy.coefficients()[1]).all()
+    ins = strategy.configure_fit(4, EMPTY, mgr)
     strategy.aggregate_fit(
-        3,
+        4,
         [(p, ok([fits["B"]], 9, {"site": "B", "loss": 0.4})) for p, _ in ins if p.cid == "n4"],
         [],
     )
