@@ -119,6 +119,12 @@ class PairwiseLogistic:
         a = (self.x_pos * row[:, None]).T @ self.x_pos + (self.x_neg * col[:, None]).T @ self.x_neg
         return h + (a - cross - cross.T) / (n * m)
 
+    def prox(self, center: np.ndarray, c: float, x0: np.ndarray | None = None) -> np.ndarray:
+        """``argmin_b f(b) + (c/2) ||b - center||^2`` by damped Newton from ``x0`` (default
+        ``center``), to machine precision (:func:`newton_minimize`)."""
+        start = center if x0 is None else x0
+        return newton_minimize(self, start, c=c, center=center)[0]
+
     def lipschitz(self) -> float:
         """``mu = lambda_max((1/(4 n m)) sum_ij d_ij d_ij^T) + eta`` in ``O((n+m) p^2)``.
 
@@ -203,3 +209,59 @@ def delong(scores: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     s10 = v10.var(ddof=1) if n > 1 else 0.0
     s01 = v01.var(ddof=1) if m > 1 else 0.0
     return a, float(np.sqrt(s10 / n + s01 / m))
+
+
+def newton_minimize(
+    f: PairwiseLogistic,
+    x0: np.ndarray,
+    c: float = 0.0,
+    center: np.ndarray | None = None,
+    gtol: float = 1e-11,
+    max_iter: int = 100,
+) -> tuple[np.ndarray, int]:
+    """Minimize ``h(b) = f(b) + (c/2) ||b - center||^2`` by damped Newton (Armijo backtracking).
+
+    Stops when ``||grad h||_inf <= gtol * max(1, ||grad h(x0)||_inf)`` or when a step no
+    longer decreases ``h`` (the minimum to machine precision).  Returns ``(b, iterations)``.
+    With ``c = 0`` and ``f`` not strongly convex (separable data, ``eta = 0``) the minimizer
+    may not exist: the iteration then stops at ``max_iter``.
+    """
+    b = np.array(x0, dtype=float)
+    center = np.zeros_like(b) if center is None else np.asarray(center, dtype=float)
+    p = b.shape[0]
+
+    def h_val(x):
+        return f.value(x) + 0.5 * c * float((x - center) @ (x - center))
+
+    val, g = f.value_and_grad(b)
+    val += 0.5 * c * float((b - center) @ (b - center))
+    g = g + c * (b - center)
+    g0 = max(1.0, float(np.max(np.abs(g)))) if p else 1.0
+    it = 0
+    for it in range(1, max_iter + 1):
+        if p == 0 or np.max(np.abs(g)) <= gtol * g0:
+            return b, it - 1
+        hess = f.hessian(b) + c * np.eye(p)
+        try:
+            step = -np.linalg.solve(hess, g)
+        except np.linalg.LinAlgError:
+            step = -np.linalg.lstsq(hess, g, rcond=None)[0]
+        slope = float(g @ step)
+        if slope >= 0:  # not a descent direction (numerically singular Hessian)
+            step, slope = -g, -float(g @ g)
+        t = 1.0
+        while True:
+            cand = b + t * step
+            cand_val = h_val(cand)
+            if cand_val <= val + 1e-4 * t * slope or t < 1e-12:
+                break
+            t *= 0.5
+        if t < 1e-12 and cand_val >= val:
+            return b, it  # no further decrease: at the minimum to machine precision
+        b = cand
+        if np.max(np.abs(t * step)) <= 1e-14 * (1.0 + np.max(np.abs(b))):
+            return b, it  # the step is below machine precision: converged
+        val, g = f.value_and_grad(b)
+        val += 0.5 * c * float((b - center) @ (b - center))
+        g = g + c * (b - center)
+    return b, it

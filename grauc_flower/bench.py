@@ -159,7 +159,7 @@ def graph_table(zs) -> list[dict]:
 
 
 def server_step_table(zs, p: int = 20) -> list[dict]:
-    from strategies.grauc import grauc_problem
+    from strategies.problems import grauc_problem
 
     rows = []
     rng = np.random.default_rng(0)

@@ -5,8 +5,10 @@ standardization), its location and scalar metrics (loss, AUC).  Never a data row
 
 Tasks (``config["task"]``):
 
-``register``  -> no parameters; metrics ``site, lat, lon, n_pos, n_neg, index``;
-                 parameters ``[sum_x, sum_x2]`` (per-feature sums, for standardization).
+Registration is Flower's properties exchange (``get_properties``): ``site, n, index,
+features`` and the packed per-feature sums ``sum_x, sum_x2`` (for standardization), with
+``lat, lon, n_pos, n_neg`` (:func:`strategies.registry.registration_properties`).
+
 ``admm``      <- ``[beta_z, pull_z]`` and ``rho-sigma``, ``local-solver``: forms
                  ``beta_tilde = beta_z - pull_z / c_z`` with its own curvature ``c_z`` and takes
                  the local step -> ``[beta_z_new]``, metrics ``site, loss``.
@@ -24,11 +26,14 @@ from __future__ import annotations
 import numpy as np
 from flwr.client import NumPyClient
 
+from strategies.grauc import grauc_meta
+from strategies.local import admm_update
+from strategies.registry import registration_properties
 from strategies.wire import unpack
 
 from .auc import PairwiseLogistic, delong, split_by_class
 from .data import SiteData
-from .local import curvature, linearized_step, local_fit, prox_step
+from .local import local_fit
 
 
 class GrAUCClient(NumPyClient):
@@ -71,39 +76,26 @@ class GrAUCClient(NumPyClient):
         return [np.zeros(self.data.n_features)]
 
     def get_properties(self, config):
-        return self._registration()
-
-    def _registration(self) -> dict:
-        return {
-            "site": self.data.site,
-            "lat": float(self.data.lat),
-            "lon": float(self.data.lon),
-            "n_pos": self.data.n_pos,
-            "n_neg": self.data.n_neg,
-            "index": self.index,
-            "features": ",".join(self.data.feature_names),
-        }
+        """Registration: who this site is, where, its counts and per-feature sums."""
+        d = self.data
+        return registration_properties(
+            d.site,
+            d.y_train.shape[0],
+            self.index,
+            d.x_train,
+            d.feature_names,
+            **grauc_meta(d.lat, d.lon, d.n_pos, d.n_neg),
+        )
 
     def fit(self, parameters, config):
         task = config.get("task")
         n = int(self.data.y_train.shape[0])
-        if task == "register":
-            x = self.data.x_train
-            metrics = {"task": "register", **self._registration()}
-            return [x.sum(axis=0), (x * x).sum(axis=0)], n, metrics
         self._check_site(config)
         f = self._datafit(config)
         if task == "admm":
             beta, pull = parameters
-            solver = str(config["local-solver"])
-            c = float(
-                curvature(solver, np.array([f.lipschitz()]), 1.0, float(config["rho-sigma"]))[0]
-            )
-            beta_tilde = beta - pull / c
-            if solver == "prox":
-                new = prox_step(f, beta_tilde, c, x0=beta)
-            else:
-                new = linearized_step(f, beta_tilde, beta, c)
+            rho_sigma = float(config["rho-sigma"])
+            new = admm_update(f, beta, pull, rho_sigma, str(config["local-solver"]))
             return [new], n, {"task": "admm", "site": self.data.site, "loss": f.value(new)}
         if task == "gradient":
             (beta,) = parameters

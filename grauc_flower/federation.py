@@ -15,15 +15,16 @@ from strategies.config import GRAUC_METHODS, GrAUCConfig
 from strategies.engine import run_inprocess
 from strategies.errors import InputError
 from strategies.grauc import (
-    FinalEvalFedAvg,
     FixedModelStrategy,
+    GrAUCFedAvg,
     GrAUCStrategy,
     IndividualStrategy,
 )
-from strategies.registry import Registry
+from strategies.registry import Registry, pooled_scaling
 
 from .auc import PairwiseLogistic, split_by_class
 from .client import GrAUCClient
+from .graph import build_graph
 from .local import local_fit
 from .sources import DataSpec, grauc_config, grauc_methods, load_sites  # noqa: F401
 
@@ -57,34 +58,44 @@ def make_strategy(
     graph_edges=None,
     progress=None,
     checkpoint: dict | None = None,
+    timeout: float | None = None,
+    beta0: np.ndarray | None = None,
 ):
     """The Strategy object for a method name.  ``checkpoint`` (GrAUC-PFL): ``checkpoint``
-    (file written every ``checkpoint_every`` rounds) and ``resume`` (file to start from)."""
+    (file written every ``checkpoint_every`` rounds) and ``resume`` (file to start from);
+    ``timeout``: seconds registration and each round wait for the sites."""
     if method == "grauc":
-        return GrAUCStrategy(cfg, n_sites, registry, graph_edges, progress, **(checkpoint or {}))
+        return GrAUCStrategy(
+            cfg,
+            n_sites,
+            registry,
+            graph_edges,
+            progress,
+            **(checkpoint or {}),
+            beta0=beta0,
+            graph_builder=build_graph,
+            timeout=timeout,
+        )
     if method == "individual":
-        return IndividualStrategy(cfg, n_sites, registry)
+        return IndividualStrategy(cfg, n_sites, registry, timeout=timeout)
     if method == "fedavg":
-        return FinalEvalFedAvg(cfg, n_sites, registry, progress=progress)
+        return GrAUCFedAvg(cfg, n_sites, registry, progress=progress, timeout=timeout)
     if method == "pooled":
         if sites is None:
             raise InputError("method: pooled needs the data at the server (simulated or csv)")
         if cfg.standardize == "federated" and registry.center is None:
             _standardize_from_data(registry, sites)
         beta = pooled_fit(sites, cfg, registry)
-        strategy = FixedModelStrategy(beta, n_sites, registry, cfg.standardize)
+        strategy = FixedModelStrategy(beta, n_sites, registry, cfg.standardize, timeout)
         strategy.pooled_objective = pooled_objective(sites, cfg, beta, registry)
         return strategy
     raise InputError(f"method: must be one of {', '.join(GRAUC_METHODS)}, got {method!r}")
 
 
 def _standardize_from_data(registry: Registry, sites) -> None:
+    """The pooled scaling from the pooled rows (the pooled method holds them anyway)."""
     x = np.vstack([s.x_train for s in sites])
-    n = x.shape[0]
-    mean = x.mean(axis=0)
-    sd = np.sqrt(np.maximum((x * x).sum(axis=0) - n * mean**2, 0.0) / max(n - 1, 1))
-    registry.center = mean
-    registry.scale = np.where(sd > 1e-12 * np.maximum(1.0, np.abs(mean)), sd, 1.0)
+    registry.center, registry.scale = pooled_scaling(x.shape[0], x.sum(axis=0), (x * x).sum(axis=0))
 
 
 def checkpoint_settings(rc: dict) -> dict:
@@ -109,12 +120,13 @@ def checkpoint_settings(rc: dict) -> dict:
 
 
 def max_rounds_for(method: str, cfg: GrAUCConfig) -> int:
-    """A round budget for the server loop (registration + the method's own rounds)."""
+    """A round budget for Flower's server loop: the method's own rounds, and one for the
+    evaluation after the last (the loop stops as soon as the method has finished)."""
     if method == "fedavg":
-        return cfg.fedavg_rounds + 3
+        return cfg.fedavg_rounds + 1
     if method == "grauc":
-        return cfg.max_rounds + 3
-    return 4
+        return cfg.max_rounds + 1
+    return 2
 
 
 @dataclass
@@ -132,22 +144,16 @@ class MethodResult:
 
 
 def collect(method: str, strategy) -> MethodResult:
+    """What a finished strategy produced (coefficients on the input scale)."""
     if method == "fedavg":
-        sites = (
-            strategy.registry.order() if strategy.registry.sites else sorted(strategy.evaluation)
-        )
-        beta = strategy.beta
-        if strategy.registry.scale is not None:
-            beta = beta / strategy.registry.scale
-        coef = np.tile(beta, (len(sites), 1))
         return MethodResult(
             method,
-            sites,
-            coef,
+            list(strategy.sites),
+            strategy.coefficients(),
             strategy.history.rows,
             strategy.evaluation,
             strategy.converged,
-            len(strategy.history.rows),
+            strategy.rounds,
         )
     extra = {}
     if method == "grauc":

@@ -370,11 +370,10 @@ def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataF
     institutions whose validation fold holds both classes).
     """
     from strategies.engine import run_inprocess
-    from strategies.grauc import GrAUCStrategy
     from strategies.registry import Registry
 
     from .client import GrAUCClient
-    from .federation import max_rounds_for
+    from .federation import make_strategy, max_rounds_for
 
     rng = np.random.default_rng([seed, 1])
     folds = [stratified_folds(s.y_train, st.folds, rng) for s in sites]
@@ -388,7 +387,7 @@ def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataF
             beta0 = start
             for lam in st.lam_grid:
                 point = cfg.replace(lam=lam, w_dist=w, tol=st.cv_tol, max_rounds=st.cv_max_rounds)
-                strategy = GrAUCStrategy(point, len(sites), registry, beta0=beta0)
+                strategy = make_strategy("grauc", point, len(sites), registry, beta0=beta0)
                 run_inprocess(strategy, clients, max_rounds_for("grauc", point))
                 beta0 = strategy.coefficients_std()
                 if start is None:

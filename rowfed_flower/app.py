@@ -1,6 +1,6 @@
 """The RowFed side of the Flower app (``task = "rowfed"``): thin adapters only.
 
-:func:`run_rowfed` is called by the ServerApp in :mod:`strategies.app`; it runs the methods
+:func:`run` is called by the ServerApp in :mod:`strategies.app`; it runs the methods
 of ``method`` (comma-separated among ``rowfed, nonfed, fedavg, perfl-lsma``) one after the
 other on the same federation, prints MSE-Est, MSE-Pred and RI per method and writes the
 outputs when ``out-dir`` is set.  :func:`make_client` is called by the ClientApp.
@@ -9,28 +9,24 @@ outputs when ``out-dir`` is set.  :func:`make_client` is called by the ClientApp
 from __future__ import annotations
 
 import os
-import time
-from logging import INFO
 
 from flwr.app import Context
-from flwr.common import log
-from flwr.server import ServerConfig
-from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
 
-from strategies.engine import round_logger, stopping_server
+from strategies.app import out_dir, round_timeout, run_methods
+from strategies.config import rowfed_config, rowfed_methods
+from strategies.engine import round_logger
 from strategies.errors import InputError
+from strategies.rowfed import dims, rowfed_registry
 
 from . import federation as fed
 from .client import RowFedClient
-from .config import rowfed_config, rowfed_methods
-from .strategy import RowFedRegistry
 
 #: Log every this many rounds (and the last).
 LOG_EVERY = 25
 
 
-def run_rowfed(grid: Grid, context: Context) -> dict:
+def run(grid: Grid, context: Context) -> dict:
     """Run the configured RowFed methods through Flower; returns ``{method: MethodResult}``."""
     rc = context.run_config
     for key in ("checkpoint.path", "checkpoint.resume"):
@@ -39,38 +35,29 @@ def run_rowfed(grid: Grid, context: Context) -> dict:
     cfg = rowfed_config(rc)
     methods = rowfed_methods(rc)
     spec = fed.RowFedDataSpec.from_run_config(rc)
+    out = out_dir(rc)
+    timeout = round_timeout(rc)
     # deployment: the server has no data; each SuperNode reads its own file
     data = None if spec.source == "deployment" else fed.load_data(spec)
     n_sites = spec.num_clients if data is None else len(data.clients)
-    out_dir = str(rc.get("out-dir", ""))
-    if out_dir and not os.path.isabs(out_dir):
-        raise InputError(f"out-dir: must be an absolute path, got {out_dir!r}")
-    round_timeout = float(rc.get("round-timeout", 0.0)) or None
-    registry = RowFedRegistry()
-    results = {}
-    for method in methods:
-        t0 = time.perf_counter()
-        strategy = fed.make_strategy(
-            method, cfg, n_sites, registry, progress=round_logger(method, LOG_EVERY)
-        )
-        start_grid(
-            grid=grid,
-            server=stopping_server(strategy),
-            config=ServerConfig(
-                num_rounds=fed.max_rounds_for(method, cfg), round_timeout=round_timeout
-            ),
-        )
-        results[method] = fed.collect(method, strategy)
-        log(
-            INFO,
-            "%s finished in %.1f s (%d rounds, converged: %s)",
+    registry = rowfed_registry()
+    results = run_methods(
+        grid,
+        methods,
+        lambda method: fed.make_strategy(
             method,
-            time.perf_counter() - t0,
-            results[method].rounds,
-            results[method].converged,
-        )
+            cfg,
+            n_sites,
+            registry,
+            progress=round_logger(method, LOG_EVERY),
+            timeout=timeout,
+        ),
+        lambda method: fed.max_rounds_for(method, cfg),
+        fed.collect,
+        timeout,
+    )
     if data is None:
-        p, q = registry.dims(registry.order())
+        p, q = dims(registry, registry.order())
         names = registry.sites[registry.order()[0]].features or tuple(f"x{k + 1}" for k in range(p))
         responses = tuple(r for r in spec.responses.split(",") if r) or tuple(
             f"y{k + 1}" for k in range(q)
@@ -78,12 +65,12 @@ def run_rowfed(grid: Grid, context: Context) -> dict:
         data = fed.FederatedData(clients=(), features=tuple(names), responses=responses)
     summary = fed.summarize(results, data)
     print(fed.format_table(summary), flush=True)
-    if out_dir:
+    if out:
         for method, res in results.items():
-            sub = out_dir if len(results) == 1 else os.path.join(out_dir, method)
+            sub = out if len(results) == 1 else os.path.join(out, method)
             fed.write_result(sub, res, data, cfg)
-        os.makedirs(out_dir, exist_ok=True)
-        summary.to_csv(os.path.join(out_dir, "summary.csv"), index=False)
+        os.makedirs(out, exist_ok=True)
+        summary.to_csv(os.path.join(out, "summary.csv"), index=False)
     return results
 
 
@@ -113,4 +100,4 @@ def make_client(context: Context):
     return RowFedClient(data.clients[pid], index=pid, features=data.features).to_client()
 
 
-__all__ = ["make_client", "run_rowfed"]
+__all__ = ["make_client", "run"]

@@ -17,8 +17,7 @@ import numpy as np
 import pandas as pd
 
 from strategies.benchtable import check_out, finish, format_table  # noqa: F401
-
-from .config import RowFedConfig
+from strategies.config import RowFedConfig
 
 
 def _first_below(gaps: np.ndarray, level: float) -> float:

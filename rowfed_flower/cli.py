@@ -10,7 +10,7 @@ the predictors (every other column).  Writes ``DIR/coefficients.csv`` (``client,
 
 Bad input gives one line ``error: ...`` on stderr and exit code 2; nothing is written to
 ``--out`` then (outputs are written to a temporary directory and moved at the end).
-Defaults of the model settings come from :class:`rowfed_flower.config.RowFedConfig`.
+Defaults of the model settings come from :class:`strategies.config.RowFedConfig`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import sys
 import time
 
 from strategies.cli_utils import Parser, atomic_output_dir, fail, project_dir
+from strategies.config import ROWFED_METHODS, RowFedConfig, rowfed_run_config
 from strategies.errors import InputError
-
-from .config import ROWFED_METHODS, RowFedConfig, rowfed_run_config
 
 #: ``--tune gic`` grids when ``--lam1-grid`` / ``--lam2-grid`` are not given.
 DEFAULT_LAM1_GRID = "0.5,0.2,0.1,0.05,0.02,0.01"
@@ -165,7 +164,7 @@ def fit(args) -> int:
     from flwr.common.logger import FLOWER_LOGGER
 
     from . import federation as fed
-    from .strategy import read_graph
+    from .data import read_graph
 
     if not args.verbose:  # after flwr's import, which sets its own level
         FLOWER_LOGGER.setLevel(logging.WARNING)

@@ -10,12 +10,15 @@ pqn server does, for its curvature model), as it could from ADMM's exact local s
 
 Tasks (``config["task"]``):
 
-``register``  -> ``[sum_x, sum_x2, sum_y]``; metrics ``task, site, n, p, q, index``.
+Registration is Flower's properties exchange (``get_properties``): ``site, n, index,
+features``, the packed sums ``sum_x, sum_x2`` and ``p, q, sum_y``
+(:func:`strategies.registry.registration_properties`).
+
 ``local``     <- ``init`` (ridge | nonfed), ``penalty``, ``concavity``, ``lam2``, ``sparsity``:
                  the client's own fit (the oracle initial estimate, or the NonFed baseline
                  with the same sparsity) -> ``[Theta_m]``, metrics ``task, site, loss``.
 ``admm``      <- ``[Theta_m, pull_m]``, ``rho-sigma`` (``rho sigma_max``), ``local-solver``:
-                 ``c_m`` from its own ``L_m`` (:func:`rowfed_flower.core.curvature`),
+                 ``c_m`` from its own ``L_m`` (:func:`strategies.local.curvature`),
                  ``Theta_tilde_m = Theta_m - pull_m / c_m`` and one local step
                  (METHODS.md B.3 step 4) -> ``[Theta_m_new]``, metrics ``task, site, loss``.
 ``gradient``  <- ``[Theta_m]`` -> ``[grad f_m(Theta_m)]``, metrics ``task, site, loss`` (and,
@@ -40,10 +43,13 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.client import NumPyClient
 
+from strategies.local import admm_update
 from strategies.penalties import Penalty
+from strategies.registry import registration_properties
+from strategies.rowfed import rowfed_meta
 from strategies.wire import unpack
 
-from .core import LocalLeastSquares, curvature, initial_theta, local_step
+from .core import LocalLeastSquares, initial_theta
 
 
 @dataclass(frozen=True)
@@ -161,30 +167,21 @@ class RowFedClient(NumPyClient):
         return [np.zeros((self.data.p, self.data.q))]
 
     def get_properties(self, config):
-        return self._registration()
-
-    def _registration(self) -> dict:
+        """Registration: who this client is, its counts and per-column sums."""
         d = self.data
-        out = {"site": d.site, "n": d.n, "p": d.p, "q": d.q, "index": self.index}
-        if self.features:
-            out["features"] = ",".join(self.features)
-        return out
+        return registration_properties(
+            d.site, d.n, self.index, d.x, self.features, **rowfed_meta(d.p, d.q, d.y)
+        )
 
     def fit(self, parameters, config):
         task = config.get("task")
         d = self.data
-        if task == "register":
-            arrays = [d.x.sum(axis=0), (d.x * d.x).sum(axis=0), d.y.sum(axis=0)]
-            return arrays, d.n, {"task": "register", **self._registration()}
         self._check_site(config)
         f, _, _, _ = self._work(config)
         if task == "admm":
             theta, pull = parameters
-            solver = str(config["local-solver"])
-            c = float(
-                curvature(np.array([f.lipschitz()]), 1.0, float(config["rho-sigma"]), solver)[0]
-            )
-            new = local_step(f, theta - pull / c, theta, c, solver)
+            rho_sigma = float(config["rho-sigma"])
+            new = admm_update(f, theta, pull, rho_sigma, str(config["local-solver"]))
             return [new], d.n, {"task": task, "site": d.site, "loss": f.value(new)}
         if task == "gradient":
             (theta,) = parameters

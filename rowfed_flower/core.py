@@ -32,32 +32,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve
 
 from strategies.admm import (
     AdmmState,
     History,
     Problem,
-    Split,
-    all_pairs,
     global_component,
-    incidence_matrix,
     init_state,
     server_update,
 )
+from strategies.local import LOCAL_SOLVERS, curvature, local_step
 from strategies.penalties import Penalty
+from strategies.problems import (  # noqa: F401 - the penalty side, defined once there
+    FUSION,
+    SPARSITIES,
+    SPARSITY,
+    build_problem,
+    degrees_of_freedom,
+    fitted_structure,
+    gic,
+)
 
-#: Index of the fusion split in ``problem.splits``.
-FUSION = 0
-#: Index of the sparsity split in ``problem.splits``.
-SPARSITY = 1
-LOCAL_SOLVERS = ("linearized", "prox")
-SPARSITIES = ("entry", "row")
-FUSION_GROUPINGS = ("row", "block")
 INITS = ("ridge", "nonfed")
-#: Relative slack in the prox step's curvature: ``c = rho sigma_max (1 + PROX_SLACK)``.
-PROX_SLACK = 1e-6
 
 
 # ----------------------------------------------------------------------------------------
@@ -130,30 +127,15 @@ class LocalLeastSquares:
             self._lipschitz = float(np.linalg.eigvalsh(self.gram)[-1]) if p else 0.0
         return self._lipschitz
 
-    def linearized_step(
-        self, theta_tilde: np.ndarray, theta_prev: np.ndarray, c: float
-    ) -> np.ndarray:
-        """One linearized ADMM step ``Theta_tilde - grad f(Theta_prev) / c``.
-
-        Notes
-        -----
-        METHODS.md B.3 step 4 with ``c = r / tau``: the minimizer of
-        ``<grad f(P), T> + (c/2) ||T - Theta_tilde||_F^2`` (the prox step below with ``f``
-        replaced by its linearization at ``P = Theta_prev``).  For ``c >= rho sigma_max + L``
-        the surrogate of the augmented Lagrangian minimized this way majorizes it (``f`` by
-        its ``L``-quadratic bound at ``P``, the augmented term by its ``rho sigma_max``
-        bound) **[derived]**.
-        """
-        return theta_tilde - self.grad(theta_prev) / c
-
     def _factor(self, c: float) -> tuple:
         if self._chol is None or self._chol[0] != c:
             p = self.n_features
             self._chol = (c, cho_factor(self.gram + c * np.eye(p), lower=True))
         return self._chol[1]
 
-    def prox_step(self, theta_tilde: np.ndarray, c: float) -> np.ndarray:
-        """Exact local step ``argmin_T f(T) + (c/2) ||T - Theta_tilde||_F^2``.
+    def prox(self, theta_tilde: np.ndarray, c: float, x0: np.ndarray | None = None) -> np.ndarray:
+        """Exact local step ``argmin_T f(T) + (c/2) ||T - Theta_tilde||_F^2`` (closed form:
+        ``x0`` is not needed).
 
         Notes
         -----
@@ -238,117 +220,13 @@ class LocalLeastSquares:
 
 
 # ----------------------------------------------------------------------------------------
-# Problem and objective
+# Objective
 # ----------------------------------------------------------------------------------------
-def build_problem(
-    n_sites: int,
-    penalty: Penalty | str,
-    lam1: float | np.ndarray,
-    lam2: float,
-    sparsity: str = "entry",
-    graph_edges: np.ndarray | None = None,
-    fusion_grouping: str = "row",
-) -> Problem:
-    """The penalty side of SROF (METHODS.md B.2) as an ADMM :class:`Problem`.
-
-    Parameters
-    ----------
-    n_sites : int
-        Number of clients ``M``.
-    penalty : Penalty or {"lasso", "mcp", "scad"}
-        Used for both the fusion and the sparsity split (default concavity for a name).
-    lam1 : float or ndarray, shape (n_edges,)
-        Fusion level (per edge for a weighted fusion).
-    lam2 : float
-        Sparsity level.
-    sparsity : {"entry", "row"}
-        Entrywise (default, **[choice]**) or row sparsity.
-    graph_edges : ndarray, shape (n_edges, 2), optional
-        Fusion graph ``G``; all pairs ``u < v`` by default **[template]**.
-    fusion_grouping : {"row", "block"}
-        Row-wise fusion (RowFed) or matrix-wise fusion (PerFL-LSMA, METHODS.md B.5).
-
-    Returns
-    -------
-    Problem
-        ``splits[FUSION]`` (incidence matrix) and ``splits[SPARSITY]`` (identity).
-
-    Notes
-    -----
-    ``sigma_max(sum_k A_k^T A_k) = lambda_max(L_G) + 1`` (``M + 1`` for all pairs).
-    """
-    if isinstance(penalty, str):
-        penalty = Penalty(penalty)
-    if sparsity not in SPARSITIES:
-        raise ValueError(f"sparsity: must be one of {SPARSITIES}, got {sparsity!r}")
-    if fusion_grouping not in FUSION_GROUPINGS:
-        raise ValueError(
-            f"fusion_grouping: must be one of {FUSION_GROUPINGS}, got {fusion_grouping!r}"
-        )
-    edges = all_pairs(n_sites) if graph_edges is None else np.asarray(graph_edges, np.int64)
-    edges = edges.reshape(-1, 2)
-    if edges.size and (edges.min() < 0 or edges.max() >= n_sites):
-        raise ValueError(f"graph_edges: site indices must lie in [0, {n_sites - 1}]")
-    fusion = Split(incidence_matrix(edges, n_sites), penalty, lam1, grouping=fusion_grouping)
-    sparse = Split(sp.identity(n_sites, format="csr"), penalty, lam2, grouping=sparsity)
-    return Problem(splits=(fusion, sparse), n_sites=n_sites)
-
-
-def edges_from_incidence(matrix: sp.spmatrix) -> np.ndarray:
-    """Recover ``edges`` (``(n_edges, 2)``, ``(u, v)`` with ``+1`` at ``u``, ``-1`` at ``v``)
-    from a signed incidence matrix built by :func:`strategies.admm.incidence_matrix`."""
-    coo = sp.coo_matrix(matrix)
-    n_edges = coo.shape[0]
-    edges = np.full((n_edges, 2), -1, dtype=np.int64)
-    pos = coo.data > 0
-    edges[coo.row[pos], 0] = coo.col[pos]
-    edges[coo.row[~pos], 1] = coo.col[~pos]
-    if np.any(edges < 0):
-        raise ValueError("matrix: every row must have one +1 and one -1 entry")
-    return edges
-
-
 def objective(datafits: Sequence[LocalLeastSquares], problem: Problem, theta: np.ndarray) -> float:
     """``F(Theta) = sum_m f_m(Theta_m) + sum_k P_k(A_k Theta)`` (METHODS.md B.2);
     ``theta`` of shape ``(M, p, q)``."""
     loss = sum(f.value(t) for f, t in zip(datafits, theta, strict=True))
     return float(loss + problem.penalty_value(theta))
-
-
-# ----------------------------------------------------------------------------------------
-# Local step and curvature
-# ----------------------------------------------------------------------------------------
-def curvature(lipschitz: np.ndarray, sigma_max: float, rho: float, solver: str) -> np.ndarray:
-    """Per-client curvature ``c_m`` of the local step, shape ``(M,)``.
-
-    Notes
-    -----
-    ``linearized``: ``c_m = rho sigma_max + L_m`` (METHODS.md B.3 uses the common
-    ``r/tau >= rho sigma_max + max_m L_m``; a per-client ``L_m`` majorizes as well
-    **[derived]**).  ``prox``: ``c_m = rho sigma_max (1 + PROX_SLACK)`` (the linearization
-    of the augmented term alone needs ``c > rho sigma_max``).
-    """
-    lipschitz = np.asarray(lipschitz, dtype=float)
-    if solver == "linearized":
-        return rho * sigma_max + lipschitz
-    if solver == "prox":
-        return np.full(lipschitz.shape, rho * sigma_max * (1.0 + PROX_SLACK))
-    raise ValueError(f"solver: must be one of {LOCAL_SOLVERS}, got {solver!r}")
-
-
-def local_step(
-    datafit: LocalLeastSquares,
-    theta_tilde: np.ndarray,
-    theta_prev: np.ndarray,
-    c: float,
-    solver: str,
-) -> np.ndarray:
-    """A client's update from the server's ``Theta_tilde_m`` (METHODS.md B.3 step 4)."""
-    if solver == "linearized":
-        return datafit.linearized_step(theta_tilde, theta_prev, c)
-    if solver == "prox":
-        return datafit.prox_step(theta_tilde, c)
-    raise ValueError(f"solver: must be one of {LOCAL_SOLVERS}, got {solver!r}")
 
 
 def initial_theta(
@@ -371,9 +249,7 @@ def initial_theta(
         ``kappa`` on the scale of ``X^T X / n``.
     """
     if method == "ridge":
-        return np.stack(
-            [f.prox_step(np.zeros((f.n_features, f.n_responses)), ridge) for f in datafits]
-        )
+        return np.stack([f.prox(np.zeros((f.n_features, f.n_responses)), ridge) for f in datafits])
     if method == "nonfed":
         if problem is None:
             raise ValueError("problem: needed for method='nonfed'")
@@ -488,7 +364,7 @@ def fit_rowfed(
     seen = np.zeros(n_sites, dtype=bool)
     converged = False
     for _ in range(max_rounds):
-        c = curvature(lipschitz, sigma_max, state.rho, solver)
+        c = curvature(solver, lipschitz, state.rho * sigma_max)
         if participation < 1.0:
             drawn = rng.random(n_sites) < participation
         else:
@@ -521,25 +397,9 @@ def fit_rowfed(
 # ----------------------------------------------------------------------------------------
 # Fitted structure and GIC
 # ----------------------------------------------------------------------------------------
-def fitted_structure(problem: Problem, state: AdmmState) -> tuple[np.ndarray, np.ndarray]:
-    """Row clusters ``(M, p)`` and support ``(M, p, q)`` of a fit, read from ``delta``.
-
-    Clusters come from the fusion split's ``delta`` (exact zeros, METHODS.md B.3); the
-    support from the sparsity split's ``delta`` (``eta``, exactly sparse) **[choice]**.
-    """
-    from .metrics import row_clusters
-
-    edges = edges_from_incidence(problem.splits[FUSION].matrix)
-    labels = row_clusters(edges, state.delta[FUSION], problem.n_sites)
-    support = state.delta[SPARSITY] != 0.0
-    return labels, support
-
-
 def gic_of_fit(datafits: Sequence[LocalLeastSquares], problem: Problem, state: AdmmState) -> float:
     """GIC (METHODS.md B.4) of a fit: ``RSS`` summed over clients, ``df`` from
     :func:`fitted_structure`."""
-    from .metrics import degrees_of_freedom, gic
-
     labels, support = fitted_structure(problem, state)
     rss = sum(f.rss(t) for f, t in zip(datafits, state.beta, strict=True))
     n_total = sum(f.n_samples for f in datafits)

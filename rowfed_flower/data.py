@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from strategies.errors import InputError
+from strategies.problems import canonical_labels
 
 #: Row ``j < 6`` of the true ``Theta`` has ``N_CLUSTERS[j]`` client clusters (B.7).
 N_CLUSTERS = (1, 1, 2, 2, 3, 3)
@@ -32,14 +35,6 @@ def ar1_covariance(d: int, r: float = 0.5) -> np.ndarray:
     """``Sigma_ij = r^|i - j|`` (``d x d``)."""
     idx = np.arange(d)
     return r ** np.abs(idx[:, None] - idx[None, :])
-
-
-def canonical_labels(labels: np.ndarray) -> np.ndarray:
-    """Relabel a partition ``0, 1, ...`` by first appearance."""
-    labels = np.asarray(labels)
-    _, first, inv = np.unique(labels, return_index=True, return_inverse=True)
-    rank = np.argsort(np.argsort(first))
-    return rank[inv.reshape(-1)].reshape(labels.shape)
 
 
 @dataclass(frozen=True)
@@ -291,3 +286,48 @@ def split_clients(
         x, y = x + xm, y + ym  # undo a centring, if any
         out.append((client, x[train], y[train], x[test], y[test]))
     return out
+
+
+def read_graph(graph: str, sites: list[str]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Fusion graph over ``sites`` (client ids, in federation order).
+
+    Parameters
+    ----------
+    graph : str
+        ``"all-pairs"`` (returns ``(None, None)``: :func:`strategies.problems.build_problem`'s
+        default) or a CSV path whose first two columns are client ids ``u, v`` (one edge a
+        row) and whose optional ``weight`` column (``>= 0``) multiplies ``lam1`` per edge.
+    sites : list of str
+
+    Returns
+    -------
+    edges : ndarray, shape (n_edges, 2), or None
+    weights : ndarray, shape (n_edges,), or None
+    """
+    if graph == "all-pairs":
+        return None, None
+    if not os.path.isfile(graph):
+        raise InputError(f"graph: no such file {graph!r} (give all-pairs or an edge CSV)")
+    try:
+        df = pd.read_csv(graph, dtype=str)
+    except Exception as exc:  # pandas raises several kinds
+        raise InputError(f"graph: cannot read {graph!r}: {exc}") from None
+    if df.shape[1] < 2 or len(df) == 0:
+        raise InputError(f"graph: {graph!r} needs two columns of client ids and >= 1 edge")
+    index = {s: k for k, s in enumerate(sites)}
+    u_col, v_col = df.columns[:2]
+    edges = []
+    for u, v in zip(df[u_col].str.strip(), df[v_col].str.strip(), strict=True):
+        for c in (u, v):
+            if c not in index:
+                raise InputError(f"graph: unknown client {c!r} in {graph!r}")
+        if u == v:
+            raise InputError(f"graph: self-loop at client {u!r} in {graph!r}")
+        edges.append((index[u], index[v]))
+    weights = None
+    if "weight" in df.columns:
+        w = pd.to_numeric(df["weight"], errors="coerce").to_numpy(dtype=float)
+        if not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise InputError(f"graph: weights in {graph!r} must be numbers >= 0")
+        weights = w
+    return np.array(edges, dtype=np.int64).reshape(-1, 2), weights

@@ -12,15 +12,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from strategies.config import ROWFED_METHODS, RowFedConfig
 from strategies.engine import run_inprocess
 from strategies.errors import InputError
+from strategies.problems import degrees_of_freedom
+from strategies.registry import Registry
+from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy, rowfed_registry
 from strategies.tables import repeated_columns
 
 from .client import ClientSamples, RowFedClient
-from .config import ROWFED_METHODS, RowFedConfig
-from .data import simulate
-from .metrics import degrees_of_freedom, mean_rand_index, mse_est
-from .strategy import NonFedStrategy, RowFedAvg, RowFedRegistry, RowFedStrategy
+from .data import read_graph, simulate
+from .metrics import mean_rand_index, mse_est
 
 #: Run-config prefix of the data keys (``rowfed-data.*``).
 DATA_PREFIX = "rowfed-data"
@@ -206,29 +208,32 @@ def make_strategy(
     method: str,
     cfg: RowFedConfig,
     n_sites: int,
-    registry: RowFedRegistry,
+    registry: Registry,
     theta0: np.ndarray | None = None,
     progress=None,
+    timeout: float | None = None,
 ):
-    """The Strategy object for a method name."""
-    if method == "rowfed":
-        return RowFedStrategy(cfg, n_sites, registry, "row", theta0, progress)
-    if method == "perfl-lsma":
-        return RowFedStrategy(cfg, n_sites, registry, "block", theta0, progress)
+    """The Strategy object for a method name (``timeout``: seconds registration and each
+    round wait for the clients)."""
+    if method in ("rowfed", "perfl-lsma"):
+        grouping = "row" if method == "rowfed" else "block"
+        graph = functools.partial(read_graph, cfg.graph)
+        return RowFedStrategy(cfg, n_sites, registry, grouping, theta0, progress, graph, timeout)
     if method == "nonfed":
-        return NonFedStrategy(cfg, n_sites, registry)
+        return NonFedStrategy(cfg, n_sites, registry, timeout)
     if method == "fedavg":
-        return RowFedAvg(cfg, n_sites, registry, progress=progress)
+        return RowFedAvg(cfg, n_sites, registry, progress=progress, timeout=timeout)
     raise InputError(f"method: must be one of {', '.join(ROWFED_METHODS)}, got {method!r}")
 
 
 def max_rounds_for(method: str, cfg: RowFedConfig) -> int:
-    """A Flower round budget: registration, initialization and the method's own rounds."""
+    """A round budget for Flower's server loop: initialization, the method's own rounds and
+    the evaluation after the last (the loop stops as soon as the method has finished)."""
     if method == "fedavg":
-        return cfg.fedavg_rounds + 2
+        return cfg.fedavg_rounds + 1
     if method in ("rowfed", "perfl-lsma"):
-        return cfg.max_rounds + 3
-    return 4
+        return cfg.max_rounds + 2
+    return 2
 
 
 @dataclass
@@ -253,12 +258,8 @@ class MethodResult:
 
 
 def collect(method: str, strategy) -> MethodResult:
-    if method in ("rowfed", "perfl-lsma"):
-        rounds = strategy.rounds
-    elif method == "fedavg":
-        rounds = strategy.rounds_done
-    else:
-        rounds = 1
+    """What a finished strategy produced (coefficients on the input scale)."""
+    rounds = strategy.rounds
     return MethodResult(
         method=method,
         sites=list(strategy.sites),
@@ -273,7 +274,7 @@ def collect(method: str, strategy) -> MethodResult:
         gic=float(strategy.gic()),
         lam1=float(strategy.cfg.lam1),
         lam2=float(strategy.cfg.lam2),
-        theta_work=np.array(strategy.theta_work),
+        theta_work=np.array(strategy.warm_start()),
     )
 
 
@@ -282,12 +283,12 @@ def run_methods_inprocess(
     data: FederatedData,
     methods,
     progress=None,
-    registry: RowFedRegistry | None = None,
+    registry: Registry | None = None,
 ) -> dict[str, MethodResult]:
     """Every method through the in-process engine (the same Strategy and NumPyClient
     objects as under ``flwr run``), sharing one registry."""
     clients = data.make_clients()
-    registry = registry if registry is not None else RowFedRegistry()
+    registry = registry if registry is not None else rowfed_registry()
     out = {}
     for method in methods:
         strategy = make_strategy(method, cfg, len(clients), registry, progress=progress)
@@ -324,7 +325,7 @@ def tune_gic(
     if method == "nonfed":
         lam1s = [cfg.lam1]
     clients = data.make_clients()
-    registry = RowFedRegistry()
+    registry = rowfed_registry()
     rows, fits = [], []
     theta0 = None
     for i, lam1 in enumerate(lam1s):

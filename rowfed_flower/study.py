@@ -59,11 +59,9 @@ import os
 import numpy as np
 import pandas as pd
 
-from strategies.config import from_run_config
+from strategies.config import ROWFED_METHODS, RowFedConfig, from_run_config
 from strategies.errors import InputError
 from strategies.study_runner import Study, add_study_parser, load_study, read_toml, run_study_args
-
-from .config import ROWFED_METHODS, RowFedConfig
 
 DESIGN_TYPES = {"M": int, "n_m": int, "p": int, "q": int}
 REQUIRED = ("M", "n_m", "p", "q")

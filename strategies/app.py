@@ -1,14 +1,15 @@
-"""The Flower app: one ServerApp and one ClientApp that dispatch on ``method``.
+"""The Flower app: one ServerApp and one ClientApp that dispatch on ``task``.
 
-``method`` is one or more names, comma-separated: GrAUC-PFL's ``grauc``, ``fedavg``,
-``individual``, ``pooled`` (run one after the other on the same federation), or RowFed's
-``rowfed``, ``nonfed``, ``fedavg``, ``perfl-lsma`` when ``task = "rowfed"``.
+``task = "grauc"`` runs :mod:`grauc_flower.app`, ``task = "rowfed"`` :mod:`rowfed_flower.app`;
+each runs the comma-separated methods of ``method`` one after the other on the same
+federation (:func:`run_methods`).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from logging import INFO
 
 from flwr.app import Context
@@ -18,103 +19,77 @@ from flwr.server import ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
 
-from .engine import round_logger, stopping_server
+from .engine import stopping_server
 from .errors import InputError
-from .registry import Registry
+
+TASKS = ("grauc", "rowfed")
 
 server_app = ServerApp()
 
 
-def _run_grauc(grid: Grid, context: Context) -> None:
-    from grauc_flower import federation as fed
+def round_timeout(run_config: dict) -> float | None:
+    """``round-timeout`` in seconds (``None``: no limit): how long a round, and registration,
+    wait for the sites."""
+    value = float(run_config.get("round-timeout", 0.0))
+    if value < 0:
+        raise InputError(f"round-timeout: must be >= 0 (0 = no limit), got {value!r}")
+    return value or None
 
-    rc = context.run_config
-    cfg = fed.grauc_config(rc)
-    methods = fed.grauc_methods(rc)
-    spec = fed.DataSpec.from_run_config(rc)
-    sites = None
-    n_sites = spec.n_sites
-    features = tuple(f"x{k + 1}" for k in range(spec.n_features))
-    if spec.source != "simulated" or "pooled" in methods:
-        sites, features = fed.load_sites(spec)
-        n_sites = len(sites)
-    round_timeout = float(rc.get("round-timeout", 0.0)) or None
-    checkpoint = fed.checkpoint_settings(rc)
-    registry = Registry()
+
+def out_dir(run_config: dict) -> str:
+    """``out-dir``: an absolute path, or empty (print only)."""
+    path = str(run_config.get("out-dir", ""))
+    if path and not os.path.isabs(path):
+        raise InputError(f"out-dir: must be an absolute path, got {path!r}")
+    return path
+
+
+def run_methods(
+    grid: Grid,
+    methods: list[str],
+    make_strategy: Callable[[str], object],
+    max_rounds_for: Callable[[str], int],
+    collect: Callable[[str, object], object],
+    timeout: float | None,
+) -> dict:
+    """Each method through Flower's server loop on ``grid``, one after the other; returns
+    ``{method: collect(method, strategy)}``."""
     results = {}
     for method in methods:
         t0 = time.perf_counter()
-        strategy = fed.make_strategy(
-            method,
-            cfg,
-            n_sites,
-            registry,
-            sites,
-            progress=round_logger(method),
-            checkpoint=checkpoint,
-        )
+        strategy = make_strategy(method)
         start_grid(
             grid=grid,
             server=stopping_server(strategy),
-            config=ServerConfig(
-                num_rounds=fed.max_rounds_for(method, cfg), round_timeout=round_timeout
-            ),
+            config=ServerConfig(num_rounds=max_rounds_for(method), round_timeout=timeout),
         )
-        results[method] = fed.collect(method, strategy)
+        results[method] = collect(method, strategy)
         log(INFO, "%s finished in %.1f s", method, time.perf_counter() - t0)
-    features = registry.features() or features
-    print(fed.format_auc_table(results), flush=True)
-    for method, res in results.items():
-        if res.extra.get("missing"):
-            print(
-                f"{method}: no answer at the end from site(s) "
-                f"{', '.join(sorted(res.extra['missing']))}",
-                flush=True,
-            )
-    out_dir = str(rc.get("out-dir", ""))
-    if out_dir:
-        if not os.path.isabs(out_dir):
-            raise InputError(f"out-dir: must be an absolute path, got {out_dir!r}")
-        for method, res in results.items():
-            sub = out_dir if len(results) == 1 else os.path.join(out_dir, method)
-            fed.write_result(sub, res, features, cfg)
-        fed.auc_table(results).to_csv(os.path.join(out_dir, "auc.csv"), index=False)
+    return results
+
+
+def _task(context: Context) -> str:
+    task = str(context.run_config.get("task", "grauc"))
+    if task not in TASKS:
+        raise InputError(f"task: must be one of {', '.join(TASKS)}, got {task!r}")
+    return task
 
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    task = str(context.run_config.get("task", "grauc"))
-    if task == "grauc":
-        _run_grauc(grid, context)
-    elif task == "rowfed":
-        from rowfed_flower.app import run_rowfed
-
-        run_rowfed(grid, context)
+    if _task(context) == "grauc":
+        from grauc_flower.app import run
     else:
-        raise InputError(f"task: must be grauc or rowfed, got {task!r}")
+        from rowfed_flower.app import run
+    run(grid, context)
 
 
 def _client_fn(context: Context):
-    task = str(context.run_config.get("task", "grauc"))
-    if task == "rowfed":
+    if _task(context) == "grauc":
+        from grauc_flower.app import make_client
+    else:
         from rowfed_flower.app import make_client
-
-        return make_client(context)
-    from grauc_flower import sources
-    from grauc_flower.client import GrAUCClient
-
-    rc = context.run_config
-    cfg = sources.grauc_config(rc)
-    node = context.node_config
-    if "data-path" in node:
-        from grauc_flower.data import load_site_file
-
-        data = load_site_file(str(node["data-path"]), node)
-        return GrAUCClient(data, cfg.ridge, index=int(node.get("index", -1))).to_client()
-    spec = sources.DataSpec.from_run_config(rc)
-    sites, _ = sources.load_sites(spec)
-    pid = int(node["partition-id"])
-    return GrAUCClient(sites[pid], cfg.ridge, index=pid).to_client()
+    return make_client(context)
 
 
 client_app = ClientApp(client_fn=_client_fn)

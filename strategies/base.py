@@ -1,4 +1,5 @@
-"""The base of the per-site strategies: registration, keyed by site id, evaluation once."""
+"""The base of the per-site strategies: registration, answers keyed by site id, evaluation
+once at the end."""
 
 from __future__ import annotations
 
@@ -6,19 +7,55 @@ import time
 from logging import WARNING
 
 import numpy as np
-from flwr.common import EvaluateIns, log, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    log,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from . import pqn
 from .registry import EMPTY, Registry
+
+#: How long registration waits for the sites to connect when no timeout is set (seconds).
+NO_TIMEOUT = 86400.0
+
+
+def wait_and_register(
+    registry: Registry,
+    client_manager: ClientManager,
+    n_sites: int,
+    timeout: float | None,
+    group_id: int,
+) -> list[ClientProxy]:
+    """Wait (up to ``timeout``) until ``n_sites`` nodes are connected, register the ones not
+    yet known through the properties exchange; returns the connected clients by node id."""
+    client_manager.wait_for(n_sites, timeout=int(timeout or NO_TIMEOUT))
+    clients = [client_manager.all()[cid] for cid in sorted(client_manager.all())]
+    registry.register_clients(clients, timeout, group_id)
+    return clients
 
 
 class SiteStrategy(Strategy):
-    """Base: registers every site first (one round), then runs the method's rounds.
+    """Base: registers every site (properties exchange) before the first round, then runs
+    the method's rounds.
 
-    Subclasses implement ``_setup()``, ``_instructions(clients)`` and ``_aggregate(...)``.
-    ``done`` turns true when the method has finished; evaluation then runs once.
+    Subclasses implement ``_setup()``, ``_instructions(clients)`` and
+    ``_aggregate(server_round, answered)`` and :meth:`coefficients_std`.  ``done`` turns
+    true when the method has finished; evaluation then runs once and ``finished`` follows.
     """
+
+    #: Whether a round with fewer than ``min_fit_fraction`` of the sites is skipped.
+    needs_quorum = True
+    #: The metric that :meth:`aggregate_evaluate` averages over sites.
+    eval_metric = "auc"
 
     def __init__(
         self,
@@ -26,57 +63,70 @@ class SiteStrategy(Strategy):
         registry: Registry | None = None,
         standardize: str = "none",
         min_fit_fraction: float = 1.0,
+        timeout: float | None = None,
     ) -> None:
         super().__init__()
         self.n_sites = int(n_sites)
         self.registry = registry if registry is not None else Registry()
         self.standardize = standardize
         self.min_fit_fraction = float(min_fit_fraction)
+        self.timeout = timeout
         self.done = False
+        self.converged = False
         self.ready = False
         self.evaluation: dict[str, dict] = {}
         self.evaluated = False
         self.missing: set[str] = set()
         self.updates: dict[str, np.ndarray] = {}  # this round's decoded answers, by site
+        self._asked: set[str] = set()
         self._t0 = time.perf_counter()
 
-    #: Whether a round with fewer than ``min_fit_fraction`` of the sites is skipped.
-    needs_quorum = True
+    @property
+    def finished(self) -> bool:
+        """The method is done and its evaluation is in."""
+        return self.done and self.evaluated
 
     # -- Flower hooks -----------------------------------------------------------------------
-    def initialize_parameters(self, client_manager):
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """Registration: every site's properties before the first round."""
+        self._register(client_manager, 0)
         return EMPTY
 
-    def _clients(self, client_manager):
-        if not self.ready:  # registration waits for every site; later rounds use who is there
-            client_manager.wait_for(self.n_sites, timeout=600)
-        return [client_manager.all()[cid] for cid in sorted(client_manager.all())]
+    def _register(self, client_manager: ClientManager, server_round: int) -> list[ClientProxy]:
+        clients = wait_and_register(
+            self.registry, client_manager, self.n_sites, self.timeout, server_round
+        )
+        if not self.ready and len(self.registry.sites) >= self.n_sites:
+            self._become_ready()  # more nodes than sites: the first n_sites fix the federation
+        return clients
 
-    def configure_fit(self, server_round, parameters, client_manager):
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
         if self.done:
             return []
-        clients = self._clients(client_manager)
-        todo = self.registry.registration_instructions(clients)
+        clients = self._register(client_manager, server_round)  # a restarted node, or late
         if not self.ready:
-            if len(self.registry.sites) >= self.n_sites:
-                self._become_ready()  # more nodes than sites: they are asked to register
-            else:
-                return todo
+            return []
         # sites that registered after the federation was fixed take no part in this run
         known = [c for c in clients if self.registry.cid_to_site.get(c.cid) in self.site_index]
         ins = self._instructions(known)
         self._asked = {str(fi.config["site"]) for _, fi in ins if "site" in fi.config}
-        return todo + ins
+        return ins
 
-    def aggregate_fit(self, server_round, results, failures):
-        results = self.registry.handle_registrations(results)
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
         failed = self.registry.log_failures(failures, server_round)
         if not self.ready:
             return EMPTY, {}
         answered = {
             str(res.metrics["site"]): (proxy, res)
             for proxy, res in results
-            if str(res.metrics["site"]) in self.site_index
+            if str(res.metrics.get("site")) in self.site_index
         }
         self.updates = {}
         for site in list(answered):
@@ -94,7 +144,7 @@ class SiteStrategy(Strategy):
                 del answered[site]
         for site in answered:
             self.missing.discard(site)
-        silent = (set(failed) | getattr(self, "_asked", set())) - set(answered)
+        silent = (set(failed) | self._asked) - set(answered)
         for site in sorted(silent):
             log(
                 WARNING,
@@ -120,7 +170,7 @@ class SiteStrategy(Strategy):
         """The shape of the one array a site's fit answer must carry (``None``: any shape)."""
         return None
 
-    def _decode(self, res) -> tuple[list[np.ndarray], str]:
+    def _decode(self, res: FitRes) -> tuple[list[np.ndarray], str]:
         """A fit answer's arrays, decoded once (kept in ``self.updates`` by site for
         ``_aggregate``), and why they cannot be used ('' if they can): one finite array of
         :meth:`update_shape`, and a finite ``loss`` metric when there is one."""
@@ -140,70 +190,47 @@ class SiteStrategy(Strategy):
             return arrays, "non-finite loss"
         return arrays, ""
 
-    def configure_evaluate(self, server_round, parameters, client_manager):
+    def work_config(self) -> dict:
+        """What every instruction carries besides its task: the sites' working scale."""
+        return self.registry.scaling_config()
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
         if not self.done or self.evaluated:
             return []
+        coef = self.coefficients_std()
         ins = []
-        for proxy in self._clients(client_manager):
+        for proxy in [client_manager.all()[cid] for cid in sorted(client_manager.all())]:
             site = self.registry.cid_to_site.get(proxy.cid)
             if site is None or site not in self.site_index:
                 continue
-            beta = self.coefficients_std()[self.site_index[site]]
-            cfg = {"site": site, **self.registry.scaling_config()}
-            ins.append((proxy, EvaluateIns(ndarrays_to_parameters([beta]), cfg)))
+            params = ndarrays_to_parameters([coef[self.site_index[site]]])
+            ins.append((proxy, EvaluateIns(params, {"site": site, **self.work_config()})))
         return ins
 
-    def aggregate_evaluate(self, server_round, results, failures):
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
         self.registry.log_failures(failures, server_round)
         for _, res in results:
             self.evaluation[str(res.metrics["site"])] = dict(res.metrics)
         self.evaluated = True
-        aucs = [m["auc"] for m in self.evaluation.values() if np.isfinite(m["auc"])]
-        return None, {"mean_auc": float(np.mean(aucs)) if aucs else float("nan")}
+        values = [m[self.eval_metric] for m in self.evaluation.values()]
+        values = [v for v in values if np.isfinite(v)]
+        return None, {f"mean_{self.eval_metric}": float(np.mean(values)) if values else np.nan}
 
-    def evaluate(self, server_round, parameters):
+    def evaluate(
+        self, server_round: int, parameters: Parameters
+    ) -> tuple[float, dict[str, Scalar]] | None:
         return None
 
     # -- shared ----------------------------------------------------------------------------
-    #: ``B_z`` before site ``z``'s first gradient pair, as a multiple of the ``curvature`` it
-    #: reports with its first answer (a bound on its loss's Hessian).
-    first_curvature = 1.0
-    #: The history column counting the sites that answered.
-    count_column = "n_answered"
-
-    def _qn_round(self, answered) -> tuple[pqn.Step, dict[str, float]]:
-        """One round of the proximal quasi-Newton server (:mod:`strategies.pqn`) on the sites'
-        losses and gradients, for subclasses with ``qn``, ``problem``, ``cfg``, ``history``
-        and ``progress``: advances ``qn``, records the round, sets ``done``/``converged``;
-        returns the step and the round's metrics."""
-        values = {}
-        for site, (_, res) in answered.items():
-            z = self.site_index[site]
-            values[z] = (float(res.metrics["loss"]), self.updates[site])
-            if not self.qn.evaluated and "curvature" in res.metrics:
-                pqn.set_curvature(
-                    self.qn, z, self.first_curvature * float(res.metrics["curvature"])
-                )
-        self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.cfg.tol)
-        self.loss = self.qn.value.copy()
-        self.history.append(
-            round=self.qn.round,
-            objective=step.objective,
-            primal_residual=np.nan,
-            dual_residual=np.nan,
-            rho=np.nan,
-            **{self.count_column: len(values)},
-            decrease=step.decrease,
-            step=1.0 if step.accepted else self.qn.step,
-        )
-        self.converged = step.converged
-        self.done = step.converged or self.qn.round >= self.cfg.max_rounds
-        if self.progress is not None:
-            self.progress(self.qn.round, step.objective, step, time.perf_counter() - self._t0)
-        return step, {"objective": step.objective, "decrease": step.decrease}
-
     def _become_ready(self) -> None:
-        if self.standardize == "federated" and self.registry.center is None:
+        if self.standardize == "federated" and self.registry.scale is None:
             self.registry.standardize()
         self.sites = self.registry.order()
         self.site_index = {s: k for k, s in enumerate(self.sites)}
@@ -212,13 +239,22 @@ class SiteStrategy(Strategy):
         self._setup()
         self.ready = True
 
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
+        raise NotImplementedError
+
+    def _aggregate(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
+        raise NotImplementedError
+
     def coefficients_std(self) -> np.ndarray:
-        """Coefficients on the (possibly standardized) working scale, ``(Z, p)``."""
+        """Coefficients on the (possibly standardized) working scale, one row per site."""
         raise NotImplementedError
 
     def coefficients(self) -> np.ndarray:
-        """Coefficients on the input scale of the features, ``(Z, p)``."""
+        """Coefficients on the input scale of the features, one row per site."""
         beta = self.coefficients_std()
         if self.registry.scale is None:
             return beta
-        return beta / self.registry.scale
+        return beta / self.registry.scale.reshape((-1,) + (1,) * (beta.ndim - 2))

@@ -1,8 +1,7 @@
 """Two ways to run the same Strategy and NumPyClient objects.
 
-- :func:`run_inprocess`: a plain loop (``configure_fit -> client.fit -> aggregate_fit``, then
-  ``configure_evaluate -> client.evaluate -> aggregate_evaluate``) over in-process client
-  proxies, for tests and large studies.  Messages go through Flower's own serialization
+- :func:`run_inprocess`: Flower's own ``Server`` over in-process client proxies, for tests
+  and large studies.  Messages go through Flower's own serialization
   (``NumPyClient.to_client()``), so the numbers equal those of ``flwr run``.
 - :class:`StoppingServer`: Flower's ``Server`` that ends the run once the strategy says it is
   ``done`` (no empty rounds up to ``num_rounds``), used by the ServerApp under ``flwr run``.
@@ -10,9 +9,10 @@
 
 from __future__ import annotations
 
+import logging
 from logging import INFO
 
-from flwr.common import Code, GetParametersIns, log
+from flwr.common import log
 from flwr.server import Server
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -65,45 +65,27 @@ class InProcessClientProxy(ClientProxy):
         raise NotImplementedError
 
 
-def _call_all(instructions, method: str, server_round: int):
-    results, failures = [], []
-    for proxy, ins in instructions:
-        try:
-            res = getattr(proxy, method)(ins, None, server_round)
-        except Exception as exc:  # a failing client is a failure, as in Flower
-            failures.append(exc)
-            continue
-        (results if res.status.code == Code.OK else failures).append((proxy, res))
-    return results, failures
-
-
 def run_inprocess(strategy, clients, max_rounds: int) -> int:
-    """Drive ``strategy`` with ``clients`` (``NumPyClient`` objects) for up to ``max_rounds``
-    rounds, stopping when ``strategy.done``.  Returns the number of rounds run."""
+    """Drive ``strategy`` with ``clients`` (``NumPyClient`` objects) through Flower's own
+    :class:`~flwr.server.Server` (one client at a time), for up to ``max_rounds`` rounds,
+    stopping when the strategy has finished.  Returns the number of rounds run.
+
+    Flower's per-round INFO log is silenced here (tests and studies run many fits); the
+    strategies' warnings still show.
+    """
     manager = SimpleClientManager()
     for k, c in enumerate(clients):
         manager.register(InProcessClientProxy(str(k), c.to_client()))
-    params = strategy.initialize_parameters(client_manager=manager)
-    if params is None:
-        first = manager.all()[sorted(manager.all())[0]]
-        params = first.get_parameters(GetParametersIns(config={}), None, 0).parameters
-    rnd = 0
-    for rnd in range(1, max_rounds + 1):
-        if getattr(strategy, "done", False):
-            return rnd - 1
-        ins = strategy.configure_fit(server_round=rnd, parameters=params, client_manager=manager)
-        if ins:
-            results, failures = _call_all(ins, "fit", rnd)
-            new, _ = strategy.aggregate_fit(rnd, results, failures)
-            if new is not None and new.tensors:
-                params = new
-        ins = strategy.configure_evaluate(
-            server_round=rnd, parameters=params, client_manager=manager
-        )
-        if ins:
-            results, failures = _call_all(ins, "evaluate", rnd)
-            strategy.aggregate_evaluate(rnd, results, failures)
-    return rnd
+    server = StoppingServer(client_manager=manager, strategy=strategy)
+    server.set_max_workers(1)
+    logger = logging.getLogger("flwr")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        server.fit(max_rounds, timeout=None)
+    finally:
+        logger.setLevel(level)
+    return server.rounds_run
 
 
 class _Done(Exception):
@@ -111,12 +93,16 @@ class _Done(Exception):
 
 
 class StoppingServer(Server):
-    """``flwr.server.Server`` that stops the round loop once ``strategy.done`` is true (after
-    that round's evaluation), instead of running empty rounds up to ``num_rounds``."""
+    """``flwr.server.Server`` that ends the round loop once the strategy has ``finished``
+    (its method done and evaluated), instead of running empty rounds up to ``num_rounds``.
+    ``rounds_run`` counts the rounds that ran."""
+
+    rounds_run = 0
 
     def fit_round(self, server_round, timeout):
-        if getattr(self.strategy, "done", False):
+        if getattr(self.strategy, "finished", False):
             raise _Done(server_round)
+        self.rounds_run = server_round
         return super().fit_round(server_round, timeout)
 
     def fit(self, num_rounds, timeout):

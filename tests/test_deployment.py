@@ -224,7 +224,7 @@ def test_rowfed_runs_the_same_way(tmp_path):
     """RowFed in deployment: the server has no data (``rowfed-data.source = deployment``);
     each SuperNode reads its own file; the coefficients equal the in-process fit."""
     from rowfed_flower import federation as rfed
-    from rowfed_flower.config import RowFedConfig
+    from strategies.config import RowFedConfig
 
     fedn = Federation(str(tmp_path), n_sites=3)
     try:

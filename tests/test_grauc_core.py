@@ -18,7 +18,7 @@ from geopy.distance import geodesic
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.sparse.csgraph import minimum_spanning_tree
 
-from grauc_flower.auc import PairwiseLogistic, auc, delong, split_by_class
+from grauc_flower.auc import PairwiseLogistic, auc, delong, newton_minimize, split_by_class
 from grauc_flower.data import (
     GROUP_CENTRES,
     class_sizes,
@@ -38,15 +38,9 @@ from grauc_flower.graph import (
     mst_edges,
     unit_vectors,
 )
-from grauc_flower.local import (
-    PROX_SLACK,
-    curvature,
-    linearized_step,
-    local_fit,
-    newton_minimize,
-    prox_step,
-)
+from grauc_flower.local import local_fit
 from strategies.errors import InputError
+from strategies.local import PROX_SLACK, curvature, local_step
 
 P = 4
 
@@ -255,7 +249,7 @@ def test_prox_step_optimality_and_vs_scipy(eta, c):
     x_pos, x_neg = make_site(10, 12, seed=13)
     f = PairwiseLogistic(x_pos, x_neg, eta=eta)
     t = np.random.default_rng(14).standard_normal(P)
-    b = prox_step(f, t, c)
+    b = f.prox(t, c)
     assert_allclose(f.grad(b) + c * (b - t), 0.0, atol=1e-10)
 
     def h(v):
@@ -267,7 +261,7 @@ def test_prox_step_optimality_and_vs_scipy(eta, c):
     ref = so.minimize(h, np.zeros(P), jac=dh, method="BFGS", options={"gtol": 1e-12})
     assert_allclose(b, ref.x, atol=1e-6)
     # the start does not matter
-    assert_allclose(prox_step(f, t, c, x0=10 * np.ones(P)), b, atol=1e-9)
+    assert_allclose(f.prox(t, c, x0=10 * np.ones(P)), b, atol=1e-9)
 
 
 def test_linearized_step_formula():
@@ -275,9 +269,8 @@ def test_linearized_step_formula():
     f = PairwiseLogistic(x_pos, x_neg, eta=0.2)
     rng = np.random.default_rng(16)
     t, prev = rng.standard_normal((2, P))
-    assert_allclose(
-        linearized_step(f, t, prev, 3.0), t - brute_grad(x_pos, x_neg, prev, 0.2) / 3.0, atol=1e-13
-    )
+    expected = t - brute_grad(x_pos, x_neg, prev, 0.2) / 3.0
+    assert_allclose(local_step(f, t, prev, 3.0, "linearized"), expected, atol=1e-13)
 
 
 @pytest.mark.parametrize("eta", [0.0, 1e-3])
@@ -301,19 +294,21 @@ def test_newton_on_separable_data_without_ridge_stops():
     assert f.value(b) < f.value(np.zeros(2))
     # with a prox term it is strongly convex again and solved exactly
     t = np.array([0.5, -0.5])
-    b = prox_step(f, t, 0.1)
+    b = f.prox(t, 0.1)
     assert_allclose(f.grad(b) + 0.1 * (b - t), 0.0, atol=1e-10)
 
 
 def test_curvature():
+    """Both methods' sites use this one function (RowFed's L_m in place of mu_z)."""
     mu = np.array([0.3, 1.2])
-    assert_allclose(curvature("linearized", mu, 0.5, 4.0), mu + 2.0)
-    assert_allclose(curvature("prox", mu, 0.5, 4.0), 2.0 * (1 + PROX_SLACK))
-    assert np.all(curvature("prox", mu, 0.5, 4.0) > 0.5 * 4.0)  # strictly above rho sigma
-    assert_allclose(curvature("linearized", mu, 0.5, 0.0), mu)
-    assert np.all(curvature("prox", mu, 0.5, 0.0) > 0)
+    assert_allclose(curvature("linearized", mu, 0.5 * 4.0), mu + 2.0)
+    assert_allclose(curvature("prox", mu, 0.5 * 4.0), 2.0 * (1 + PROX_SLACK))
+    assert np.all(curvature("prox", mu, 0.5 * 4.0) > 0.5 * 4.0)  # strictly above rho sigma
+    assert_allclose(curvature("linearized", mu, 0.0), mu)
+    assert np.all(curvature("prox", mu, 0.0) > 0)
+    assert float(curvature("prox", 2.0, 3.0)) == 3.0 * (1 + PROX_SLACK)  # a scalar L
     with pytest.raises(ValueError, match="local-solver"):
-        curvature("newton", mu, 0.5, 4.0)
+        curvature("newton", mu, 2.0)
 
 
 # ---------------------------------------------------------------------------------------

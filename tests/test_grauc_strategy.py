@@ -20,6 +20,7 @@ from flwr.common import (
     EvaluateRes,
     FitIns,
     FitRes,
+    GetPropertiesRes,
     Status,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
@@ -31,12 +32,19 @@ from numpy.testing import assert_allclose, assert_array_equal
 from grauc_flower.auc import PairwiseLogistic, delong, split_by_class
 from grauc_flower.client import GrAUCClient
 from grauc_flower.data import SiteData
-from grauc_flower.local import PROX_SLACK
+from grauc_flower.graph import build_graph
 from strategies import admm
 from strategies.config import GrAUCConfig
-from strategies.grauc import FinalEvalFedAvg, GrAUCStrategy, IndividualStrategy, initial_beta
-from strategies.registry import EMPTY, Registry
-from strategies.wire import pack
+from strategies.grauc import (
+    GrAUCFedAvg,
+    GrAUCStrategy,
+    IndividualStrategy,
+    grauc_meta,
+    initial_beta,
+)
+from strategies.local import PROX_SLACK
+from strategies.registry import EMPTY, Registry, registration_properties
+from strategies.wire import pack, unpack
 
 P = 3
 # site id -> (index, lat, lon, n_pos, n_neg); four sites, two close pairs far apart
@@ -52,38 +60,55 @@ CIDS = {"n7": "C", "n2": "A", "n9": "D", "n4": "B"}
 
 
 class StubProxy(ClientProxy):
-    """A node the strategy may address but must never call itself."""
+    """A node the strategy may address but must never call itself, except for the
+    properties exchange of registration (answered for ``site``, or failing when ``site`` is
+    ``None``).  ``asked`` counts the properties calls."""
+
+    def __init__(self, cid, site=None):
+        super().__init__(cid)
+        self.site = site
+        self.asked = 0
 
     def get_properties(self, ins, timeout, group_id):
+        self.asked += 1
+        if self.site is None:
+            return GetPropertiesRes(Status(Code.GET_PROPERTIES_NOT_IMPLEMENTED, "down"), {})
+        return GetPropertiesRes(Status(Code.OK, ""), register_props(self.site))
+
+    def fail(self, ins, timeout, group_id):
         raise AssertionError("the strategy must not call clients")
 
-    get_parameters = fit = evaluate = reconnect = get_properties
+    get_parameters = fit = evaluate = reconnect = fail
 
 
-def manager_with(cids):
+def manager_with(cids, down=()):
     mgr = SimpleClientManager()
-    for cid in cids:
-        mgr.register(StubProxy(cid))
+    for cid, site in cids.items():
+        mgr.register(StubProxy(cid, None if site in down else site))
     return mgr
+
+
+def make_strategy(cfg, n_sites=4):
+    return GrAUCStrategy(cfg, n_sites, Registry(), graph_builder=build_graph)
 
 
 def ok(params, n, metrics):
     return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(params), n, metrics)
 
 
-def register_res(site):
+def register_props(site):
+    """Site ``site``'s registration: per-feature sums ``10 index + (0, 1, 2)``."""
     index, lat, lon, n_pos, n_neg = SITES[site]
     sums = np.arange(P, dtype=float) + 10 * index
-    metrics = {
-        "task": "register",
+    props = {
         "site": site,
-        "lat": lat,
-        "lon": lon,
-        "n_pos": n_pos,
-        "n_neg": n_neg,
+        "n": n_pos + n_neg,
         "index": index,
+        "sum_x": pack(sums),
+        "sum_x2": pack(sums**2 + 1.0),
+        **grauc_meta(lat, lon, n_pos, n_neg),
     }
-    return ok([sums, sums**2 + 1.0], n_pos + n_neg, metrics)
+    return props
 
 
 def admm_res(site, beta, loss=1.0):
@@ -101,14 +126,13 @@ def make_cfg(**kw):
 
 
 def registered(cfg=None, cids=CIDS, n_sites=4):
-    """A strategy whose sites have all registered (round 1); ready after the next
-    ``configure_fit``.  Returns ``(strategy, manager, {cid: proxy})``."""
+    """A strategy whose sites have all registered (Flower's ``initialize_parameters``).
+    Returns ``(strategy, manager, {cid: proxy})``."""
     cfg = make_cfg() if cfg is None else cfg
-    strategy = GrAUCStrategy(cfg, n_sites, Registry())
+    strategy = make_strategy(cfg, n_sites)
     mgr = manager_with(cids)
-    ins = strategy.configure_fit(1, EMPTY, mgr)
-    results = [(proxy, register_res(cids[proxy.cid])) for proxy, _ in ins]
-    strategy.aggregate_fit(1, results, [])
+    assert strategy.initialize_parameters(mgr) is EMPTY
+    assert strategy.ready
     return strategy, mgr, mgr.all()
 
 
@@ -140,32 +164,28 @@ def soft(x, a):
 # ---------------------------------------------------------------------------------------
 # registration
 # ---------------------------------------------------------------------------------------
-def test_first_round_asks_every_unknown_client_to_register():
-    strategy = GrAUCStrategy(make_cfg(), 4, Registry())
-    mgr = manager_with(CIDS)
+def test_registration_asks_every_unknown_client_once():
+    strategy = make_strategy(make_cfg())
+    mgr = manager_with(CIDS, down={"B"})
+    # the properties exchange, before the first round; B does not answer
     assert strategy.initialize_parameters(mgr) is EMPTY
-    ins = strategy.configure_fit(1, EMPTY, mgr)
-    assert sorted(p.cid for p, _ in ins) == sorted(CIDS)
-    for _, fit_ins in ins:
-        assert fit_ins.config == {"task": "register"}
-        assert parameters_to_ndarrays(fit_ins.parameters) == []
-    assert len({id(i) for _, i in ins}) == len(ins)
-    # only three answer: the fourth is asked again, and nothing else happens
-    answered = [(p, register_res(CIDS[p.cid])) for p, _ in ins if CIDS[p.cid] != "B"]
-    assert strategy.aggregate_fit(1, answered, []) == (EMPTY, {})
+    assert all(p.asked == 1 for p in mgr.all().values())
     assert not strategy.ready
-    again = strategy.configure_fit(2, EMPTY, mgr)
-    assert [(p.cid, i.config["task"]) for p, i in again] == [("n4", "register")]
-    strategy.aggregate_fit(2, [(again[0][0], register_res("B"))], [])
+    assert strategy.configure_fit(1, EMPTY, mgr) == []  # B asked again, nothing to do yet
+    assert {c: p.asked for c, p in mgr.all().items()} == {"n7": 1, "n2": 1, "n9": 1, "n4": 2}
+    mgr.all()["n4"].site = "B"  # B comes up
+    ins = strategy.configure_fit(2, EMPTY, mgr)
     assert strategy.registry.cid_to_site == CIDS
+    assert all(p.asked <= 3 for p in mgr.all().values())
     info = strategy.registry.sites["C"]
-    assert (info.lat, info.lon, info.n_pos, info.n_neg, info.n) == (40.7, -74.0, 4, 12, 16)
+    assert (info.meta["lat"], info.meta["lon"], info.n) == (40.7, -74.0, 16)
+    assert (info.meta["n_pos"], info.meta["n_neg"]) == (4, 12)
     assert_array_equal(info.sum_x, [20.0, 21.0, 22.0])
-    # the next round starts the method, with the sites in federation order
-    ins = strategy.configure_fit(3, EMPTY, mgr)
+    # the method starts in the same round, with the sites in federation order
     assert strategy.ready
     assert strategy.sites == ORDER
     assert {i.config["task"] for _, i in ins} == {"admm"}
+    assert sorted(p.cid for p, _ in ins) == sorted(CIDS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -243,7 +263,8 @@ def test_aggregate_fit_delta_gamma_by_hand(penalty):
         betas = {s: 0.6 * rng.standard_normal(P) for s in ORDER}
         beta = np.array([betas[s] for s in ORDER])
         params, metrics = strategy.aggregate_fit(rnd, round_results(strategy, ins, betas), [])
-        assert_array_equal(parameters_to_ndarrays(params)[0], beta)
+        assert params is EMPTY  # personalized: no global model; the state holds them
+        assert_array_equal(strategy.state.beta, beta)
         x = d @ beta + old.gamma[0] / cfg.rho
         if penalty == "l1":
             delta = soft(x, level[:, None])
@@ -301,22 +322,25 @@ def test_reregistered_site_keeps_its_state():
     before = strategy.state
     # the node serving C restarts under a new node id
     mgr.unregister(proxies["n7"])
-    mgr.register(StubProxy("n11"))
+    new = StubProxy("n11")  # down at first: registers in a later round
+    mgr.register(new)
     ins = strategy.configure_fit(3, EMPTY, mgr)
     tasks = {p.cid: i.config["task"] for p, i in ins}
-    assert tasks == {"n11": "register", "n2": "admm", "n9": "admm", "n4": "admm"}
+    assert tasks == {"n2": "admm", "n9": "admm", "n4": "admm"}
+    assert new.asked == 1
     new_betas = {s: rng.standard_normal(P) for s in ORDER}
-    results = round_results(strategy, [x for x in ins if x[0].cid != "n11"], new_betas)
-    results.append((mgr.all()["n11"], register_res("C")))
+    results = round_results(strategy, ins, new_betas)
     strategy.aggregate_fit(3, results, [])
-    assert strategy.registry.cid_to_site == {"n11": "C", "n2": "A", "n9": "D", "n4": "B"}
+    new.site = "C"
     assert strategy.sites == ORDER
     z = ORDER.index("C")
     assert_array_equal(strategy.state.beta[z], before.beta[z])  # C did no step this round
     for s in ("A", "B", "D"):
         assert_array_equal(strategy.state.beta[ORDER.index(s)], new_betas[s])
-    # next round: the new node gets site C's coefficients
+    # next round: the new node registers and gets site C's coefficients
     nxt = by_cid(strategy.configure_fit(4, EMPTY, mgr))
+    assert new.asked == 2
+    assert strategy.registry.cid_to_site == {"n11": "C", "n2": "A", "n9": "D", "n4": "B"}
     assert nxt["n11"].config["site"] == "C"
     assert_array_equal(parameters_to_ndarrays(nxt["n11"].parameters)[0], before.beta[z])
 
@@ -408,11 +432,10 @@ def test_min_fit_fraction(fraction, answering, skipped):
 # ---------------------------------------------------------------------------------------
 def test_configure_evaluate_only_when_done():
     cfg = make_cfg(max_rounds=2)
-    strategy = GrAUCStrategy(cfg, 4, Registry())
+    strategy = make_strategy(cfg)
     mgr = manager_with(CIDS)
     assert strategy.configure_evaluate(1, EMPTY, mgr) == []
-    ins = strategy.configure_fit(1, EMPTY, mgr)
-    strategy.aggregate_fit(1, [(p, register_res(CIDS[p.cid])) for p, _ in ins], [])
+    strategy.initialize_parameters(mgr)
     assert strategy.configure_evaluate(1, EMPTY, mgr) == []
     betas = {s: np.full(P, float(k)) for k, s in enumerate(ORDER)}
     for rnd in (2, 3):
@@ -476,8 +499,7 @@ def test_coefficients_on_input_scale_with_federated_standardization():
 def test_individual_strategy_sends_no_coefficients():
     strategy = IndividualStrategy(make_cfg(min_fit_fraction=1.0), 4, Registry())
     mgr = manager_with(CIDS)
-    ins = strategy.configure_fit(1, EMPTY, mgr)
-    strategy.aggregate_fit(1, [(p, register_res(CIDS[p.cid])) for p, _ in ins], [])
+    strategy.initialize_parameters(mgr)
     ins = strategy.configure_fit(2, EMPTY, mgr)
     for proxy, fit_ins in ins:
         assert fit_ins.config == {"task": "local", "site": CIDS[proxy.cid]}
@@ -508,8 +530,10 @@ def test_individual_strategy_sends_no_coefficients():
 
 def test_fedavg_weights_by_examples_and_evaluates_last():
     cfg = make_cfg(fedavg_rounds=3, fedavg_local_steps=2, fedavg_lr=0.1)
-    strategy = FinalEvalFedAvg(cfg, 4, Registry())
+    strategy = GrAUCFedAvg(cfg, 4, Registry(), initial=np.zeros(P))
     mgr = manager_with(CIDS)
+    assert_array_equal(parameters_to_ndarrays(strategy.initialize_parameters(mgr))[0], 0.0)
+    assert strategy.registry.cid_to_site == CIDS
     ins = strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(P)]), mgr)
     assert len(ins) == 4
     for _, fit_ins in ins:
@@ -526,7 +550,11 @@ def test_fedavg_weights_by_examples_and_evaluates_last():
     expected = sum(n[s] * vals[s] for s in ORDER) / sum(n.values())
     assert_allclose(parameters_to_ndarrays(params)[0], expected, rtol=1e-12)
     assert strategy.configure_evaluate(1, params, mgr) == []
+    strategy.aggregate_fit(2, results, [])
     assert strategy.configure_evaluate(2, params, mgr) == []
+    strategy.aggregate_fit(3, results, [])
+    assert strategy.done and strategy.rounds == 3
+    assert strategy.configure_fit(4, params, mgr) == []
     assert len(strategy.configure_evaluate(3, params, mgr)) == 4
 
 
@@ -621,8 +649,21 @@ def test_client_never_returns_data_rows(standardized):
     site = {"site": "S1", **extra}
     rng = np.random.default_rng(6)
     beta, pull = rng.standard_normal((2, p))
+    props = client.get_properties({})
+    assert props == registration_properties(
+        "S1",
+        len(data.y_train),
+        2,
+        data.x_train,
+        data.feature_names,
+        **grauc_meta(34.0, -118.0, 15, 25),
+    )
+    # per-feature sums, the only data summary that leaves
+    assert_allclose(unpack(props["sum_x"]), data.x_train.sum(axis=0))
+    assert_allclose(unpack(props["sum_x2"]), (data.x_train**2).sum(axis=0))
+    for key, value in props.items():
+        assert type(value) in (int, float, str, bool, bytes), (key, type(value))
     calls = [
-        ([], {"task": "register"}),
         ([beta, pull], {"task": "admm", "local-solver": "prox", "rho-sigma": 0.5, **site}),
         ([beta, pull], {"task": "admm", "local-solver": "linearized", "rho-sigma": 0.5, **site}),
         ([], {"task": "local", **site}),
@@ -632,10 +673,6 @@ def test_client_never_returns_data_rows(standardized):
         arrays, n, metrics = client.fit(params, cfg)
         assert isinstance(n, int) and n == len(data.y_train)
         assert_private(arrays, metrics, data, p)
-        if cfg["task"] == "register":  # per-feature sums, the only data summary that leaves
-            assert_allclose(arrays[0], data.x_train.sum(axis=0))
-            assert_allclose(arrays[1], (data.x_train**2).sum(axis=0))
-            assert metrics["index"] == 2 and metrics["site"] == "S1"
     loss, n, metrics = client.evaluate([beta], site)
     assert type(loss) is float and n == len(data.y_test)
     assert_private([], metrics, data, p)
@@ -645,6 +682,6 @@ def test_client_never_returns_data_rows(standardized):
     assert metrics["split"] == "test"
     # Flower's own serialization accepts every answer (scalars only)
     wrapped = client.to_client()
-    res = wrapped.fit(FitIns(ndarrays_to_parameters([beta, pull]), calls[1][1]))
+    res = wrapped.fit(FitIns(ndarrays_to_parameters([beta, pull]), calls[0][1]))
     assert res.status.code == Code.OK
     assert [a.shape for a in parameters_to_ndarrays(res.parameters)] == [(p,)]

@@ -47,8 +47,8 @@ ROWFED_MEASURED = {"auto": 4, "admm": 150}
 
 @pytest.fixture(scope="module")
 def rowfed_rounds():
-    from rowfed_flower.config import RowFedConfig
     from rowfed_flower.federation import RowFedDataSpec, run_methods_inprocess, simulated_data
+    from strategies.config import RowFedConfig
 
     data = simulated_data(
         RowFedDataSpec(num_clients=5, n_train=40, num_features=6, num_responses=4, seed=3)

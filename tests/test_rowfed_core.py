@@ -15,32 +15,29 @@ import scipy.optimize as so
 from numpy.testing import assert_allclose, assert_array_equal
 
 from rowfed_flower.core import (
-    FUSION,
-    SPARSITY,
     LocalLeastSquares,
-    build_problem,
-    curvature,
-    edges_from_incidence,
     fit_rowfed,
-    fitted_structure,
     gic_of_fit,
     initial_theta,
-    local_step,
     objective,
 )
-from rowfed_flower.data import canonical_labels, load_crime, simulate
-from rowfed_flower.metrics import (
-    degrees_of_freedom,
-    gic,
-    mean_rand_index,
-    mse_est,
-    mse_pred,
-    rand_index,
-    row_clusters,
-)
+from rowfed_flower.data import load_crime, simulate
+from rowfed_flower.metrics import mean_rand_index, mse_est, mse_pred, rand_index
 from strategies.admm import all_pairs
 from strategies.datasets import dataset_path
+from strategies.local import local_step
 from strategies.penalties import Penalty
+from strategies.problems import (
+    FUSION,
+    SPARSITY,
+    build_problem,
+    canonical_labels,
+    degrees_of_freedom,
+    edges_from_incidence,
+    fitted_structure,
+    gic,
+    row_clusters,
+)
 
 M, P, Q, N = 4, 3, 2, 30
 LAM1, LAM2 = 0.1, 0.1
@@ -119,7 +116,6 @@ def test_linearized_step_formula(fits):
     f = fits[1]
     rng = np.random.default_rng(2)
     tt, tp = rng.standard_normal((2, P, Q))
-    assert_allclose(f.linearized_step(tt, tp, 3.0), tt - f.grad(tp) / 3.0)
     assert_allclose(local_step(f, tt, tp, 3.0, "linearized"), tt - f.grad(tp) / 3.0)
 
 
@@ -137,21 +133,21 @@ def test_prox_step_vs_numerical_minimizer(fits, c):
         return (f.grad(t) + c * (t - tt)).ravel()
 
     ref = so.minimize(h, np.zeros(P * Q), jac=dh, method="BFGS", options={"gtol": 1e-12})
-    assert_allclose(f.prox_step(tt, c), ref.x.reshape(P, Q), atol=1e-7)
-    assert_allclose(local_step(f, tt, None, c, "prox"), f.prox_step(tt, c))
+    assert_allclose(f.prox(tt, c), ref.x.reshape(P, Q), atol=1e-7)
+    assert_allclose(local_step(f, tt, None, c, "prox"), f.prox(tt, c))
 
 
 def test_prox_step_cache_follows_c(fits):
     f = LocalLeastSquares(fits[0].x, fits[0].y)
     tt = np.ones((P, Q))
-    a = f.prox_step(tt, 1.0)
-    b = f.prox_step(tt, 2.0)  # refactors
-    assert_allclose(f.prox_step(tt, 1.0), a)
+    a = f.prox(tt, 1.0)
+    b = f.prox(tt, 2.0)  # refactors
+    assert_allclose(f.prox(tt, 1.0), a)
     n = f.n_samples
     exact = np.linalg.solve(f.x.T @ f.x / n + 2.0 * np.eye(P), f.x.T @ f.y / n + 2.0 * tt)
     assert_allclose(b, exact, atol=1e-12)
     with pytest.raises(ValueError, match="c"):
-        f.prox_step(tt, 0.0)
+        f.prox(tt, 0.0)
 
 
 @pytest.mark.parametrize("sparsity", ["entry", "row"])
@@ -215,14 +211,6 @@ def test_objective_vs_double_loop(fits, sparsity, kind):
             else:
                 hand += sum(pen.value_of_norm(abs(theta[m, j, k]), LAM2) for k in range(Q))
     assert_allclose(objective(fits, prob, theta), hand, rtol=1e-12)
-
-
-def test_curvature():
-    lip = np.array([1.0, 2.0])
-    assert_allclose(curvature(lip, 5.0, 0.5, "linearized"), [3.5, 4.5])
-    assert_allclose(curvature(lip, 5.0, 0.5, "prox"), [2.5 * (1 + 1e-6)] * 2)
-    with pytest.raises(ValueError, match="solver"):
-        curvature(lip, 5.0, 0.5, "newton")
 
 
 def test_initial_theta(fits):

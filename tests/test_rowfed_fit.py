@@ -17,7 +17,8 @@ import pytest
 from numpy.testing import assert_allclose
 
 from rowfed_flower.cli import main
-from rowfed_flower.core import LocalLeastSquares, build_problem, fit_rowfed, gic_of_fit
+from rowfed_flower.core import LocalLeastSquares, fit_rowfed, gic_of_fit
+from strategies.problems import build_problem
 
 SIZES = (22, 30, 26, 35)  # rows per client (unequal on purpose)
 P, Q = 4, 3

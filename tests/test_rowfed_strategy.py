@@ -4,6 +4,7 @@ in-process engine against the reference loop, the config, and the baselines' ord
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
@@ -13,6 +14,7 @@ from flwr.common import (
     Code,
     EvaluateRes,
     FitRes,
+    GetPropertiesRes,
     Status,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
@@ -22,34 +24,24 @@ from flwr.server.client_proxy import ClientProxy
 from numpy.testing import assert_allclose, assert_array_equal
 
 from rowfed_flower.client import ClientSamples, RowFedClient, fedavg_local_steps
-from rowfed_flower.config import RowFedConfig, rowfed_config, rowfed_methods
-from rowfed_flower.core import (
-    SPARSITY,
-    LocalLeastSquares,
-    build_problem,
-    curvature,
-    fit_rowfed,
-    local_step,
-)
-from rowfed_flower.data import simulate
+from rowfed_flower.core import LocalLeastSquares, fit_rowfed
+from rowfed_flower.data import read_graph, simulate
 from rowfed_flower.federation import (
     RowFedDataSpec,
     run_methods_inprocess,
     simulated_data,
     summarize,
 )
-from rowfed_flower.strategy import (
-    NonFedStrategy,
-    RowFedAvg,
-    RowFedStrategy,
-    exact_row_clusters,
-    read_graph,
-)
 from strategies import admm
+from strategies.config import RowFedConfig, rowfed_config, rowfed_methods
 from strategies.engine import run_inprocess
 from strategies.errors import InputError
+from strategies.local import curvature, local_step
 from strategies.penalties import Penalty
+from strategies.problems import SPARSITY, build_problem, exact_row_clusters
 from strategies.registry import EMPTY
+from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy
+from strategies.wire import unpack
 
 logging.getLogger("flwr").setLevel(logging.ERROR)
 
@@ -58,10 +50,13 @@ OK = Status(Code.OK, "")
 
 
 class Proxy(ClientProxy):
-    """A proxy that only has a cid (the strategies never call it here)."""
+    """A proxy that only answers the properties exchange of registration (with ``props``,
+    set by :func:`register_all`); the strategies never call anything else here."""
 
-    def get_properties(self, ins, timeout, group_id):  # pragma: no cover
-        raise NotImplementedError
+    props: dict | None = None
+
+    def get_properties(self, ins, timeout, group_id):
+        return GetPropertiesRes(OK, self.props)
 
     def get_parameters(self, ins, timeout, group_id):  # pragma: no cover
         raise NotImplementedError
@@ -104,24 +99,12 @@ def fitres(arrays, metrics, n=N, code=Code.OK):
 
 
 def register_all(strategy, mgr, proxies, samples, site_of_cid):
-    """Round 1: registration answers made by hand from the clients' own data."""
-    ins = strategy.configure_fit(1, EMPTY, mgr)
-    assert {p.cid for p, _ in ins} == set(proxies)
-    assert all(i.config["task"] == "register" for _, i in ins)
-    results = []
-    for proxy, _ in ins:
-        s = samples[site_of_cid[proxy.cid]]
-        metrics = {
-            "task": "register",
-            "site": s.site,
-            "n": s.n,
-            "p": s.p,
-            "q": s.q,
-            "index": site_of_cid[proxy.cid],
-        }
-        arrays = [s.x.sum(0), (s.x**2).sum(0), s.y.sum(0)]
-        results.append((proxy, fitres(arrays, metrics)))
-    strategy.aggregate_fit(1, results, [])
+    """Registration before round 1: each proxy answers with its client's own properties."""
+    for cid, proxy in proxies.items():
+        k = site_of_cid[cid]
+        proxy.props = RowFedClient(samples[k], index=k).get_properties({})
+    strategy.initialize_parameters(mgr)
+    assert set(strategy.registry.cid_to_site) == set(proxies)
 
 
 # cids deliberately unrelated to the site order: state is keyed by site id
@@ -130,7 +113,8 @@ CIDS = {"907": 2, "13": 0, "55": 3, "2": 1}
 
 def ready_strategy(samples, cfg, **kw):
     mgr, proxies = manager_with(CIDS)
-    strategy = RowFedStrategy(cfg, M, **kw)
+    graph = functools.partial(read_graph, cfg.graph)
+    strategy = RowFedStrategy(cfg, M, graph_builder=graph, **kw)
     register_all(strategy, mgr, proxies, samples, CIDS)
     return strategy, mgr, proxies
 
@@ -168,7 +152,7 @@ def test_registration_is_keyed_by_site(samples):
         assert fi.config["site"] == samples[CIDS[proxy.cid]].site
     # a client that comes back from a new node keeps its site
     reg = strategy.registry
-    reg.register("999", {"site": "s1", "n": N, "p": P, "q": Q, "index": 1}, [])
+    reg.register("999", RowFedClient(samples[1], index=1).get_properties({}))
     assert "2" not in reg.cid_to_site and reg.cid_to_site["999"] == "s1"
 
 
@@ -180,9 +164,9 @@ def test_init_round_with_a_failure_is_retried(samples):
     assert np.isnan(strategy.theta_init[2]).all() and not np.isnan(strategy.theta_init[0]).any()
     ins = answer_init(strategy, mgr, samples, rnd=3)
     assert [fi.config["site"] for _, fi in ins] == ["s2"]  # only the missing one
-    assert strategy.phase == "admm"
+    assert strategy.phase == "fit"
     fits = [LocalLeastSquares(s.x, s.y) for s in samples]
-    ridge = np.stack([f.prox_step(np.zeros((P, Q)), 1e-3) for f in fits])
+    ridge = np.stack([f.prox(np.zeros((P, Q)), 1e-3) for f in fits])
     assert_allclose(strategy.state.beta, ridge, atol=1e-12)
     ref = admm.init_state(strategy.problem, ridge, cfg.rho, threshold=True)
     for a, b in zip(
@@ -204,7 +188,7 @@ def test_admm_round_sends_own_theta_and_pull_and_handles_failures(samples):
     assert len(ins) == M and len({id(i) for _, i in ins}) == M
     fits = [LocalLeastSquares(s.x, s.y) for s in samples]
     lip = np.array([f.lipschitz() for f in fits])
-    c = curvature(lip, prob.sigma_max(), before.rho, "linearized")
+    c = curvature("linearized", lip, before.rho * prob.sigma_max())
     tilde = admm.global_component(prob, before, c)
     results, failures = [], []
     expected = before.beta.copy()
@@ -321,7 +305,7 @@ def test_evaluate_only_when_done_and_read_out(samples):
         results.append((proxy, EvaluateRes(OK, loss, n, metrics)))
     _, agg = strategy.aggregate_evaluate(5, results, [])
     assert strategy.configure_evaluate(6, EMPTY, mgr) == []
-    est = strategy.estimate()
+    est = strategy.coefficients_std()
     eta = strategy.state.delta[SPARSITY]
     assert_array_equal(est[eta == 0.0], 0.0)
     assert_array_equal(est[eta != 0.0], strategy.state.beta[eta != 0.0])
@@ -332,7 +316,7 @@ def test_evaluate_only_when_done_and_read_out(samples):
         pred = s.x_test @ est[m] + b
         assert_allclose(strategy.evaluation[s.site]["mse_pred"], np.mean((s.y_test - pred) ** 2))
     assert_allclose(
-        agg["mse_pred"], np.mean([strategy.evaluation[s.site]["mse_pred"] for s in samples])
+        agg["mean_mse_pred"], np.mean([strategy.evaluation[s.site]["mse_pred"] for s in samples])
     )
     assert np.isfinite(strategy.gic())
 
@@ -395,7 +379,7 @@ def test_perfl_lsma_is_block_fusion(samples):
     assert_array_equal(strategy.clusters(), 0)  # a huge lam1 fuses whole matrices
     fits = [LocalLeastSquares(s.x, s.y) for s in samples]
     pooled = np.linalg.solve(sum(f.gram for f in fits), sum(f.xty for f in fits))
-    assert_allclose(strategy.estimate(), np.broadcast_to(pooled, (M, P, Q)), atol=1e-6)
+    assert_allclose(strategy.coefficients_std(), np.broadcast_to(pooled, (M, P, Q)), atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------
@@ -433,23 +417,7 @@ def test_fedavg_registers_then_averages_and_evaluates_at_the_end(samples):
     cfg = RowFedConfig(intercept=False, fedavg_rounds=2, fedavg_local_steps=3, lam2=0.05)
     mgr, proxies = manager_with(CIDS)
     strategy = RowFedAvg(cfg, M)
-    ins = strategy.configure_fit(1, EMPTY, mgr)
-    assert all(fi.config["task"] == "register" for _, fi in ins)
-    register_all_results = []
-    for proxy, _ in ins:
-        s = samples[CIDS[proxy.cid]]
-        metrics = {
-            "task": "register",
-            "site": s.site,
-            "n": s.n + CIDS[proxy.cid],
-            "p": P,
-            "q": Q,
-            "index": CIDS[proxy.cid],
-        }
-        register_all_results.append(
-            (proxy, fitres([s.x.sum(0), (s.x**2).sum(0), s.y.sum(0)], metrics))
-        )
-    assert strategy.aggregate_fit(1, register_all_results, []) == (None, {})
+    register_all(strategy, mgr, proxies, samples, CIDS)
     theta = np.zeros((P, Q))
     for rnd in (2, 3):
         assert strategy.configure_evaluate(rnd - 1, EMPTY, mgr) == []
@@ -472,7 +440,7 @@ def test_fedavg_registers_then_averages_and_evaluates_at_the_end(samples):
         params, _ = strategy.aggregate_fit(rnd, results, [])
         theta = parameters_to_ndarrays(params)[0]
         assert_allclose(theta, np.average(new, axis=0, weights=weights), atol=1e-12)
-    assert strategy.done and strategy.rounds_done == 2
+    assert strategy.done and strategy.rounds == 2
     assert len(strategy.configure_evaluate(3, ndarrays_to_parameters([theta]), mgr)) == M
     assert strategy.sites == ["s0", "s1", "s2", "s3"]
     assert_array_equal(strategy.coefficients(), np.broadcast_to(theta, (M, P, Q)))
@@ -521,10 +489,12 @@ def test_client_intercept_and_scale(samples):
 
 def test_client_registration_sends_only_sums(samples):
     s = samples[2]
-    arrays, n, metrics = RowFedClient(s, index=2).fit([], {"task": "register"})
-    assert metrics == {"task": "register", "site": "s2", "n": N, "p": P, "q": Q, "index": 2}
-    assert [a.shape for a in arrays] == [(P,), (P,), (Q,)]
-    assert_allclose(arrays[2], s.y.sum(0))
+    props = RowFedClient(s, index=2).get_properties({})
+    sums = {k: unpack(props.pop(k)) for k in ("sum_x", "sum_x2", "sum_y")}
+    assert props == {"site": "s2", "n": N, "p": P, "q": Q, "index": 2}
+    assert_allclose(sums["sum_x"], s.x.sum(0))
+    assert_allclose(sums["sum_x2"], (s.x**2).sum(0))
+    assert_allclose(sums["sum_y"], s.y.sum(0))
 
 
 # ---------------------------------------------------------------------------------------
@@ -586,7 +556,7 @@ def test_config_from_run_config():
 def test_flower_run_rejects_a_checkpoint(key):
     from types import SimpleNamespace
 
-    from rowfed_flower.app import run_rowfed
+    from rowfed_flower.app import run as run_rowfed
 
     context = SimpleNamespace(run_config={"task": "rowfed", key: "/tmp/state.npz"})
     with pytest.raises(InputError, match=rf"^{key}: .*grauc"):
@@ -616,7 +586,7 @@ def test_graph_weights_scale_lam1(samples, tmp_path):
     strategy.configure_fit(2, EMPTY, mgr)
     assert_allclose(strategy.problem.splits[0].lam, [0.4, 0.2, 0.1])
     assert_allclose(
-        strategy.sigma_max,
+        strategy.problem.sigma_max(),
         np.linalg.eigvalsh(np.diag([1, 2, 2, 1]) - np.eye(4, k=1) - np.eye(4, k=-1))[-1] + 1,
     )
 
@@ -675,7 +645,7 @@ def test_pyproject_defaults_equal_rowfed_config():
     import os
     import tomllib
 
-    from rowfed_flower.config import rowfed_run_config
+    from strategies.config import rowfed_run_config
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "pyproject.toml"), "rb") as fh:

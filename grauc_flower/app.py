@@ -1,0 +1,94 @@
+"""The GrAUC-PFL side of the Flower app (``task = "grauc"``): thin adapters only.
+
+:func:`run` is called by the ServerApp in :mod:`strategies.app`: it runs the methods of
+``method`` (comma-separated among ``grauc, fedavg, individual, pooled``) on the same
+federation, prints each site's AUC per method and writes the outputs when ``out-dir`` is
+set.  :func:`make_client` is called by the ClientApp.
+"""
+
+from __future__ import annotations
+
+import os
+
+from flwr.app import Context
+from flwr.serverapp import Grid
+
+from strategies.app import out_dir, round_timeout, run_methods
+from strategies.engine import round_logger
+from strategies.errors import InputError
+from strategies.registry import Registry
+
+from . import federation as fed
+from .client import GrAUCClient
+
+
+def run(grid: Grid, context: Context) -> dict:
+    """Run the configured GrAUC-PFL methods through Flower; returns ``{method: result}``."""
+    rc = context.run_config
+    cfg = fed.grauc_config(rc)
+    methods = fed.grauc_methods(rc)
+    spec = fed.DataSpec.from_run_config(rc)
+    out = out_dir(rc)
+    timeout = round_timeout(rc)
+    sites = None
+    n_sites = spec.n_sites
+    features = tuple(f"x{k + 1}" for k in range(spec.n_features))
+    if spec.source != "simulated" or "pooled" in methods:
+        sites, features = fed.load_sites(spec)
+        n_sites = len(sites)
+    checkpoint = fed.checkpoint_settings(rc)
+    registry = Registry()
+    results = run_methods(
+        grid,
+        methods,
+        lambda method: fed.make_strategy(
+            method,
+            cfg,
+            n_sites,
+            registry,
+            sites,
+            progress=round_logger(method),
+            checkpoint=checkpoint,
+            timeout=timeout,
+        ),
+        lambda method: fed.max_rounds_for(method, cfg),
+        fed.collect,
+        timeout,
+    )
+    features = registry.features() or features
+    print(fed.format_auc_table(results), flush=True)
+    for method, res in results.items():
+        if res.extra.get("missing"):
+            print(
+                f"{method}: no answer at the end from site(s) "
+                f"{', '.join(sorted(res.extra['missing']))}",
+                flush=True,
+            )
+    if out:
+        for method, res in results.items():
+            sub = out if len(results) == 1 else os.path.join(out, method)
+            fed.write_result(sub, res, features, cfg)
+        fed.auc_table(results).to_csv(os.path.join(out, "auc.csv"), index=False)
+    return results
+
+
+def make_client(context: Context):
+    """The ClientApp's client: ``partition-id`` picks site ``z`` of the run's data; a
+    SuperNode with ``data-path`` in its node config reads its own file."""
+    rc = context.run_config
+    cfg = fed.grauc_config(rc)
+    node = context.node_config
+    if "data-path" in node:
+        from .data import load_site_file
+
+        data = load_site_file(str(node["data-path"]), node)
+        return GrAUCClient(data, cfg.ridge, index=int(node.get("index", -1))).to_client()
+    spec = fed.DataSpec.from_run_config(rc)
+    sites, _ = fed.load_sites(spec)
+    pid = int(node["partition-id"])
+    if not 0 <= pid < len(sites):
+        raise InputError(f"partition-id: must be in [0, {len(sites) - 1}], got {pid}")
+    return GrAUCClient(sites[pid], cfg.ridge, index=pid).to_client()
+
+
+__all__ = ["make_client", "run"]

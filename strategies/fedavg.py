@@ -1,0 +1,208 @@
+"""Flower's own FedAvg, made a comparator for the personalized methods.
+
+:class:`RegisteringFedAvg` is :class:`flwr.server.strategy.FedAvg` plus what a comparison
+needs and FedAvg lacks: registration of the sites (the properties exchange, before the
+first round, with the pooled scaling when ``standardize = "federated"``), answers keyed by
+site id, a history row per round with the objective FedAvg minimizes, progress reports, a
+round limit after which the run stops, and evaluation once after the last round.  A method's
+subclass supplies the local work's settings (:meth:`RegisteringFedAvg.local_config`) and
+the objective (:meth:`RegisteringFedAvg.round_objective`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from . import admm
+from .base import wait_and_register
+from .registry import Registry
+
+
+def _no_metrics(metrics) -> dict:
+    return {}
+
+
+class RegisteringFedAvg(FedAvg):
+    """Flower's FedAvg over every site, ``rounds`` rounds, evaluated once at the end.
+
+    Parameters
+    ----------
+    n_sites : int
+    registry : Registry, optional
+        Shared between the methods of one run (registration happens once).
+    rounds : int
+        FedAvg rounds.
+    standardize : {"none", "federated"}
+    initial : ndarray, optional
+        The starting global model (by default FedAvg asks one client for its zeros).
+    progress : callable, optional
+        ``progress(round, objective, None, elapsed)``.
+    timeout : float, optional
+        How long registration waits for the sites (seconds; ``None``: no limit).
+    """
+
+    count_column = "n_answered"
+
+    def __init__(
+        self,
+        n_sites: int,
+        registry: Registry | None = None,
+        *,
+        rounds: int,
+        standardize: str = "none",
+        initial: np.ndarray | None = None,
+        progress=None,
+        timeout: float | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else Registry()
+        self.n_sites = int(n_sites)
+        self.n_rounds = int(rounds)
+        self.standardize = standardize
+        self.timeout = timeout
+        self.evaluation: dict[str, dict] = {}
+        self.history = admm.History()
+        self.progress = progress
+        self._t0 = time.perf_counter()
+        self.global_model: np.ndarray | None = None
+        self.rounds = 0
+        self.done = False
+        self.converged = False
+        self.evaluated = False
+        super().__init__(
+            fraction_fit=1.0,
+            fraction_evaluate=1.0,
+            min_fit_clients=n_sites,
+            min_evaluate_clients=n_sites,
+            min_available_clients=n_sites,
+            on_fit_config_fn=lambda rnd: {**self.local_config(), **self.work_config()},
+            on_evaluate_config_fn=lambda rnd: self.work_config(),
+            initial_parameters=None if initial is None else ndarrays_to_parameters([initial]),
+            accept_failures=True,
+            fit_metrics_aggregation_fn=_no_metrics,
+            evaluate_metrics_aggregation_fn=_no_metrics,
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rounds={self.n_rounds})"
+
+    @property
+    def finished(self) -> bool:
+        """The rounds are done and the evaluation is in."""
+        return self.done and self.evaluated
+
+    @property
+    def sites(self) -> list[str]:
+        return self.registry.order()
+
+    # -- what a method supplies -------------------------------------------------------------
+    def local_config(self) -> dict:
+        """The sites' local work (task, steps, step size, ...)."""
+        raise NotImplementedError
+
+    def work_config(self) -> dict:
+        """The sites' working scale (and anything else every instruction carries)."""
+        return self.registry.scaling_config()
+
+    def round_objective(
+        self, losses: dict[str, float], n: dict[str, int], previous: np.ndarray | None
+    ) -> float:
+        """The objective FedAvg minimizes, at the global model the sites received."""
+        raise NotImplementedError
+
+    # -- Flower hooks -----------------------------------------------------------------------
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """Registration (the properties exchange), then FedAvg's own start."""
+        wait_and_register(self.registry, client_manager, self.n_sites, self.timeout, 0)
+        if self.standardize == "federated" and self.registry.scale is None:
+            self.registry.standardize()
+        return super().initialize_parameters(client_manager)
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        if self.done:
+            return []
+        return super().configure_fit(server_round, parameters, client_manager)
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        self.registry.log_failures(failures, server_round)
+        if not results:
+            return None, {}
+        # by site: the weighted average does not depend on the order the answers arrived in
+        order = {s: k for k, s in enumerate(self.sites)}
+        results = sorted(results, key=lambda r: order.get(str(r[1].metrics["site"]), -1))
+        losses = {str(r.metrics["site"]): float(r.metrics["loss"]) for _, r in results}
+        n = {str(r.metrics["site"]): r.num_examples for _, r in results}
+        params, metrics = super().aggregate_fit(server_round, results, failures)
+        previous = self.global_model
+        if params is not None:
+            self.global_model = parameters_to_ndarrays(params)[0]
+        self.rounds += 1
+        objective = self.round_objective(losses, n, previous)
+        self.history.append(
+            round=self.rounds,
+            objective=objective,
+            primal_residual=np.nan,
+            dual_residual=np.nan,
+            rho=np.nan,
+            **{self.count_column: len(results)},
+        )
+        if self.progress is not None:
+            self.progress(self.rounds, objective, None, time.perf_counter() - self._t0)
+        self.done = self.rounds >= self.n_rounds
+        self.converged = self.done
+        return params, metrics
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        if not self.done or self.evaluated:
+            return []
+        return super().configure_evaluate(server_round, parameters, client_manager)
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        for _, res in results:
+            self.evaluation[str(res.metrics["site"])] = dict(res.metrics)
+        self.evaluated = True
+        return super().aggregate_evaluate(server_round, results, failures)
+
+    def objective(self) -> float:
+        """The objective at the last round (``nan`` before the first)."""
+        return self.history.rows[-1]["objective"] if self.history.rows else float("nan")
+
+    def coefficients_std(self) -> np.ndarray:
+        """The global model, one copy per site (working scale)."""
+        g = self.global_model
+        return np.broadcast_to(g, (len(self.sites),) + g.shape).copy()
+
+    def coefficients(self) -> np.ndarray:
+        """The global model on the input scale, one copy per site."""
+        beta = self.coefficients_std()
+        if self.registry.scale is None:
+            return beta
+        return beta / self.registry.scale.reshape((-1,) + (1,) * (beta.ndim - 2))

@@ -1,0 +1,342 @@
+"""The server side that GrAUC-PFL and RowFed share: one site strategy for a fused penalty.
+
+Both methods minimize ``sum_z f_z(beta_z) + penalty(A beta)`` over per-site coefficients
+``beta_z`` (a vector for GrAUC-PFL, a ``p x q`` matrix for RowFed), with the penalty side an
+:class:`strategies.admm.Problem`.  :class:`FusedSiteStrategy` owns everything that does not
+depend on the loss:
+
+- the ADMM round (``algorithm = "admm"``): ``configure_fit`` sends each drawn site its
+  ``[beta_z, pull_z]`` with the graph pull :meth:`FusedSiteStrategy.pull`; the site takes
+  its local step (:func:`strategies.local.admm_update`); ``aggregate_fit`` does the
+  threshold and dual updates (:func:`strategies.admm.server_update`), the history and the
+  stopping rule;
+- the proximal quasi-Newton round (``algorithm = "pqn"``): each site returns its loss and
+  gradient at the point sent; ``aggregate_fit`` advances :mod:`strategies.pqn`;
+- seeded partial participation, the round history, progress reports and checkpoints.
+
+A method's subclass builds its problem and start in ``_setup`` and calls :meth:`_start`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from logging import INFO
+
+import numpy as np
+from flwr.common import FitIns, Parameters, Scalar, log, ndarrays_to_parameters
+from flwr.server.client_proxy import ClientProxy
+
+from . import admm, pqn
+from .base import SiteStrategy
+from .errors import InputError
+from .registry import EMPTY
+
+
+class FusedSiteStrategy(SiteStrategy):
+    """A per-site strategy for a fused penalty, solved by ADMM or by pqn.
+
+    Parameters (keyword, besides :class:`~strategies.base.SiteStrategy`'s)
+    ----------------------------------------------------------------------
+    rho, alpha : float
+        ADMM penalty and its growth ``rho <- alpha rho`` per round.
+    tol : float
+        Stopping tolerance (ADMM: absolute and relative residual tolerance; pqn: decrease).
+    max_rounds : int
+        Round limit of the method.
+    participation : float
+        Each site takes part in an ADMM round with this probability (seeded by ``seed``).
+    local_solver : {"prox", "linearized"}
+        The sites' ADMM local step.
+    progress : callable, optional
+        ``progress(round, objective, residuals_or_step, elapsed)``.
+    checkpoint, checkpoint_every, resume : str, int, str
+        Server state written every ``checkpoint_every`` rounds to ``checkpoint``; ``resume``
+        a checkpoint to start from.
+    """
+
+    #: ``B_z`` before site ``z``'s first gradient pair, as a multiple of the ``curvature``
+    #: it reports with its first answer (a bound on its loss's Hessian).
+    first_curvature = 1.0
+    #: The pqn curvature model: ``"bfgs"`` or ``"secant"`` (exact for a quadratic loss).
+    qn_model = "bfgs"
+    #: The history column counting the sites that answered.
+    count_column = "n_answered"
+    #: ADMM starts from ``delta = threshold(A beta0)`` (True) or ``delta = A beta0``.
+    threshold_start = False
+
+    def __init__(
+        self,
+        n_sites: int,
+        registry=None,
+        *,
+        standardize: str = "none",
+        min_fit_fraction: float = 1.0,
+        timeout: float | None = None,
+        algorithm: str = "pqn",
+        rho: float = 1.0,
+        alpha: float = 1.0,
+        tol: float = 1e-6,
+        max_rounds: int = 300,
+        participation: float = 1.0,
+        seed: int = 0,
+        local_solver: str = "prox",
+        progress=None,
+        checkpoint: str = "",
+        checkpoint_every: int = 10,
+        resume: str = "",
+    ) -> None:
+        super().__init__(n_sites, registry, standardize, min_fit_fraction, timeout)
+        self.algorithm = algorithm
+        self.rho = float(rho)
+        self.alpha = float(alpha)
+        self.tol = float(tol)
+        self.max_rounds = int(max_rounds)
+        self.participation = float(participation)
+        self.seed = int(seed)
+        self.local_solver = local_solver
+        self.progress = progress
+        self.checkpoint = checkpoint
+        self.checkpoint_every = int(checkpoint_every)
+        self.resume = resume
+        self.history = admm.History()
+        self.qn: pqn.QuasiNewtonState | None = None
+        self.state: admm.AdmmState | None = None
+
+    # -- set-up -----------------------------------------------------------------------------
+    def _start(self, beta0: np.ndarray, use_qn: bool, loss: np.ndarray | None = None) -> None:
+        """ADMM state (and pqn state when ``use_qn``) from ``beta0`` (working scale, sites in
+        federation order) and the sites' losses there when known; resumes from ``resume``
+        when set."""
+        m = len(self.sites)
+        self.sigma_max = self.problem.sigma_max()
+        self.rng = np.random.default_rng(self.seed)
+        self.loss = np.full(m, np.nan) if loss is None else np.array(loss, dtype=float)
+        self.seen = np.zeros(m, dtype=bool)
+        self.state = admm.init_state(self.problem, beta0, self.rho, self.threshold_start)
+        self.qn = pqn.init_qn(beta0, model=self.qn_model) if use_qn else None
+        if self.resume:
+            self._load_checkpoint(self.resume)
+
+    @property
+    def rounds(self) -> int:
+        """Communication rounds of the fit so far (registration excluded)."""
+        if self.state is None:
+            return 0
+        return self.qn.round if self.qn is not None else self.state.round
+
+    def update_shape(self) -> tuple[int, ...] | None:
+        """One array the shape of a site's coefficients: new coefficients (ADMM) or a
+        gradient (pqn)."""
+        return self.state.beta.shape[1:] if self.state is not None else None
+
+    # -- the graph pull ---------------------------------------------------------------------
+    def pull(self) -> np.ndarray:
+        """``[Omega^T (gamma + rho (Omega beta - delta))]_z`` for every site: what site ``z``
+        needs, with its own curvature ``c_z``, for its global component
+        ``beta_z - pull_z / c_z``."""
+        st = self.state
+        a_beta = self.problem.apply_all(st.beta)
+        v = tuple(
+            g + st.rho * (ab - d) for g, ab, d in zip(st.gamma, a_beta, st.delta, strict=True)
+        )
+        return self.problem.apply_t_sum(v)
+
+    # -- instructions -----------------------------------------------------------------------
+    def draw(self) -> np.ndarray:
+        """This round's participants (bool, one per site): ``rng.random(Z) < participation``
+        from ``numpy.random.default_rng(seed)``, or everyone."""
+        m = len(self.sites)
+        if self.participation < 1.0:
+            return self.rng.random(m) < self.participation
+        return np.ones(m, dtype=bool)
+
+    def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
+        by_site = {self.registry.cid_to_site[c.cid]: c for c in clients}
+        if self.qn is not None:
+            return self._qn_instructions(by_site)
+        return self._admm_instructions(by_site)
+
+    def _qn_instructions(self, by_site: dict) -> list[tuple[ClientProxy, FitIns]]:
+        common = {"task": "gradient", "curvature": not self.qn.evaluated, **self.work_config()}
+        return [
+            (
+                by_site[s],
+                FitIns(
+                    ndarrays_to_parameters([self.qn.trial[self.site_index[s]]]),
+                    {**common, "site": s},
+                ),
+            )
+            for s in self.sites
+            if s in by_site
+        ]
+
+    def _admm_instructions(self, by_site: dict) -> list[tuple[ClientProxy, FitIns]]:
+        """Each drawn site's ``[beta_z, pull_z]``.  A draw with nobody reachable is a round
+        with the coefficients unchanged, done at once (Flower skips a round without
+        instructions)."""
+        while not self.done:
+            drawn = self.draw()
+            ins = []
+            if drawn.any():
+                pull = self.pull()
+                common = {
+                    "task": "admm",
+                    "local-solver": self.local_solver,
+                    "rho-sigma": float(self.state.rho * self.sigma_max),
+                    **self.work_config(),
+                }
+                for z in np.flatnonzero(drawn):
+                    site = self.sites[z]
+                    if site not in by_site:
+                        continue
+                    params = ndarrays_to_parameters([self.state.beta[z], pull[z]])
+                    ins.append((by_site[site], FitIns(params, {**common, "site": site})))
+            if ins:
+                return ins
+            self._advance(self.state.beta.copy(), np.zeros(len(self.sites), dtype=bool))
+        return []
+
+    # -- aggregation ------------------------------------------------------------------------
+    def _aggregate(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
+        if self.qn is not None:
+            return EMPTY, self._qn_round(answered)
+        beta = self.state.beta.copy()
+        took_part = np.zeros(len(self.sites), dtype=bool)
+        for site, (_, res) in answered.items():
+            z = self.site_index[site]
+            beta[z] = self.updates[site]  # decoded and checked by SiteStrategy
+            self.loss[z] = float(res.metrics["loss"])
+            took_part[z] = True
+        res = self._advance(beta, took_part)
+        metrics = {
+            "objective": self.history.rows[-1]["objective"],
+            "primal_residual": res.primal,
+            "dual_residual": res.dual,
+        }
+        return EMPTY, metrics
+
+    def _advance(self, beta: np.ndarray, took_part: np.ndarray) -> admm.Residuals:
+        """The server's half of an ADMM round on the new coefficients (thresholds, duals,
+        ``rho <- alpha rho``), the history row and the stopping rule.
+
+        Stops when the residuals are within tolerance in consecutive rounds during which
+        every site has answered at least once (with every site answering: the first round
+        within tolerance), or after ``max_rounds``.
+        """
+        rho = self.state.rho
+        self.state, res = admm.server_update(
+            self.problem, self.state, beta, self.tol, self.tol, self.alpha
+        )
+        objective = float(np.sum(self.loss) + self.problem.penalty_value(beta))
+        self.history.append(
+            round=self.state.round,
+            objective=objective,
+            primal_residual=res.primal,
+            dual_residual=res.dual,
+            rho=rho,
+            **{self.count_column: int(took_part.sum())},
+        )
+        if res.converged:
+            self.seen |= took_part
+        else:
+            self.seen[:] = False
+        self.converged = bool(self.seen.all())
+        self.done = self.converged or self.state.round >= self.max_rounds
+        self._after_round(self.state.round, objective, res)
+        return res
+
+    def _qn_round(self, answered: dict) -> dict[str, Scalar]:
+        """One round of the proximal quasi-Newton server (:mod:`strategies.pqn`): the sites'
+        losses and gradients update their models; the fused model problem is solved and
+        line-searched; records the round and the stopping rule."""
+        values = {}
+        for site, (_, res) in answered.items():
+            z = self.site_index[site]
+            values[z] = (float(res.metrics["loss"]), self.updates[site])
+            if not self.qn.evaluated and "curvature" in res.metrics:
+                pqn.set_curvature(
+                    self.qn, z, self.first_curvature * float(res.metrics["curvature"])
+                )
+        self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol)
+        self.loss = self.qn.value.copy()
+        self.state = replace(self.state, beta=self.qn.x.copy(), round=self.qn.round)
+        self.history.append(
+            round=self.qn.round,
+            objective=step.objective,
+            primal_residual=np.nan,
+            dual_residual=np.nan,
+            rho=np.nan,
+            **{self.count_column: len(values)},
+            decrease=step.decrease,
+            step=1.0 if step.accepted else self.qn.step,
+        )
+        self.converged = step.converged
+        self.done = step.converged or self.qn.round >= self.max_rounds
+        self._after_round(self.qn.round, step.objective, step)
+        return {"objective": step.objective, "decrease": step.decrease}
+
+    def _after_round(self, rnd: int, objective: float, res) -> None:
+        if self.checkpoint and (rnd % self.checkpoint_every == 0 or self.done):
+            self._save_checkpoint(self.checkpoint)
+        if self.progress is not None:
+            self.progress(rnd, objective, res, time.perf_counter() - self._t0)
+
+    def coefficients_std(self) -> np.ndarray:
+        return self.qn.x if self.qn is not None else self.state.beta
+
+    def objective(self) -> float:
+        """The objective at the last round (``nan`` before the first)."""
+        return self.history.rows[-1]["objective"] if self.history.rows else float("nan")
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _save_checkpoint(self, path: str) -> None:
+        """The whole server state (coefficients per site, delta, gamma, rho, round, the last
+        loss per site, history, site order, scaling, the pqn state) in one ``.npz``,
+        written atomically."""
+        extra = {
+            "loss": self.loss,
+            "sites": np.array(self.sites),
+            "history": np.array(json.dumps(self.history.rows)),
+        }
+        if self.registry.center is not None:
+            extra.update(center=self.registry.center, scale=self.registry.scale)
+        if self.qn is not None:
+            extra.update({f"qn_{k}": v for k, v in self.qn.arrays().items()})
+        admm.save_state(path, self.state, **extra)
+        log(INFO, "checkpoint: round %d written to %s", self.state.round, path)
+
+    def _load_checkpoint(self, path: str) -> None:
+        try:
+            state, extra = admm.load_state(path)
+        except (OSError, KeyError, ValueError) as exc:
+            raise InputError(f"resume: cannot read checkpoint {path}: {exc}") from None
+        sites = [str(s) for s in extra["sites"]]
+        if sites != list(self.sites):
+            raise InputError(
+                f"resume: the checkpoint's sites {sites[:5]} are not this "
+                f"federation's {list(self.sites)[:5]}"
+            )
+        if state.beta.shape != self.state.beta.shape:
+            raise InputError(
+                f"resume: coefficients of shape {state.beta.shape}, expected "
+                f"{self.state.beta.shape}"
+            )
+        if (
+            "center" in extra
+            and self.registry.center is not None
+            and not np.allclose(extra["center"], self.registry.center, rtol=0, atol=0)
+        ):
+            raise InputError("resume: the sites' data changed since the checkpoint")
+        qn = {k[3:]: v for k, v in extra.items() if k.startswith("qn_")}
+        if bool(qn) != (self.qn is not None):
+            raise InputError(
+                f"resume: the checkpoint was written by another algorithm than {self.algorithm!r}"
+            )
+        if qn:
+            self.qn = pqn.QuasiNewtonState.from_arrays(qn)
+        self.state = state
+        self.loss = np.asarray(extra["loss"], dtype=float)
+        self.history.rows = json.loads(str(extra["history"]))
+        log(INFO, "resumed from %s at round %d", path, state.round)

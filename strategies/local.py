@@ -1,0 +1,94 @@
+"""A site's local ADMM step, written once for every datafit (Flower-free).
+
+A *datafit* is a site's smooth loss ``f`` with
+
+- ``value(b)`` and ``grad(b)``;
+- ``lipschitz()``: a bound ``L`` on the curvature of ``f`` (the Lipschitz constant of its
+  gradient);
+- ``prox(center, c, x0=None)``: ``argmin_b f(b) + (c/2) ||b - center||^2`` (exactly, or to
+  machine precision; ``x0`` is a start for iterative solvers).
+
+The AUC surrogate of GrAUC-PFL (:class:`grauc_flower.auc.PairwiseLogistic`) and the
+least-squares loss of RowFed (:class:`rowfed_flower.core.LocalLeastSquares`) both are.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+#: The local solvers: the exact proximal step, or the paper's one linearized gradient step.
+LOCAL_SOLVERS = ("prox", "linearized")
+#: Relative slack in the prox step's curvature: ``c = rho sigma_max (1 + PROX_SLACK)``.
+PROX_SLACK = 1e-6
+
+
+class Datafit(Protocol):
+    """What the local solvers need of a site's loss."""
+
+    def value(self, b: np.ndarray) -> float: ...
+
+    def grad(self, b: np.ndarray) -> np.ndarray: ...
+
+    def lipschitz(self) -> float: ...
+
+    def prox(self, center: np.ndarray, c: float, x0: np.ndarray | None = None) -> np.ndarray: ...
+
+
+def curvature(solver: str, lipschitz, rho_sigma: float):
+    """The curvature ``c_z`` of a site's local step (scalar or array, as ``lipschitz``).
+
+    Parameters
+    ----------
+    solver : {"prox", "linearized"}
+    lipschitz : float or ndarray
+        The site's bound ``L_z`` (``mu_z`` in GrAUC-PFL).
+    rho_sigma : float
+        ``rho sigma_max``, with ``sigma_max = lambda_max(A^T A)`` of the penalty's splits.
+
+    Notes
+    -----
+    ``linearized``: ``c_z = L_z + rho sigma_max``, a majorizer of the augmented Lagrangian
+    (``f`` by its ``L``-quadratic bound, the augmented term by its ``rho sigma_max`` bound).
+    ``prox``: ``c_z = rho sigma_max (1 + PROX_SLACK)``; the linearized augmented term alone
+    needs ``c > rho sigma_max``.  A site without neighbours (``sigma_max = 0``) gets ``rho``
+    in place of ``rho sigma_max`` for ``prox``: its step is then its own regularized fit.
+    """
+    lipschitz = np.asarray(lipschitz, dtype=float)
+    if solver == "linearized":
+        return lipschitz + rho_sigma
+    if solver == "prox":
+        base = rho_sigma if rho_sigma > 0 else 1.0
+        return np.full_like(lipschitz, base * (1.0 + PROX_SLACK))
+    raise ValueError(f"local-solver: must be one of {', '.join(LOCAL_SOLVERS)}, got {solver!r}")
+
+
+def local_step(
+    f: Datafit, tilde: np.ndarray, previous: np.ndarray, c: float, solver: str
+) -> np.ndarray:
+    """A site's new coefficients from the server's ``tilde``.
+
+    ``prox``: ``argmin_b f(b) + (c/2) ||b - tilde||^2``; ``linearized``:
+    ``tilde - grad f(previous) / c`` (the same problem with ``f`` linearized at
+    ``previous``).
+    """
+    if solver == "linearized":
+        return tilde - f.grad(previous) / c
+    if solver == "prox":
+        return f.prox(tilde, c, x0=previous)
+    raise ValueError(f"local-solver: must be one of {', '.join(LOCAL_SOLVERS)}, got {solver!r}")
+
+
+def admm_update(
+    f: Datafit, beta: np.ndarray, pull: np.ndarray, rho_sigma: float, solver: str
+) -> np.ndarray:
+    """What a site does with an ADMM instruction ``[beta_z, pull_z]``.
+
+    It forms its global component ``tilde = beta_z - pull_z / c_z`` with its own curvature
+    ``c_z`` (:func:`curvature`, from its own ``L_z``) and takes the local step.  The pull
+    ``[Omega^T (gamma + rho (Omega beta - delta))]_z`` comes from the server
+    (:meth:`strategies.fused.FusedSiteStrategy.pull`).
+    """
+    c = float(curvature(solver, f.lipschitz(), rho_sigma))
+    return local_step(f, beta - pull / c, beta, c, solver)

@@ -1,0 +1,424 @@
+"""Flower strategies for RowFed and its baselines.
+
+They unpack, call the pure steps of :mod:`strategies.admm` / :mod:`strategies.pqn`
+(through :class:`~strategies.fused.FusedSiteStrategy`) and pack.  All per-client state is
+keyed by the site id each client reports at registration, never by node id.
+
+- :class:`RowFedStrategy`: one oracle-initialization round (each client returns its own
+  ridge or NonFed fit: ``rowfed.init``), then ADMM rounds with seeded partial participation,
+  or pqn rounds.  ``fusion_grouping="block"`` gives PerFL-LSMA.
+- :class:`NonFedStrategy`: one round of local fits (same sparsity).
+- :class:`RowFedAvg`: Flower's own FedAvg on one common ``Theta`` (clients take local
+  proximal-gradient steps), evaluated only at the end.
+"""
+
+from __future__ import annotations
+
+from logging import INFO
+
+import numpy as np
+from flwr.common import FitIns, Parameters, log
+from flwr.server.client_proxy import ClientProxy
+
+from . import admm
+from .base import SiteStrategy
+from .config import RowFedConfig
+from .errors import InputError
+from .fedavg import RegisteringFedAvg
+from .fused import FusedSiteStrategy
+from .problems import (
+    FUSION,
+    SPARSITY,
+    degrees_of_freedom,
+    exact_row_clusters,
+    fitted_structure,
+    gic,
+    rowfed_problem,
+)
+from .registry import EMPTY, Registry
+from .wire import pack, unpack
+
+
+def rowfed_registry() -> Registry:
+    """The registry of a RowFed run: standardization divides by the pooled SD only (with
+    an intercept each client centres its own data; without one a centring would add one)."""
+    return Registry(centre=False)
+
+
+def rowfed_meta(p: int, q: int, y: np.ndarray) -> dict:
+    """A RowFed client's registration ``meta``: its dimensions and ``sum y`` (packed)."""
+    return {"p": int(p), "q": int(q), "sum_y": pack(np.asarray(y, dtype=float).sum(axis=0))}
+
+
+def dims(registry: Registry, sites: list[str]) -> tuple[int, int]:
+    """``(p, q)`` shared by ``sites``; :class:`InputError` when they disagree."""
+    pq = {(int(registry.sites[s].meta["p"]), int(registry.sites[s].meta["q"])) for s in sites}
+    if len(pq) != 1:
+        raise InputError(f"data: clients report different (p, q): {sorted(pq)}")
+    return pq.pop()
+
+
+def client_means(registry: Registry, sites: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-client training means of ``x`` ``(M, p)`` and ``y`` ``(M, q)``, input scale."""
+    info = [registry.sites[s] for s in sites]
+    return (
+        np.stack([i.sum_x / i.n for i in info]),
+        np.stack([unpack(i.meta["sum_y"]) / i.n for i in info]),
+    )
+
+
+class _RowFedOutputs:
+    """What every RowFed comparator reports: coefficients on the input scale, intercepts,
+    the row structure and the objective (``coefficients_std()`` is ``(M, p, q)``)."""
+
+    eval_metric = "mse_pred"
+
+    def intercepts(self) -> np.ndarray | None:
+        """``b_m = ybar_m - xbar_m^T Theta_m`` (input scale) ``(M, q)``, or ``None``."""
+        if not self.cfg.intercept:
+            return None
+        x_mean, y_mean = client_means(self.registry, self.sites)
+        return y_mean - np.einsum("mp,mpq->mq", x_mean, self.coefficients())
+
+    def structure(self) -> tuple[np.ndarray, np.ndarray]:
+        """Row clusters ``(M, p)`` and support ``(M, p, q)`` of the fit."""
+        theta = self.coefficients_std()
+        return exact_row_clusters(theta), theta != 0.0
+
+    def clusters(self) -> np.ndarray:
+        return self.structure()[0]
+
+    def rss(self) -> float:
+        """``sum_m ||Y_m - X_m Theta_m||_F^2`` from the clients' evaluation answers."""
+        if len(self.evaluation) < len(self.sites):
+            return float("nan")
+        return float(sum(m["rss"] for m in self.evaluation.values()))
+
+    def gic(self) -> float:
+        """GIC of the fit from the uploaded RSS; ``nan`` before evaluation."""
+        rss = self.rss()
+        if not np.isfinite(rss):
+            return float("nan")
+        labels, support = self.structure()
+        n_total = sum(self.registry.sites[s].n for s in self.sites)
+        m, p, q = self.coefficients_std().shape
+        return gic(rss, n_total, p, q, m, degrees_of_freedom(labels, support))
+
+
+def _local_config(cfg: RowFedConfig, init: str) -> dict:
+    """A client's own fit: the oracle start (``init = ridge``) or NonFed (``nonfed``)."""
+    return {
+        "task": "local",
+        "init": init,
+        "penalty": cfg.penalty,
+        "concavity": float(cfg.concavity),
+        "lam2": float(cfg.lam2),
+        "sparsity": cfg.sparsity,
+    }
+
+
+class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
+    """RowFed: linearized ADMM with seeded partial participation, or pqn.
+
+    Rounds: one oracle-initialization round (``rowfed.init``: each client returns its ridge
+    or NonFed fit; skipped when ``theta0`` is given, e.g. a warm start), then the method's
+    rounds (:class:`~strategies.fused.FusedSiteStrategy`).  Failures are non-participants.
+
+    Parameters
+    ----------
+    cfg : RowFedConfig
+    n_sites : int
+    registry : Registry, optional
+        Shared between methods of one run (registration happens once).
+    fusion_grouping : {"row", "block"}
+        Row-wise fusion (RowFed) or matrix-wise fusion (PerFL-LSMA).
+    theta0 : ndarray, shape (M, p, q), optional
+        Working-scale start in federation order (no initialization round).
+    progress : callable, optional
+        ``progress(round, objective, residuals, elapsed)``.
+    graph_builder : callable, optional
+        ``graph_builder(sites) -> (edges, weights)`` for ``cfg.graph`` other than
+        ``all-pairs`` (:func:`rowfed_flower.data.read_graph`).
+    timeout : float, optional
+    """
+
+    count_column = "n_participants"
+    first_curvature = 1.0  # L_m = lambda_max(X_m^T X_m / n_m): B_z >= the exact Hessian
+    qn_model = "secant"  # the least-squares loss is quadratic: the model becomes X^T X / n
+    threshold_start = True  # each round starts with the thresholds (round 0's half-step)
+
+    def __init__(
+        self,
+        cfg: RowFedConfig,
+        n_sites: int,
+        registry: Registry | None = None,
+        fusion_grouping: str = "row",
+        theta0: np.ndarray | None = None,
+        progress=None,
+        graph_builder=None,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__(
+            n_sites,
+            registry if registry is not None else rowfed_registry(),
+            standardize=cfg.standardize,
+            min_fit_fraction=0.0,  # failures are non-participants
+            timeout=timeout,
+            algorithm=cfg.resolved_algorithm,
+            rho=cfg.rho,
+            alpha=cfg.alpha,
+            tol=cfg.tol,
+            max_rounds=cfg.max_rounds,
+            participation=cfg.participation,
+            seed=cfg.seed,
+            local_solver=cfg.local_solver,
+            progress=progress,
+        )
+        self.cfg = cfg
+        self.fusion_grouping = fusion_grouping
+        self.theta0 = None if theta0 is None else np.array(theta0, dtype=float)
+        self.graph_builder = graph_builder
+        self.phase = "init"
+
+    def work_config(self) -> dict:
+        return {"intercept": bool(self.cfg.intercept), **self.registry.scaling_config()}
+
+    def _become_ready(self) -> None:
+        self.n_responses = dims(self.registry, self.registry.order())[1]
+        super()._become_ready()
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        m = len(self.sites)
+        if cfg.graph == "all-pairs":
+            self.edges, self.weights = None, None
+        elif self.graph_builder is None:
+            raise ValueError(f"graph_builder: needed for graph {cfg.graph!r}")
+        else:
+            self.edges, self.weights = self.graph_builder(self.sites)
+        self.problem = rowfed_problem(cfg, m, self.edges, self.weights, self.fusion_grouping)
+        shape = (m, self.n_features, self.n_responses)
+        if self.theta0 is not None:
+            if self.theta0.shape != shape:
+                raise InputError(f"theta0: need shape {shape}, got {self.theta0.shape}")
+            self._begin(self.theta0, None)
+        else:
+            self.theta_init = np.full(shape, np.nan)
+            self.loss = np.full(m, np.nan)
+        log(
+            INFO,
+            "RowFed (%s fusion): %d clients, %d edges, p = %d, q = %d, sigma_max = %.4g",
+            self.fusion_grouping,
+            m,
+            self.problem.splits[FUSION].matrix.shape[0],
+            self.n_features,
+            self.n_responses,
+            self.problem.sigma_max(),
+        )
+
+    def _begin(self, theta0: np.ndarray, loss: np.ndarray | None) -> None:
+        self._start(theta0, use_qn=self.algorithm == "pqn", loss=loss)
+        self.phase = "fit"
+
+    def update_shape(self) -> tuple[int, ...] | None:
+        """One ``p x q`` matrix: coefficients (ADMM, initialization) or a gradient (pqn)."""
+        return (self.n_features, self.n_responses)
+
+    def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
+        if self.phase != "init":
+            return super()._instructions(clients)
+        by_site = {self.registry.cid_to_site[c.cid]: c for c in clients}
+        config = {**_local_config(self.cfg, self.cfg.init), **self.work_config()}
+        return [
+            (by_site[s], FitIns(EMPTY, {**config, "site": s}))
+            for s in self.sites
+            if s in by_site and np.isnan(self.theta_init[self.site_index[s]]).any()
+        ]
+
+    def _aggregate(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
+        if self.phase != "init":
+            return super()._aggregate(server_round, answered)
+        for site, (_, res) in answered.items():
+            z = self.site_index[site]
+            self.theta_init[z] = self.updates[site]
+            self.loss[z] = float(res.metrics["loss"])
+        if not np.isnan(self.theta_init).any():
+            self._begin(self.theta_init, self.loss)
+        return EMPTY, {}
+
+    @property
+    def rounds(self) -> int:
+        """Communication rounds after the initialization round."""
+        return 0 if self.phase == "init" else super().rounds
+
+    def coefficients_std(self) -> np.ndarray:
+        """``Theta`` with the exact zeros of the sparsity split's ``eta``: entries (or rows)
+        that ``eta`` sets to zero are zero; they differ from ``Theta`` by at most the primal
+        residual.  Fused rows are read from ``delta`` (:meth:`clusters`)."""
+        if self.phase == "init":
+            return self.theta_init
+        if self.qn is not None:  # pqn: the zeros of the last model problem's eta
+            if self.qn.inner is None:
+                return self.qn.x
+            return np.where(self.qn.inner.delta[SPARSITY] == 0.0, 0.0, self.qn.x)
+        eta = self.state.delta[SPARSITY]
+        return np.where(eta == 0.0, 0.0, self.state.beta)
+
+    def warm_start(self) -> np.ndarray:
+        """The working-scale coefficients to start a neighbouring fit from."""
+        return self.theta_init if self.phase == "init" else np.array(self.state.beta)
+
+    def structure(self) -> tuple[np.ndarray, np.ndarray]:
+        """Clusters from the fusion ``delta``, support from the sparsity ``eta``."""
+        if self.phase == "init":
+            return super().structure()
+        if self.qn is not None:
+            if self.qn.inner is None:
+                return super().structure()
+            inner = self.qn.inner
+            state = admm.AdmmState(self.qn.x, inner.delta, inner.u, inner.rho, self.qn.round)
+            return fitted_structure(self.problem, state)
+        return fitted_structure(self.problem, self.state)
+
+
+class NonFedStrategy(_RowFedOutputs, SiteStrategy):
+    """NonFed: every client fits alone with the same sparsity penalty (one round)."""
+
+    def __init__(
+        self,
+        cfg: RowFedConfig,
+        n_sites: int,
+        registry: Registry | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__(
+            n_sites,
+            registry if registry is not None else rowfed_registry(),
+            cfg.standardize,
+            min_fit_fraction=0.0,
+            timeout=timeout,
+        )
+        self.cfg = cfg
+        self.history = admm.History()
+
+    def work_config(self) -> dict:
+        return {"intercept": bool(self.cfg.intercept), **self.registry.scaling_config()}
+
+    def _setup(self) -> None:
+        m = len(self.sites)
+        q = dims(self.registry, self.sites)[1]
+        self.theta = np.full((m, self.n_features, q), np.nan)
+        self.loss = np.full(m, np.nan)
+
+    def update_shape(self) -> tuple[int, ...]:
+        return self.theta.shape[1:]
+
+    def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
+        config = {**_local_config(self.cfg, "nonfed"), **self.work_config()}
+        out = []
+        for c in clients:
+            site = self.registry.cid_to_site[c.cid]
+            if np.isnan(self.theta[self.site_index[site]]).any():
+                out.append((c, FitIns(EMPTY, {**config, "site": site})))
+        return out
+
+    def _aggregate(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
+        for site, (_, res) in answered.items():
+            z = self.site_index[site]
+            self.theta[z] = self.updates[site]
+            self.loss[z] = float(res.metrics["loss"])
+        self.done = not np.isnan(self.theta).any()
+        self.converged = self.done
+        if self.done:
+            penalty = rowfed_problem(self.cfg, len(self.sites)).splits[SPARSITY]
+            self.history.append(
+                round=1,
+                objective=float(np.sum(self.loss) + penalty.value(self.theta)),
+                primal_residual=np.nan,
+                dual_residual=np.nan,
+                rho=np.nan,
+                n_participants=len(answered),
+            )
+        return EMPTY, {}
+
+    @property
+    def rounds(self) -> int:
+        return 1
+
+    def coefficients_std(self) -> np.ndarray:
+        return self.theta
+
+    def warm_start(self) -> np.ndarray:
+        return self.theta
+
+    def objective(self) -> float:
+        return self.history.rows[-1]["objective"] if self.history.rows else float("nan")
+
+
+class RowFedAvg(_RowFedOutputs, RegisteringFedAvg):
+    """Flower's own FedAvg on one common ``Theta`` with the sparsity penalty: clients take
+    ``fedavg-local-steps`` proximal-gradient steps (``task = fedavg``); the server averages
+    weighted by ``n_m`` (Flower's ``aggregate``)."""
+
+    count_column = "n_participants"
+
+    def __init__(
+        self,
+        cfg: RowFedConfig,
+        n_sites: int,
+        registry: Registry | None = None,
+        initial: np.ndarray | None = None,
+        progress=None,
+        timeout: float | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.sparsity = rowfed_problem(cfg, 1).splits[SPARSITY]
+        super().__init__(
+            n_sites,
+            registry if registry is not None else rowfed_registry(),
+            rounds=cfg.fedavg_rounds,
+            standardize=cfg.standardize,
+            initial=initial,
+            progress=progress,
+            timeout=timeout,
+        )
+
+    def local_config(self) -> dict:
+        cfg = self.cfg
+        return {
+            "task": "fedavg",
+            "fedavg-local-steps": cfg.fedavg_local_steps,
+            "fedavg-lr": cfg.fedavg_lr,
+            "penalty": cfg.penalty,
+            "concavity": float(cfg.concavity),
+            "lam2": float(cfg.lam2),
+            "sparsity": cfg.sparsity,
+        }
+
+    def work_config(self) -> dict:
+        return {"intercept": bool(self.cfg.intercept), **self.registry.scaling_config()}
+
+    def round_objective(self, losses, n, previous) -> float:
+        """The objective restricted to a common ``Theta`` (fusion = 0), at the ``Theta`` the
+        clients received; ``nan`` when a client did not answer."""
+        if len(losses) != self.n_sites:
+            return float("nan")
+        start = previous if previous is not None else np.zeros_like(self.global_model)
+        return float(sum(losses.values()) + self.n_sites * self.sparsity.value(start[None]))
+
+    def warm_start(self) -> np.ndarray:
+        return self.coefficients_std()
+
+    def gic(self) -> float:
+        return float("nan")
+
+
+__all__ = [
+    "NonFedStrategy",
+    "RowFedAvg",
+    "RowFedStrategy",
+    "client_means",
+    "dims",
+    "rowfed_meta",
+    "rowfed_registry",
+]
