@@ -15,7 +15,14 @@ import os
 import sys
 import time
 
-from strategies.cli_utils import Parser, atomic_output_dir, fail, project_dir
+from strategies.cli_utils import (
+    Parser,
+    add_settings,
+    atomic_output_dir,
+    fail,
+    project_dir,
+    settings_from_args,
+)
 from strategies.config import GRAUC_METHODS, GrAUCConfig, to_run_config
 from strategies.errors import InputError
 
@@ -34,57 +41,59 @@ def _fit_parser(sub) -> None:
     p.add_argument("--data", default="", help="CSV: site, y (0/1), features (or the CDC file)")
     p.add_argument("--sites", default="", help="CSV: site, lat, lon (source csv)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--counties", default="", help="cdc: comma-separated county FIPS codes")
-    p.add_argument("--num-counties", type=int, default=18, help="cdc: the largest N counties")
+    p.add_argument(
+        "--counties",
+        default="",
+        help="cdc: comma-separated county FIPS codes (default: the largest)",
+    )
+    p.add_argument(
+        "--num-counties", type=int, default=18, help="cdc: the largest N counties (default: 18)"
+    )
     p.add_argument(
         "--train-fraction",
         type=float,
         default=0.0,
         help="cdc/crime: training share of each class per site (default cdc 0.2, crime 0.5)",
     )
-    p.add_argument("--min-per-class", type=int, default=0, help="cdc 15, crime 5 by default")
-    p.add_argument("--max-per-class", type=int, default=5000, help="0 = no limit")
-    p.add_argument("--missing-levels", default="level", choices=("level", "drop"))
-    p.add_argument("--data-seed", type=int, default=0, help="cdc/crime: the train/test split")
-    p.add_argument("--method", default="grauc", choices=GRAUC_METHODS)
-    p.add_argument("--engine", default="inprocess", choices=("inprocess", "flower"))
-    p.add_argument("--lam", type=float, default=D.lam)
-    p.add_argument("--ridge", type=float, default=D.ridge)
-    p.add_argument("--w-dist", type=float, default=D.w_dist)
-    p.add_argument("--q", type=float, default=D.q)
-    p.add_argument("--rho", type=float, default=D.rho)
-    p.add_argument("--graph", default=D.graph, choices=("mst", "knn", "complete"))
-    p.add_argument("--knn-k", type=int, default=D.knn_k)
-    p.add_argument("--penalty", default=D.penalty, choices=("l1", "group"))
     p.add_argument(
-        "--algorithm",
-        default=D.algorithm,
-        choices=("pqn", "admm"),
-        help="pqn: proximal quasi-Newton (few rounds); admm: the paper's ADMM",
+        "--min-per-class",
+        type=int,
+        default=0,
+        help="cdc/crime: a site needs this many of each class (default: cdc 15, crime 5)",
     )
-    p.add_argument("--local-solver", default=D.local_solver, choices=("prox", "linearized"))
-    p.add_argument("--init", default=D.init, choices=("random", "zeros"))
-    p.add_argument("--tol", type=float, default=D.tol)
-    p.add_argument("--max-rounds", type=int, default=D.max_rounds)
-    p.add_argument("--seed", type=int, default=D.seed)
-    p.add_argument("--standardize", default=D.standardize, choices=("none", "federated"))
     p.add_argument(
-        "--missing-class",
-        default=D.missing_class,
-        choices=("error", "borrow"),
-        help="a site whose data lack a class: reject, or let it borrow its model "
-        "from its neighbours",
+        "--max-per-class",
+        type=int,
+        default=5000,
+        help="cdc/crime: at most this many rows per class and site; 0 = all (default: 5000)",
     )
-    p.add_argument("--fedavg-rounds", type=int, default=D.fedavg_rounds)
-    p.add_argument("--fedavg-local-steps", type=int, default=D.fedavg_local_steps)
-    p.add_argument("--fedavg-lr", type=float, default=D.fedavg_lr)
+    p.add_argument(
+        "--missing-levels",
+        default="level",
+        choices=("level", "drop"),
+        help="cdc: Missing/Unknown covariates as a level of their own, or drop the rows "
+        "(default: level)",
+    )
+    p.add_argument(
+        "--data-seed", type=int, default=0, help="cdc/crime: the train/test split (default: 0)"
+    )
+    p.add_argument(
+        "--method", default="grauc", choices=GRAUC_METHODS, help="the method (default: grauc)"
+    )
+    p.add_argument(
+        "--engine",
+        default="inprocess",
+        choices=("inprocess", "flower"),
+        help="inprocess: Flower's server in this process; flower: flwr run (default: inprocess)",
+    )
+    add_settings(p, GrAUCConfig)
     p.add_argument(
         "--checkpoint",
         default="",
         metavar="FILE",
         help="write the server's ADMM state to FILE (.npz) every K rounds",
     )
-    p.add_argument("--checkpoint-every", type=int, default=10, metavar="K")
+    p.add_argument("--checkpoint-every", type=int, default=10, metavar="K", help="(default: 10)")
     p.add_argument("--resume", default="", metavar="FILE", help="start from a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -132,27 +141,7 @@ def build_parser() -> Parser:
 
 
 def config_from_args(a) -> GrAUCConfig:
-    return GrAUCConfig(
-        lam=a.lam,
-        ridge=a.ridge,
-        w_dist=a.w_dist,
-        q=a.q,
-        rho=a.rho,
-        graph=a.graph,
-        knn_k=a.knn_k,
-        penalty=a.penalty,
-        algorithm=a.algorithm,
-        local_solver=a.local_solver,
-        init=a.init,
-        tol=a.tol,
-        max_rounds=a.max_rounds,
-        seed=a.seed,
-        standardize=a.standardize,
-        missing_class=a.missing_class,
-        fedavg_rounds=a.fedavg_rounds,
-        fedavg_local_steps=a.fedavg_local_steps,
-        fedavg_lr=a.fedavg_lr,
-    )
+    return settings_from_args(GrAUCConfig, a)
 
 
 class Progress:

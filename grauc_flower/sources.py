@@ -4,7 +4,7 @@ this in every message's process)."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config, parse_methods
 from strategies.errors import InputError
@@ -39,47 +39,50 @@ class DataSpec:
 
     @classmethod
     def from_run_config(cls, rc: dict) -> DataSpec:
-        return cls(
-            source=str(rc.get("data.source", "simulated")),
-            simulation=int(rc.get("data.simulation", 1)),
-            n_sites=int(rc.get("data.num-sites", 20)),
-            n_features=int(rc.get("data.num-features", 10)),
-            n_train=int(rc.get("data.n-train", 50)),
-            n_test=int(rc.get("data.n-test", 200)),
-            prevalence=float(rc.get("data.prevalence", 0.3)),
-            level=int(rc.get("data.level", 3)),
-            data_seed=int(rc.get("data.seed", 0)),
-            data_path=str(rc.get("data.path", "")),
-            sites_path=str(rc.get("data.sites-path", "")),
-            allow_missing_class=str(rc.get("grauc.missing-class", "error")) == "borrow",
-            counties=str(rc.get("data.counties", "")),
-            num_counties=int(rc.get("data.num-counties", 18)),
-            train_fraction=float(rc.get("data.train-fraction", 0.0)),
-            min_per_class=int(rc.get("data.min-per-class", 0)),
-            max_per_class=int(rc.get("data.max-per-class", 5000)),
-            missing_levels=str(rc.get("data.missing-levels", "level")),
-        )
+        """The spec from a run config's ``data.*`` keys (and ``grauc.missing-class``); an
+        unknown ``data.*`` key or a value of the wrong type is an error naming the key."""
+        kinds = {f.name: f.type for f in fields(cls)}
+        kwargs = {}
+        for key, value in rc.items():
+            if not key.startswith("data."):
+                continue
+            if key not in DATA_KEYS:
+                raise InputError(f"{key}: unknown setting")
+            name = DATA_KEYS[key]
+            kind = {"int": int, "float": float, "str": str}[kinds[name]]
+            try:
+                if kind is int and isinstance(value, float) and not value.is_integer():
+                    raise ValueError
+                kwargs[name] = kind(value)
+            except (TypeError, ValueError):
+                raise InputError(f"{key}: expected {kinds[name]}, got {value!r}") from None
+        kwargs["allow_missing_class"] = str(rc.get("grauc.missing-class", "error")) == "borrow"
+        return cls(**kwargs)
 
     def to_run_config(self) -> dict:
-        return {
-            "data.source": self.source,
-            "data.simulation": self.simulation,
-            "data.num-sites": self.n_sites,
-            "data.num-features": self.n_features,
-            "data.n-train": self.n_train,
-            "data.n-test": self.n_test,
-            "data.prevalence": self.prevalence,
-            "data.level": self.level,
-            "data.seed": self.data_seed,
-            "data.path": self.data_path,
-            "data.sites-path": self.sites_path,
-            "data.counties": self.counties,
-            "data.num-counties": self.num_counties,
-            "data.train-fraction": self.train_fraction,
-            "data.min-per-class": self.min_per_class,
-            "data.max-per-class": self.max_per_class,
-            "data.missing-levels": self.missing_levels,
-        }
+        return {key: getattr(self, name) for key, name in DATA_KEYS.items()}
+
+
+#: Run-config key -> :class:`DataSpec` field.
+DATA_KEYS = {
+    "data.source": "source",
+    "data.simulation": "simulation",
+    "data.num-sites": "n_sites",
+    "data.num-features": "n_features",
+    "data.n-train": "n_train",
+    "data.n-test": "n_test",
+    "data.prevalence": "prevalence",
+    "data.level": "level",
+    "data.seed": "data_seed",
+    "data.path": "data_path",
+    "data.sites-path": "sites_path",
+    "data.counties": "counties",
+    "data.num-counties": "num_counties",
+    "data.train-fraction": "train_fraction",
+    "data.min-per-class": "min_per_class",
+    "data.max-per-class": "max_per_class",
+    "data.missing-levels": "missing_levels",
+}
 
 
 @functools.lru_cache(maxsize=4)

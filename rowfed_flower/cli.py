@@ -23,7 +23,14 @@ import os
 import sys
 import time
 
-from strategies.cli_utils import Parser, atomic_output_dir, fail, project_dir
+from strategies.cli_utils import (
+    Parser,
+    add_settings,
+    atomic_output_dir,
+    fail,
+    project_dir,
+    settings_from_args,
+)
 from strategies.config import ROWFED_METHODS, RowFedConfig, rowfed_run_config
 from strategies.errors import InputError
 
@@ -31,74 +38,28 @@ from strategies.errors import InputError
 DEFAULT_LAM1_GRID = "0.5,0.2,0.1,0.05,0.02,0.01"
 DEFAULT_LAM2_GRID = "0.1,0.05,0.02,0.01,0.005"
 
-#: Option name -> RowFedConfig field (only options the user gives override the defaults).
-CONFIG_OPTIONS = (
-    "penalty",
-    "concavity",
-    "lam1",
-    "lam2",
-    "sparsity",
-    "graph",
-    "participation",
-    "rho",
-    "alpha",
-    "algorithm",
-    "local_solver",
-    "init",
-    "tol",
-    "max_rounds",
-    "intercept",
-    "standardize",
-    "fedavg_rounds",
-    "fedavg_local_steps",
-    "fedavg_lr",
-    "seed",
-)
-
 
 def build_parser() -> argparse.ArgumentParser:
-    d = RowFedConfig()
     parser = Parser(prog="python -m rowfed_flower", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     fit = sub.add_parser("fit", help="fit RowFed (or a baseline) to a CSV file")
     fit.add_argument("--data", required=True, help="CSV with a client column")
     fit.add_argument("--responses", required=True, help="comma-separated response columns")
     fit.add_argument("--out", required=True, help="output directory")
-    fit.add_argument("--method", choices=ROWFED_METHODS, default="rowfed")
-    fit.add_argument("--engine", choices=("inprocess", "flower"), default="inprocess")
-    fit.add_argument("--client-column", default="client", help="default: client")
-    fit.add_argument("--penalty", choices=("lasso", "mcp", "scad"), help=f"default {d.penalty}")
-    fit.add_argument("--concavity", type=float, help="0 = default (3 MCP, 3.7 SCAD)")
-    fit.add_argument("--lam1", type=float, help=f"fusion level (default {d.lam1})")
-    fit.add_argument("--lam2", type=float, help=f"sparsity level (default {d.lam2})")
+    fit.add_argument(
+        "--method", choices=ROWFED_METHODS, default="rowfed", help="the method (default: rowfed)"
+    )
+    fit.add_argument(
+        "--engine",
+        choices=("inprocess", "flower"),
+        default="inprocess",
+        help="inprocess: Flower's server in this process; flower: flwr run (default: inprocess)",
+    )
+    fit.add_argument("--client-column", default="client", help="(default: client)")
     fit.add_argument("--tune", choices=("gic",), help="choose (lam1, lam2) by GIC")
-    fit.add_argument("--lam1-grid", help=f"GIC grid (default {DEFAULT_LAM1_GRID})")
-    fit.add_argument("--lam2-grid", help=f"GIC grid (default {DEFAULT_LAM2_GRID})")
-    fit.add_argument("--sparsity", choices=("entry", "row"), help=f"default {d.sparsity}")
-    fit.add_argument("--graph", help="all-pairs (default) or an edge CSV: client_u,client_v")
-    fit.add_argument("--participation", type=float, help="pi in (0, 1] (default 1)")
-    fit.add_argument("--rho", type=float, help=f"ADMM penalty (default {d.rho})")
-    fit.add_argument("--alpha", type=float, help="rho <- alpha rho each round (default 1)")
-    fit.add_argument(
-        "--algorithm",
-        choices=("auto", "pqn", "admm"),
-        help="auto (default): pqn for the lasso with full participation, else admm",
-    )
-    fit.add_argument("--local-solver", choices=("prox", "linearized"), dest="local_solver")
-    fit.add_argument("--init", choices=("ridge", "nonfed"), help=f"default {d.init}")
-    fit.add_argument("--tol", type=float, help=f"residual tolerance (default {d.tol:g})")
-    fit.add_argument("--max-rounds", type=int, dest="max_rounds", help=f"default {d.max_rounds}")
-    fit.add_argument("--seed", type=int, help="participation draws (default 0)")
-    fit.add_argument(
-        "--intercept",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help=f"a free intercept per client (default {d.intercept})",
-    )
-    fit.add_argument("--standardize", choices=("none", "federated"), help="default none")
-    fit.add_argument("--fedavg-rounds", type=int, dest="fedavg_rounds")
-    fit.add_argument("--fedavg-local-steps", type=int, dest="fedavg_local_steps")
-    fit.add_argument("--fedavg-lr", type=float, dest="fedavg_lr")
+    fit.add_argument("--lam1-grid", help=f"GIC grid (default: {DEFAULT_LAM1_GRID})")
+    fit.add_argument("--lam2-grid", help=f"GIC grid (default: {DEFAULT_LAM2_GRID})")
+    add_settings(fit, RowFedConfig)
     fit.add_argument("--verbose", action="store_true", help="log every round")
     from .study import add_parser as _study_parser
 
@@ -124,8 +85,7 @@ def _grid(text: str, key: str) -> list[float]:
 
 
 def _config(args) -> RowFedConfig:
-    given = {k: getattr(args, k) for k in CONFIG_OPTIONS if getattr(args, k) is not None}
-    return RowFedConfig(**given)
+    return settings_from_args(RowFedConfig, args)
 
 
 def _run_flower(cfg: RowFedConfig, args, data, tmp: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import shutil
 import sys
@@ -18,6 +19,40 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401 - argparse API
         sys.stderr.write(f"error: {message}\n")
         raise SystemExit(2)
+
+
+def add_settings(parser: argparse.ArgumentParser, cls) -> None:
+    """One option per field of the settings dataclass ``cls`` (``--name-with-dashes``),
+    with its help, its choices and its default shown; an option not given keeps the
+    dataclass default (read back by :func:`settings_from_args`)."""
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        default = getattr(defaults, f.name)
+        shown = f"{default:g}" if isinstance(default, float) else str(default).lower()
+        kwargs = {
+            "dest": f.name,
+            "default": None,
+            "help": f"{f.metadata.get('help', '')} (default: {shown})",
+        }
+        if f.type == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = {"float": float, "int": int, "str": str}[f.type]
+            if f.metadata.get("choices"):
+                kwargs["choices"] = f.metadata["choices"]
+            else:
+                kwargs["metavar"] = f.name.upper()
+        parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+
+
+def settings_from_args(cls, args: argparse.Namespace):
+    """``cls`` with the options given on the command line (the rest: its defaults)."""
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if getattr(args, f.name, None) is not None
+    }
+    return cls(**given)
 
 
 def fail(message: str) -> int:

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from .errors import InputError
 from .penalties import DEFAULT_CONCAVITY, KINDS, Penalty
 
 GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled")
+
+
+def setting(default, help: str, choices: tuple[str, ...] | None = None):
+    """A settings field: its default, a one-line help and, for a choice, the values allowed
+    (what the run config, the command line and validation are derived from)."""
+    return field(default=default, metadata={"help": help, "choices": choices})
 
 
 def _check(cond: bool, key: str, msg: str, value) -> None:
@@ -25,38 +31,54 @@ def _check(cond: bool, key: str, msg: str, value) -> None:
 
 
 def _check_finite(settings) -> None:
-    """Every ``float`` setting is a finite number (``inf`` or ``nan`` would run and mislead)."""
+    """Every ``float`` setting is a finite number (``inf`` or ``nan`` would run and mislead)
+    and every choice one of its values."""
     for f in fields(settings):
+        value = getattr(settings, f.name)
+        key = f.name.replace("_", "-")
         if f.type == "float":
-            value = getattr(settings, f.name)
-            key = f.name.replace("_", "-")
             _check(math.isfinite(value), key, "must be a finite number", value)
+        choices = f.metadata.get("choices")
+        if choices:
+            _check(value in choices, key, f"must be one of {', '.join(choices)}", value)
 
 
 @dataclass(frozen=True)
 class GrAUCConfig:
     """Settings of a GrAUC-PFL fit and its baselines (run-config keys in brackets)."""
 
-    lam: float = 0.1  # [grauc.lam] fused-lasso level lambda >= 0
-    ridge: float = 1e-3  # [grauc.ridge] ridge eta >= 0
-    w_dist: float = 1.0  # [grauc.w-dist] Gaussian-kernel decay of edge weights >= 0
-    q: float = 0.01  # [grauc.q] smallest edge weight, in [0, 1]
-    rho: float = 0.1  # [grauc.rho] ADMM penalty > 0
-    graph: str = "mst"  # [grauc.graph] mst | knn | complete
-    knn_k: int = 3  # [grauc.knn-k] neighbours for graph = knn
-    penalty: str = "l1"  # [grauc.penalty] l1 | group
-    algorithm: str = "pqn"  # [grauc.algorithm] pqn (proximal quasi-Newton) | admm (the paper)
-    local_solver: str = "prox"  # [grauc.local-solver] prox | linearized (algorithm = admm)
-    init: str = "random"  # [grauc.init] random (N(0, I), the paper) | zeros
-    tol: float = 1e-6  # [grauc.tol] stopping tolerance > 0 (ADMM residuals; pqn: decrease)
-    max_rounds: int = 300  # [grauc.max-rounds] ADMM round limit >= 1
-    min_fit_fraction: float = 1.0  # [grauc.min-fit-fraction] sites needed for a round
-    standardize: str = "none"  # [grauc.standardize] none | federated
-    missing_class: str = "error"  # [grauc.missing-class] error | borrow
-    fedavg_rounds: int = 100  # [grauc.fedavg-rounds] FedAvg rounds >= 1
-    fedavg_local_steps: int = 5  # [grauc.fedavg-local-steps] local gradient steps >= 1
-    fedavg_lr: float = 0.0  # [grauc.fedavg-lr] local step size; 0 = 1/mu_z per site
-    seed: int = 0  # [seed] random seed (initial coefficients)
+    lam: float = setting(0.1, "fused-lasso level lambda >= 0")
+    ridge: float = setting(1e-3, "ridge eta >= 0")
+    w_dist: float = setting(1.0, "Gaussian-kernel decay of edge weights >= 0")
+    q: float = setting(0.01, "smallest edge weight, in [0, 1]")
+    rho: float = setting(0.1, "ADMM penalty > 0")
+    graph: str = setting("mst", "the graph over sites", ("mst", "knn", "complete"))
+    knn_k: int = setting(3, "neighbours for graph = knn")
+    penalty: str = setting("l1", "fusion per coordinate, or group-L2 per edge", ("l1", "group"))
+    algorithm: str = setting(
+        "pqn", "proximal quasi-Newton (few rounds), or the paper's ADMM", ("pqn", "admm")
+    )
+    local_solver: str = setting(
+        "prox", "the sites' ADMM step: exact, or one linearized step", ("prox", "linearized")
+    )
+    init: str = setting(
+        "random", "start: N(0, I) per site (the paper), or zeros", ("random", "zeros")
+    )
+    tol: float = setting(1e-6, "stopping tolerance > 0 (ADMM residuals; pqn: decrease)")
+    max_rounds: int = setting(300, "round limit >= 1")
+    min_fit_fraction: float = setting(1.0, "share of sites a round needs, in (0, 1]")
+    standardize: str = setting(
+        "none", "features as given, or by pooled mean and SD", ("none", "federated")
+    )
+    missing_class: str = setting(
+        "error",
+        "a site whose data lack a class: reject, or borrow its model from its neighbours",
+        ("error", "borrow"),
+    )
+    fedavg_rounds: int = setting(100, "FedAvg rounds >= 1")
+    fedavg_local_steps: int = setting(5, "local gradient steps >= 1")
+    fedavg_lr: float = setting(0.0, "local step size; 0 = 1/mu_z per site")
+    seed: int = setting(0, "random seed (initial coefficients)")
 
     def __post_init__(self) -> None:
         _check_finite(self)
@@ -65,27 +87,7 @@ class GrAUCConfig:
         _check(self.w_dist >= 0, "w-dist", "must be >= 0", self.w_dist)
         _check(0 <= self.q <= 1, "q", "must be in [0, 1]", self.q)
         _check(self.rho > 0, "rho", "must be > 0", self.rho)
-        _check(
-            self.graph in ("mst", "knn", "complete"),
-            "graph",
-            "must be mst, knn or complete",
-            self.graph,
-        )
         _check(self.knn_k >= 1, "knn-k", "must be >= 1", self.knn_k)
-        _check(self.penalty in ("l1", "group"), "penalty", "must be l1 or group", self.penalty)
-        _check(
-            self.algorithm in ("pqn", "admm"),
-            "algorithm",
-            "must be pqn or admm",
-            self.algorithm,
-        )
-        _check(
-            self.local_solver in ("prox", "linearized"),
-            "local-solver",
-            "must be prox or linearized",
-            self.local_solver,
-        )
-        _check(self.init in ("random", "zeros"), "init", "must be random or zeros", self.init)
         _check(self.tol > 0, "tol", "must be > 0", self.tol)
         _check(self.max_rounds >= 1, "max-rounds", "must be >= 1", self.max_rounds)
         _check(
@@ -93,18 +95,6 @@ class GrAUCConfig:
             "min-fit-fraction",
             "must be in (0, 1]",
             self.min_fit_fraction,
-        )
-        _check(
-            self.standardize in ("none", "federated"),
-            "standardize",
-            "must be none or federated",
-            self.standardize,
-        )
-        _check(
-            self.missing_class in ("error", "borrow"),
-            "missing-class",
-            "must be error or borrow",
-            self.missing_class,
         )
         _check(self.fedavg_rounds >= 1, "fedavg-rounds", "must be >= 1", self.fedavg_rounds)
         _check(
@@ -201,34 +191,40 @@ class RowFedConfig:
     keeps this true in later rounds.
     """
 
-    penalty: str = "lasso"  # [rowfed.penalty] lasso | mcp | scad
-    concavity: float = 0.0  # [rowfed.concavity] iota; 0 = default (3 MCP, 3.7 SCAD)
-    lam1: float = 0.05  # [rowfed.lam1] row-wise fusion level >= 0
-    lam2: float = 0.02  # [rowfed.lam2] sparsity level >= 0
-    sparsity: str = "entry"  # [rowfed.sparsity] entry | row
-    graph: str = "all-pairs"  # [rowfed.graph] all-pairs | path to an edge CSV
-    participation: float = 1.0  # [rowfed.participation] pi in (0, 1]
-    rho: float = 1.0  # [rowfed.rho] initial ADMM penalty > 0
-    alpha: float = 1.0  # [rowfed.alpha] rho <- alpha rho each round, >= 1
-    algorithm: str = "auto"  # [rowfed.algorithm] auto | pqn | admm (auto: see resolved_algorithm)
-    local_solver: str = "prox"  # [rowfed.local-solver] prox | linearized (algorithm admm)
-    init: str = "ridge"  # [rowfed.init] oracle initial estimate: ridge | nonfed
-    tol: float = 1e-6  # [rowfed.tol] absolute and relative residual tolerance > 0
-    max_rounds: int = 1000  # [rowfed.max-rounds] ADMM round limit >= 1
-    intercept: bool = True  # [rowfed.intercept] a free intercept per client and response
-    standardize: str = "none"  # [rowfed.standardize] none | federated (pooled SD)
-    fedavg_rounds: int = 100  # [rowfed.fedavg-rounds] FedAvg rounds >= 1
-    fedavg_local_steps: int = 5  # [rowfed.fedavg-local-steps] local prox-gradient steps >= 1
-    fedavg_lr: float = 0.0  # [rowfed.fedavg-lr] local step size; 0 = 1/L_m per client
-    seed: int = 0  # [seed] participation draws
+    penalty: str = setting("lasso", "penalty of fusion and sparsity", KINDS)
+    concavity: float = setting(0.0, "concavity iota of MCP/SCAD; 0 = 3 for MCP, 3.7 for SCAD")
+    lam1: float = setting(0.05, "row-wise fusion level >= 0")
+    lam2: float = setting(0.02, "sparsity level >= 0")
+    sparsity: str = setting("entry", "sparsity by entry or by row", ("entry", "row"))
+    graph: str = setting("all-pairs", "all-pairs, or an edge CSV: client_u,client_v[,weight]")
+    participation: float = setting(1.0, "each client takes part in a round with this probability")
+    rho: float = setting(1.0, "initial ADMM penalty > 0")
+    alpha: float = setting(1.0, "rho <- alpha rho each round, >= 1")
+    algorithm: str = setting(
+        "auto",
+        "auto: pqn for the lasso with full participation, else the paper's ADMM",
+        ("auto", "pqn", "admm"),
+    )
+    local_solver: str = setting(
+        "prox", "the clients' ADMM step: exact, or one linearized step", ("prox", "linearized")
+    )
+    init: str = setting("ridge", "each client's starting estimate", ("ridge", "nonfed"))
+    tol: float = setting(1e-6, "absolute and relative residual tolerance > 0")
+    max_rounds: int = setting(1000, "round limit >= 1")
+    intercept: bool = setting(True, "a free intercept per client and response")
+    standardize: str = setting(
+        "none", "predictors as given, or divided by the pooled SD", ("none", "federated")
+    )
+    fedavg_rounds: int = setting(100, "FedAvg rounds >= 1")
+    fedavg_local_steps: int = setting(5, "local prox-gradient steps >= 1")
+    fedavg_lr: float = setting(0.0, "local step size; 0 = 1/L_m per client")
+    seed: int = setting(0, "participation draws")
 
     def __post_init__(self) -> None:
         _check_finite(self)
-        _check(self.penalty in KINDS, "penalty", f"must be one of {', '.join(KINDS)}", self.penalty)
         _check(self.concavity >= 0, "concavity", "must be >= 0 (0 = default)", self.concavity)
         _check(self.lam1 >= 0, "lam1", "must be >= 0", self.lam1)
         _check(self.lam2 >= 0, "lam2", "must be >= 0", self.lam2)
-        _check(self.sparsity in ("entry", "row"), "sparsity", "must be entry or row", self.sparsity)
         _check(
             isinstance(self.graph, str) and self.graph != "",
             "graph",
@@ -243,35 +239,16 @@ class RowFedConfig:
         )
         _check(self.rho > 0, "rho", "must be > 0", self.rho)
         _check(
-            self.algorithm in ("auto", "pqn", "admm"),
-            "algorithm",
-            "must be auto, pqn or admm",
-            self.algorithm,
-        )
-        _check(
             self.algorithm != "pqn" or (self.penalty == "lasso" and self.participation == 1),
             "algorithm",
             "pqn needs penalty = lasso and participation = 1 (use admm)",
             self.algorithm,
         )
         _check(self.alpha >= 1, "alpha", "must be >= 1", self.alpha)
-        _check(
-            self.local_solver in ("prox", "linearized"),
-            "local-solver",
-            "must be prox or linearized",
-            self.local_solver,
-        )
-        _check(self.init in ("ridge", "nonfed"), "init", "must be ridge or nonfed", self.init)
         _check(self.tol > 0, "tol", "must be > 0", self.tol)
         _check(self.max_rounds >= 1, "max-rounds", "must be >= 1", self.max_rounds)
         _check(
             isinstance(self.intercept, bool), "intercept", "must be true or false", self.intercept
-        )
-        _check(
-            self.standardize in ("none", "federated"),
-            "standardize",
-            "must be none or federated",
-            self.standardize,
         )
         _check(self.fedavg_rounds >= 1, "fedavg-rounds", "must be >= 1", self.fedavg_rounds)
         _check(
