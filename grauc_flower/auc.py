@@ -1,6 +1,6 @@
 """The pairwise AUC surrogate, its Lipschitz constant, the empirical AUC and DeLong SEs.
 
-All Flower-free.  Notation follows METHODS.md A.1–A.2: a site holds ``n`` positives
+All Flower-free.  Notation follows docs/methods.md 1.1–A.2: a site holds ``n`` positives
 ``x_pos`` (``n x p``) and ``m`` negatives ``x_neg`` (``m x p``).
 """
 
@@ -39,7 +39,7 @@ class PairwiseLogistic:
     Value and gradient cost ``O(n m + (n + m) p)``: scores ``s+ = X+ b``, ``s- = X- b``, then
     the pair matrix ``W_ij = sigma(-(s+_i - s-_j))`` (chunked over rows), its row sums ``r``
     and column sums ``k``, and ``grad = -(X+^T r - X-^T k) / (n m) + eta b``
-    (METHODS.md A.2).  ``log(1 + exp(-t))`` is ``logaddexp(0, -t)``.
+    (docs/methods.md 1.1).  ``log(1 + exp(-t))`` is ``logaddexp(0, -t)``.
     """
 
     x_pos: np.ndarray
@@ -131,7 +131,7 @@ class PairwiseLogistic:
         Notes
         -----
         ``sum_ij d d^T = m X+^T X+ + n X-^T X- - S+ S-^T - S- S+^T`` with ``S+ = sum_i x+_i``
-        (METHODS.md A.2; the paper's ``mu_z``).
+        (docs/methods.md 1.1; the paper's ``mu_z``).
         """
         cached = self.__dict__.get("_mu")
         if cached is not None:  # the data never change: computed once per datafit

@@ -1,4 +1,4 @@
-"""Institution data: the paper's simulations (METHODS.md A.7) and CSV input (fit command)."""
+"""Institution data: the paper's simulations (docs/methods.md 1.8) and CSV input (fit command)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def class_sizes(n_total: int, prevalence: float, minimum: int = 4) -> tuple[int,
 
 
 def mean_shift(level: int, group: int, p: int) -> np.ndarray:
-    """``mu*`` of the positives (METHODS.md A.7): group 1 ``(0.9+D, 0.9, 0.9-D)``, group 2
+    """``mu*`` of the positives (docs/methods.md 1.8): group 1 ``(0.9+D, 0.9, 0.9-D)``, group 2
     ``(0.9-D, 0.9, 0.9+D)``, zero beyond the third coordinate; ``D`` by level (0 for none)."""
     d = LEVEL_SHIFT[level]
     mu = np.zeros(p)
@@ -83,7 +83,7 @@ def simulate(
     level: int = 3,
     seed: int = 0,
 ) -> list[SiteData]:
-    """The paper's simulations 1–4 (METHODS.md A.7).
+    """The paper's simulations 1–4 (docs/methods.md 1.8).
 
     Sites ``0 .. Z/2-1`` lie around Los Angeles, the rest around New York, each jittered
     uniformly by up to 1 degree.  Simulation 1: mean groups follow geography.  2: as 1 with

@@ -1,4 +1,4 @@
-"""The geographic graph over institutions and its edge weights (METHODS.md A.3), Flower-free."""
+"""The geographic graph over institutions and its edge weights (docs/methods.md 1.2)."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def complete_edges(z: int) -> np.ndarray:
 
 
 def edge_weights(d_edges: np.ndarray, bandwidth: float, w_dist: float, q: float) -> np.ndarray:
-    """``w_e = max(exp(-w_dist d_e^2 / H), q)`` (METHODS.md A.3; ``H`` = ``bandwidth``).
+    """``w_e = max(exp(-w_dist d_e^2 / H), q)`` (docs/methods.md 1.2; ``H`` = ``bandwidth``).
 
     ``w_dist = 0`` gives every edge weight 1.  ``H = 0`` (all sites at one place) gives 1.
     """

@@ -1,4 +1,4 @@
-"""Real data for GrAUC-PFL (METHODS.md A.8): the CDC COVID-19 case surveillance file with
+"""Real data for GrAUC-PFL (docs/methods.md 1.9): the CDC COVID-19 case surveillance file with
 counties as institutions, and UCI Communities and Crime with states as institutions.
 
 Both loaders return a :class:`SiteTable` (every institution's rows, before any split);
@@ -44,7 +44,7 @@ from strategies.errors import InputError
 
 from .data import SiteData
 
-#: The 19 columns of the CDC file (METHODS.md A.8), in the file's order.
+#: The 19 columns of the CDC file (docs/methods.md 1.9), in the file's order.
 CDC_COLUMNS = (
     "case_month",
     "res_state",
@@ -128,7 +128,7 @@ def stratified_split(
     table: SiteTable, train_fraction: float, seed: int, max_per_class: int = 0
 ) -> list[SiteData]:
     """Per institution and per class, a random ``train_fraction`` (see :func:`n_train_of`)
-    for training and the rest for testing (METHODS.md A.8: about 20% of each class).
+    for training and the rest for testing (docs/methods.md 1.9: about 20% of each class).
 
     ``max_per_class > 0`` first draws at most that many rows of each class of an
     institution (at random, with the same seed), bounding the cost of the pairwise

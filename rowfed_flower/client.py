@@ -20,7 +20,7 @@ features``, the packed sums ``sum_x, sum_x2`` and ``p, q, sum_y``
 ``admm``      <- ``[Theta_m, pull_m]``, ``rho-sigma`` (``rho sigma_max``), ``local-solver``:
                  ``c_m`` from its own ``L_m`` (:func:`strategies.local.curvature`),
                  ``Theta_tilde_m = Theta_m - pull_m / c_m`` and one local step
-                 (METHODS.md B.3 step 4) -> ``[Theta_m_new]``, metrics ``task, site, loss``.
+                 (docs/methods.md 2.3 step 4) -> ``[Theta_m_new]``, metrics ``task, site, loss``.
 ``gradient``  <- ``[Theta_m]`` -> ``[grad f_m(Theta_m)]``, metrics ``task, site, loss`` (and,
                  when ``curvature`` is true, ``L_m``): the proximal quasi-Newton algorithm.
 ``fedavg``    <- ``[Theta]`` (common), ``fedavg-local-steps``, ``fedavg-lr`` and the sparsity

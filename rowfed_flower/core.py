@@ -1,6 +1,6 @@
 """RowFed's numerical core (Flower-free): datafit, local steps, problem, reference loop.
 
-The SROF objective (METHODS.md B.2) is::
+The SROF objective (docs/methods.md 2.2) is::
 
     F(Theta) = sum_m (1/(2 n_m)) ||Y_m - X_m Theta_m||_F^2
                + sum_j sum_{(m,m') in G} P_lam1(||theta_m(j) - theta_m'(j)||_2)     (fusion)
@@ -13,7 +13,7 @@ with ``Theta`` stacked as an array of shape ``(M, p, q)``.  The penalty side is 
   grouped by rows ``theta_m(j)`` (``"row"``), or by whole matrices (``"block"``, PerFL-LSMA);
 - ``problem.splits[SPARSITY]``: the identity ``I_M``, grouped entrywise or by rows.
 
-One round of linearized ADMM with partial participation (METHODS.md B.3) is, with the
+One round of linearized ADMM with partial participation (docs/methods.md 2.3) is, with the
 server's state ``(Theta, delta, gamma, rho)`` produced by
 ``init_state(problem, Theta0, rho, threshold=True)``::
 
@@ -72,7 +72,7 @@ class LocalLeastSquares:
 
     Notes
     -----
-    ``f(Theta) = (1/(2n)) ||Y - X Theta||_F^2`` (METHODS.md B.2) with gradient
+    ``f(Theta) = (1/(2n)) ||Y - X Theta||_F^2`` (docs/methods.md 2.2) with gradient
     ``grad f(Theta) = -X^T (Y - X Theta) / n = G Theta - X^T Y / n`` where ``G = X^T X / n``,
     and Lipschitz constant ``L = lambda_max(G)``.  Only ``G``, ``X^T Y / n`` and
     ``||Y||_F^2`` are kept after construction (besides ``x`` and ``y`` themselves).
@@ -223,7 +223,7 @@ class LocalLeastSquares:
 # Objective
 # ----------------------------------------------------------------------------------------
 def objective(datafits: Sequence[LocalLeastSquares], problem: Problem, theta: np.ndarray) -> float:
-    """``F(Theta) = sum_m f_m(Theta_m) + sum_k P_k(A_k Theta)`` (METHODS.md B.2);
+    """``F(Theta) = sum_m f_m(Theta_m) + sum_k P_k(A_k Theta)`` (docs/methods.md 2.2);
     ``theta`` of shape ``(M, p, q)``."""
     loss = sum(f.value(t) for f, t in zip(datafits, theta, strict=True))
     return float(loss + problem.penalty_value(theta))
@@ -235,7 +235,7 @@ def initial_theta(
     method: str = "ridge",
     ridge: float = 1e-3,
 ) -> np.ndarray:
-    """Per-client ("oracle") initial estimates, shape ``(M, p, q)`` (METHODS.md B.3).
+    """Per-client ("oracle") initial estimates, shape ``(M, p, q)`` (docs/methods.md 2.3).
 
     Parameters
     ----------
@@ -296,7 +296,7 @@ def fit_rowfed(
     init: str = "ridge",
     record_objective: bool = True,
 ) -> RowFedResult:
-    """RowFed: linearized ADMM with seeded partial participation (METHODS.md B.3).
+    """RowFed: linearized ADMM with seeded partial participation (docs/methods.md 2.3).
 
     Parameters
     ----------
@@ -398,7 +398,7 @@ def fit_rowfed(
 # Fitted structure and GIC
 # ----------------------------------------------------------------------------------------
 def gic_of_fit(datafits: Sequence[LocalLeastSquares], problem: Problem, state: AdmmState) -> float:
-    """GIC (METHODS.md B.4) of a fit: ``RSS`` summed over clients, ``df`` from
+    """GIC (docs/methods.md 2.5) of a fit: ``RSS`` summed over clients, ``df`` from
     :func:`fitted_structure`."""
     labels, support = fitted_structure(problem, state)
     rss = sum(f.rss(t) for f, t in zip(datafits, state.beta, strict=True))

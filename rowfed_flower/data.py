@@ -161,7 +161,7 @@ def load_crime(
     exclude: Sequence[str] = (),
     center: bool = True,
 ) -> ClientData:
-    """Communities and Crime with US states as clients (METHODS.md B.8).
+    """Communities and Crime with US states as clients (docs/methods.md 2.9).
 
     Parameters
     ----------

@@ -36,7 +36,7 @@ INTERCEPT = "(intercept)"
 class RowFedDataSpec:
     """Where a RowFed federation's data come from (run-config keys ``rowfed-data.*``).
 
-    ``simulated``: METHODS.md B.7 with ``M = num-clients``, ``n_m = n-train`` (and
+    ``simulated``: docs/methods.md 2.8 with ``M = num-clients``, ``n_m = n-train`` (and
     ``n-test`` test rows per client), ``p = num-features``, ``q = num-responses``.
     ``csv``: the fit command's format (``path``, ``responses`` comma-separated,
     ``client-column``).
@@ -305,7 +305,7 @@ def tune_gic(
     lam2_grid,
     progress=None,
 ) -> tuple[MethodResult, pd.DataFrame]:
-    """GIC over a ``(lam1, lam2)`` grid with warm starts (METHODS.md B.4).
+    """GIC over a ``(lam1, lam2)`` grid with warm starts (docs/methods.md 2.5).
 
     Grid order: ``lam1`` decreasing; ``lam2`` decreasing, then increasing, alternately (a
     snake), each fit starting from the previous fit's ``Theta`` (duals reset).  Each client

@@ -1,4 +1,4 @@
-"""RowFed's evaluation metrics and GIC tuning criterion (METHODS.md B.4, B.6; Flower-free).
+"""RowFed's evaluation metrics and GIC tuning criterion (docs/methods.md 2.5, B.6; Flower-free).
 
 Estimated variable-level clusters are read from the fusion split's ``delta`` (exact zeros),
 never from ``Theta`` (whose fused rows agree only up to the ADMM tolerance).

@@ -1,4 +1,4 @@
-"""The RowFed simulation study (METHODS.md B.4–B.7): ``python -m rowfed_flower study``.
+"""The RowFed simulation study (docs/methods.md 2.5–B.7): ``python -m rowfed_flower study``.
 
 One task = one (cell, replication): simulate the B.7 federation with the task's seed, tune
 RowFed, PerFL-LSMA and NonFed by GIC over a ``(lam1, lam2)`` grid (the existing
@@ -21,7 +21,7 @@ Config (``configs/rowfed_dims.toml``, ``configs/rowfed_sizes.toml``)::
     [tuning]
     lam1 = [0.5, 0.3, 0.2, 0.1]
     lam2 = [0.3, 0.2, 0.1, 0.05]
-    criterion = "gic"         # METHODS.md B.4; "gic-nq": the df penalty over N q (see below)
+    criterion = "gic"         # docs/methods.md 2.5; "gic-nq": the df penalty over N q (see below)
     fedavg_lam2 = "nonfed"    # or a number
     [tuning.perfl-lsma]       # per-method grids override (lam1 and/or lam2)
     lam1 = [2.0, 1.0, 0.5]

@@ -11,7 +11,7 @@ the signed incidence matrix of a graph (fusion) or the identity (sparsity).  Spl
     delta_k     <- threshold_k(A_k beta + gamma_k / rho)                              (server)
     gamma_k     <- gamma_k + rho (A_k beta - delta_k)                                 (server)
 
-(METHODS.md A.4 and B.3; Boyd et al. 2011 §3.3 for the residuals.)  A site that does not
+(docs/methods.md 1.3 and B.3; Boyd et al. 2011 §3.3 for the residuals.)  A site that does not
 answer keeps its previous ``beta_z``.
 """
 
@@ -166,9 +166,9 @@ class Residuals:
 def init_state(problem: Problem, beta0: np.ndarray, rho: float, threshold: bool) -> AdmmState:
     """Initial state.
 
-    ``threshold=False``: ``delta = A beta0``, ``gamma = 0`` (GrAUC-PFL, METHODS.md A.4).
+    ``threshold=False``: ``delta = A beta0``, ``gamma = 0`` (GrAUC-PFL, docs/methods.md 1.3).
     ``threshold=True``: ``delta = threshold(A beta0)`` and ``gamma = rho (A beta0 - delta)``,
-    i.e. the server half-step of round 0 (RowFed, METHODS.md B.3, where each round starts
+    i.e. the server half-step of round 0 (RowFed, docs/methods.md 2.3, where each round starts
     with the thresholds).
     """
     beta0 = np.array(beta0, dtype=float)

@@ -52,7 +52,7 @@ class Penalty:
                       (2 iota lam r - r^2 - lam^2) / (2 (iota - 1))   for lam < r <= iota lam
                       lam^2 (iota + 1) / 2          beyond
 
-    Thresholds ``argmin_x (rho/2)||x - v||^2 + P_lam(||x||)`` (METHODS.md B.3; the
+    Thresholds ``argmin_x (rho/2)||x - v||^2 + P_lam(||x||)`` (docs/methods.md 2.3; the
     PerFL-RSR template), with ``S(v, a) = (1 - a/||v||)_+ v``::
 
         lasso  S(v, lam/rho)

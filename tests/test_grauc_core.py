@@ -1,6 +1,6 @@
-"""GrAUC-PFL's numerical core, piece by piece (STYLE.md 8, tiers 1 and 2).
+"""GrAUC-PFL's numerical core, piece by piece.
 
-Each piece is checked against a brute force written here from METHODS.md A.2–A.3 and A.7
+Each piece is checked against a brute force written here from docs/methods.md 1.1–A.3 and A.7
 (double loops over pairs, enumeration of spanning trees, placement values), gradients and
 Hessians with ``scipy.optimize.check_grad``, and the local steps against their optimality
 conditions and a generic minimizer.
@@ -51,7 +51,7 @@ def make_site(n, m, p=P, seed=0, shift=0.7):
 
 
 # ---------------------------------------------------------------------------------------
-# brute-force references (METHODS.md A.2), one pair at a time
+# brute-force references (docs/methods.md 1.1), one pair at a time
 # ---------------------------------------------------------------------------------------
 def pair_differences(x_pos, x_neg):
     return np.array([xp - xn for xp in x_pos for xn in x_neg])
@@ -312,7 +312,7 @@ def test_curvature():
 
 
 # ---------------------------------------------------------------------------------------
-# the graph (METHODS.md A.3)
+# the graph (docs/methods.md 1.2)
 # ---------------------------------------------------------------------------------------
 LAX = (33.9425, -118.4081)
 JFK = (40.6398, -73.7789)
@@ -454,7 +454,7 @@ def chord_mst(lat, lon):
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_mst_equals_chord_mst(seed):
-    """Great-circle MST = 3-D Euclidean MST on the unit sphere (METHODS.md A.3 scale note);
+    """Great-circle MST = 3-D Euclidean MST on the unit sphere (docs/methods.md 1.2 scale note);
     the ellipsoidal geodesic agrees on generic random points."""
     lat, lon = random_sites(25, seed, lat=(-60.0, 70.0), lon=(-180.0, 180.0))
     ref, pts = chord_mst(lat, lon)
@@ -524,7 +524,7 @@ def test_build_graph_bandwidth_is_median_squared_distance():
 
 
 # ---------------------------------------------------------------------------------------
-# simulated data (METHODS.md A.7)
+# simulated data (docs/methods.md 1.8)
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("prevalence", [0.3, 0.25, 0.2, 0.15, 0.1, 0.05])
 @pytest.mark.parametrize("n_train", [50, 300])

@@ -1,6 +1,6 @@
-"""GrAUC-PFL end to end against a central convex solver (STYLE.md 8, tier 3).
+"""GrAUC-PFL end to end against a central convex solver.
 
-The objective of METHODS.md A.2 is written here from scratch in cvxpy (``cp.logistic`` on the
+The objective of docs/methods.md 1.1 is written here from scratch in cvxpy (``cp.logistic`` on the
 matrix of pair differences, the ridge, and ``lam * sum_e w_e ||beta_u - beta_v||``) with the
 graph and weights of A.3 rebuilt independently (geopy distances, scipy's MST, the median
 heuristic).  The federation runs through the in-process engine (the real Strategy and
@@ -110,7 +110,7 @@ def penalty_numpy(beta, edges, w, lam, penalty):
 
 
 def objective(beta, ds, edges, w, lam, ridge, penalty):
-    """F(beta) of METHODS.md A.2."""
+    """F(beta) of docs/methods.md 1.1."""
     loss = sum(f_numpy(d, b, ridge) for d, b in zip(ds, beta, strict=True))
     return loss + penalty_numpy(beta, edges, w, lam, penalty)
 

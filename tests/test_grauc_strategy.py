@@ -1,9 +1,9 @@
-"""GrAUC-PFL strategies without a server (STYLE.md 9), and what a client lets out.
+"""GrAUC-PFL strategies without a server, and what a client lets out.
 
 The strategies are driven by hand: ``configure_fit`` / ``aggregate_fit`` /
 ``configure_evaluate`` on a ``SimpleClientManager`` holding stub proxies (which fail if
 anything calls them), with hand-made ``FitRes`` objects, including failures.  Expected
-values are computed here with numpy from METHODS.md A.4 and, separately, with the pure
+values are computed here with numpy from docs/methods.md 1.3 and, separately, with the pure
 functions of :mod:`strategies.admm`.
 """
 
@@ -120,7 +120,7 @@ def failed_res():
 
 
 def make_cfg(**kw):
-    """ADMM settings (the hand computations below follow METHODS.md A.4)."""
+    """ADMM settings (the hand computations below follow docs/methods.md 1.3)."""
     base = {"lam": 0.3, "rho": 0.7, "w_dist": 1.0, "q": 0.05, "seed": 3, "algorithm": "admm"}
     return GrAUCConfig(**{**base, **kw})
 

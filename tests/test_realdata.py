@@ -581,7 +581,7 @@ def test_shipped_configs_parse(name):
     raw = read_toml(os.path.join(ROOT, "configs", name))
     if raw["study"] == "grauc":
         st = grauc_settings(raw, tuple(raw["design"]))
-        assert st.folds == 3 and st.data["source"] in ("crime", "cdc")  # METHODS.md A.6
+        assert st.folds == 3 and st.data["source"] in ("crime", "cdc")  # docs/methods.md 1.7
     else:
         st = rowfed_settings(raw, tuple(raw["design"]))
         assert len(st["real"]["responses"]) == 5

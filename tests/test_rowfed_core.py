@@ -1,6 +1,6 @@
 """RowFed's numerical core: datafit, local steps, reference loop vs cvxpy, metrics, data.
 
-Tiers (STYLE.md 8): pieces against closed forms and brute force; the gradient with
+Tiers: pieces against closed forms and brute force; the gradient with
 ``check_grad``; the whole loop against cvxpy on B.2 and in the limiting cases.
 """
 

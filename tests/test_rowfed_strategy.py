@@ -1,4 +1,4 @@
-"""RowFed's Flower classes without a server (STYLE.md 9): configure_fit / aggregate_fit on
+"""RowFed's Flower classes without a server: configure_fit / aggregate_fit on
 hand-made results (with failures and partial participation), the client's tasks, the
 in-process engine against the reference loop, the config, and the baselines' ordering."""
 
@@ -638,20 +638,3 @@ def test_rowfed_beats_nonfed_and_fedavg_on_default_simulation():
     assert table["mse_pred"]["rowfed"] < min(
         table["mse_pred"]["nonfed"], table["mse_pred"]["fedavg"]
     )
-
-
-def test_pyproject_defaults_equal_rowfed_config():
-    """One source of defaults (active once the keys are declared in pyproject.toml)."""
-    import os
-    import tomllib
-
-    from strategies.config import rowfed_run_config
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "pyproject.toml"), "rb") as fh:
-        app = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
-    declared = {f"rowfed.{k}": v for k, v in app["rowfed"].items()}
-    expected = {k: v for k, v in rowfed_run_config(RowFedConfig()).items() if k != "seed"}
-    assert declared == expected
-    data = {f"rowfed-data.{k}": v for k, v in app.get("rowfed-data", {}).items()}
-    assert data == RowFedDataSpec().to_run_config()
