@@ -1,6 +1,6 @@
 """The pairwise AUC surrogate, its Lipschitz constant, the empirical AUC and DeLong SEs.
 
-All Flower-free.  Notation follows docs/methods.md 1.1–A.2: a site holds ``n`` positives
+All Flower-free.  Notation follows docs/methods.md 1.1: a site holds ``n`` positives
 ``x_pos`` (``n x p``) and ``m`` negatives ``x_neg`` (``m x p``).
 """
 

@@ -1,4 +1,4 @@
-"""The GrAUC-PFL simulation study (docs/methods.md 1.7–A.7): ``python -m grauc_flower study``.
+"""The GrAUC-PFL simulation study (docs/methods.md 1.7–1.8): ``python -m grauc_flower study``.
 
 One task = one (cell, replication): simulate the 20 institutions with the task's seed, choose
 ``lam`` and ``w_dist`` by stratified K-fold cross-validation inside each institution's

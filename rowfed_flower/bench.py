@@ -1,6 +1,6 @@
 """``python -m rowfed_flower bench``: rounds RowFed needs, side by side, on this machine.
 
-On the B.7 simulation (M = 10 clients, n_m = 100, (p, q) = (20, 20)), for the lasso at the
+On the §2.8 simulation (M = 10 clients, n_m = 100, (p, q) = (20, 20)), for the lasso at the
 default levels and for SCAD: rounds to a 1e-4 and a 1e-6 relative objective gap and to the
 stopping rule (``tol`` = 1e-6) for the defaults (``algorithm = auto``: proximal quasi-Newton
 for the lasso, ADMM with the exact local step for SCAD), ADMM with the exact local step, and
@@ -30,7 +30,7 @@ def _first_below(gaps: np.ndarray, level: float) -> float:
 
 def rounds_table(quick: bool = False) -> list[dict]:
     """Every variant through the in-process engine (the Strategy and NumPyClient objects
-    that ``flwr run`` uses), from the same ridge start, without an intercept (B.7 has
+    that ``flwr run`` uses), from the same ridge start, without an intercept (§2.8 has
     none)."""
     from .federation import RowFedDataSpec, run_methods_inprocess, simulated_data
 

@@ -183,7 +183,7 @@ class LocalLeastSquares:
         ``rho = L`` (doubled until ``penalty.check_rho(rho)`` passes for MCP/SCAD).  Convex
         penalties use FISTA (Beck & Teboulle 2009) with the gradient-based adaptive restart of
         O'Donoghue & Candes (2015); non-convex ones plain proximal gradient (``Z = T``), which
-        decreases the objective monotonically to a stationary point (B.5 NonFed).
+        decreases the objective monotonically to a stationary point (docs/methods.md 2.6 NonFed).
         """
         if sparsity not in SPARSITIES:
             raise ValueError(f"sparsity: must be one of {SPARSITIES}, got {sparsity!r}")

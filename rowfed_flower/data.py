@@ -1,4 +1,4 @@
-"""RowFed data: the B.7 simulation and the Communities and Crime loader (Flower-free)."""
+"""RowFed data: the simulation of §2.8 and the Communities and Crime loader (Flower-free)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pandas as pd
 from strategies.errors import InputError
 from strategies.problems import canonical_labels
 
-#: Row ``j < 6`` of the true ``Theta`` has ``N_CLUSTERS[j]`` client clusters (B.7).
+#: Row ``j < 6`` of the true ``Theta`` has ``N_CLUSTERS[j]`` client clusters (docs/methods.md 2.8).
 N_CLUSTERS = (1, 1, 2, 2, 3, 3)
-#: Entries of a cluster's row vector and their probabilities (about a third zero, B.7).
+#: Entries of a cluster's row vector and their probabilities (about a third zero, §2.8).
 ENTRY_VALUES = (-1.0, -0.5, 0.0, 0.5, 1.0)
 ENTRY_PROBS = (1 / 6, 1 / 6, 1 / 3, 1 / 6, 1 / 6)
 #: Columns never used as predictors by :func:`load_crime` (identifiers, folds, derived labels).
@@ -61,7 +61,7 @@ def true_theta(
     rng: np.random.Generator,
     n_clusters: Sequence[int] = N_CLUSTERS,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """True ``Theta*`` ``(M, p, q)`` and row partitions ``(M, p)`` of B.7.
+    """True ``Theta*`` ``(M, p, q)`` and row partitions ``(M, p)`` of docs/methods.md 2.8.
 
     Notes
     -----
@@ -102,7 +102,7 @@ def simulate(
     noise: float = 1.0,
     n_clusters: Sequence[int] = N_CLUSTERS,
 ) -> SimulatedData:
-    """The B.7 simulation: ``Y_m = X_m Theta*_m + E_m``.
+    """The docs/methods.md 2.8 simulation: ``Y_m = X_m Theta*_m + E_m``.
 
     Parameters
     ----------
@@ -182,7 +182,7 @@ def load_crime(
         Further columns to leave out of the default predictors (e.g. the other crime
         variables of the unnormalized file).
     center : bool
-        Centre ``x`` and ``y`` within each client **[choice]**: the model (B.1) has no
+        Centre ``x`` and ``y`` within each client **[choice]**: the model (§2.1) has no
         intercept, so centring gives each state its own intercept.
 
     Returns

@@ -107,7 +107,7 @@ class FederatedData:
 
 
 def simulated_data(spec: RowFedDataSpec) -> FederatedData:
-    """B.7 simulated federation; client ids ``"0" .. "M-1"`` (the partition ids)."""
+    """docs/methods.md 2.8 simulated federation; client ids ``"0" .. "M-1"`` (the partition ids)."""
     d = simulate(
         spec.num_clients,
         spec.n_train,

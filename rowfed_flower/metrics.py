@@ -1,4 +1,4 @@
-"""RowFed's evaluation metrics and GIC tuning criterion (docs/methods.md 2.5, B.6; Flower-free).
+"""RowFed's evaluation metrics and GIC tuning criterion (docs/methods.md 2.7; Flower-free).
 
 Estimated variable-level clusters are read from the fusion split's ``delta`` (exact zeros),
 never from ``Theta`` (whose fused rows agree only up to the ADMM tolerance).
@@ -12,7 +12,7 @@ import numpy as np
 
 
 def mse_est(theta_hat: np.ndarray, theta_true: np.ndarray) -> float:
-    """Estimation error ``(1/(M p q)) sum_m ||Theta_hat_m - Theta*_m||_F^2`` (B.6).
+    """Estimation error ``(1/(M p q)) sum_m ||Theta_hat_m - Theta*_m||_F^2`` (docs/methods.md 2.7).
 
     ``theta_hat``, ``theta_true`` of shape ``(M, p, q)``.
     """
@@ -26,7 +26,7 @@ def mse_est(theta_hat: np.ndarray, theta_true: np.ndarray) -> float:
 def mse_pred(
     theta_hat: np.ndarray, x_test: Sequence[np.ndarray], y_test: Sequence[np.ndarray]
 ) -> float:
-    """Prediction error ``(1/M) sum_m ||Y_m - X_m Theta_hat_m||_F^2 / (n_m q)`` (B.6).
+    """Prediction error ``(1/M) sum_m ||Y_m - X_m Theta_hat_m||_F^2 / (n_m q)`` (§2.7).
 
     ``x_test[m]`` of shape ``(n_m, p)``, ``y_test[m]`` of shape ``(n_m, q)``.
     """
@@ -56,7 +56,7 @@ def rand_index(labels_a: np.ndarray, labels_b: np.ndarray) -> float:
 
 
 def mean_rand_index(partitions_true: np.ndarray, partitions_est: np.ndarray) -> float:
-    """RI of B.6: the Rand index of the client partitions of each row ``j``, averaged over
+    """RI of §2.7: the Rand index of the client partitions of each row ``j``, averaged over
     rows.  Both arrays of shape ``(M, p)`` (column ``j``: cluster labels of the clients)."""
     t = np.asarray(partitions_true)
     e = np.asarray(partitions_est)

@@ -1,10 +1,10 @@
-"""The RowFed simulation study (docs/methods.md 2.5–B.7): ``python -m rowfed_flower study``.
+"""The RowFed simulation study (docs/methods.md 2.5–2.8): ``python -m rowfed_flower study``.
 
-One task = one (cell, replication): simulate the B.7 federation with the task's seed, tune
+One task = one (cell, replication): simulate the §2.8 federation with the task's seed, tune
 RowFed, PerFL-LSMA and NonFed by GIC over a ``(lam1, lam2)`` grid (the existing
 :func:`rowfed_flower.federation.tune_gic`, warm starts along the grid), fit FedAvg with
 NonFed's chosen ``lam2`` (both have only the sparsity penalty), and score every method:
-MSE-Est, MSE-Pred (test data) and RI (B.6).
+MSE-Est, MSE-Pred (test data) and RI (docs/methods.md 2.7).
 
 Config (``configs/rowfed_dims.toml``, ``configs/rowfed_sizes.toml``)::
 
@@ -345,7 +345,7 @@ def _tuning_columns(method: str, res) -> dict:
 
 def response_mse(res, data) -> np.ndarray:
     """Test MSE per client and response ``(M, q)``: ``mean_i (y_ik - x_i theta_k - a_k)^2``
-    on the input scale (its row mean is the client's MSE-Pred of B.6)."""
+    on the input scale (its row mean is the client's MSE-Pred of docs/methods.md 2.7)."""
     out = np.empty((len(data.clients), len(data.responses)))
     for m, c in enumerate(data.clients):
         pred = c.x_test @ res.theta[m]

@@ -11,7 +11,7 @@ the signed incidence matrix of a graph (fusion) or the identity (sparsity).  Spl
     delta_k     <- threshold_k(A_k beta + gamma_k / rho)                              (server)
     gamma_k     <- gamma_k + rho (A_k beta - delta_k)                                 (server)
 
-(docs/methods.md 1.3 and B.3; Boyd et al. 2011 §3.3 for the residuals.)  A site that does not
+(§1.3 and §2.3; Boyd et al. 2011 §3.3 for the residuals.)  A site that does not
 answer keeps its previous ``beta_z``.
 """
 

@@ -187,7 +187,7 @@ class RowFedConfig:
     -----
     ``concavity = 0`` means the penalty's default (3 for MCP, 3.7 for SCAD; docs/methods.md 2.2).
     MCP needs ``concavity > 1/rho`` and SCAD ``concavity > 1 + 1/rho`` (the thresholds of
-    B.3 are then unique minimizers); a schedule ``rho <- alpha rho`` with ``alpha >= 1``
+    §2.3 are then unique minimizers); a schedule ``rho <- alpha rho`` with ``alpha >= 1``
     keeps this true in later rounds.
     """
 

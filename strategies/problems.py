@@ -57,7 +57,7 @@ def build_problem(
     graph_edges: np.ndarray | None = None,
     fusion_grouping: str = "row",
 ) -> Problem:
-    """The penalty side of SROF (B.2) as an ADMM :class:`Problem`.
+    """The penalty side of SROF (docs/methods.md 2.2) as an ADMM :class:`Problem`.
 
     Parameters
     ----------
@@ -74,7 +74,7 @@ def build_problem(
     graph_edges : ndarray, shape (n_edges, 2), optional
         Fusion graph ``G``; all pairs ``u < v`` by default **[template]**.
     fusion_grouping : {"row", "block"}
-        Row-wise fusion (RowFed) or matrix-wise fusion (PerFL-LSMA, B.5).
+        Row-wise fusion (RowFed) or matrix-wise fusion (PerFL-LSMA, docs/methods.md 2.6).
 
     Returns
     -------
@@ -145,7 +145,7 @@ def exact_row_clusters(theta: np.ndarray) -> np.ndarray:
 def fitted_structure(problem: Problem, state: AdmmState) -> tuple[np.ndarray, np.ndarray]:
     """Row clusters ``(M, p)`` and support ``(M, p, q)`` of a fit, read from ``delta``.
 
-    Clusters come from the fusion split's ``delta`` (exact zeros, B.3); the
+    Clusters come from the fusion split's ``delta`` (exact zeros, docs/methods.md 2.3); the
     support from the sparsity split's ``delta`` (``eta``, exactly sparse) **[choice]**.
     """
     edges = edges_from_incidence(problem.splits[FUSION].matrix)
@@ -166,7 +166,7 @@ def row_clusters(edges: np.ndarray, delta: np.ndarray, n_sites: int) -> np.ndarr
 
     Notes
     -----
-    Clients ``m, m'`` share row ``j`` when ``delta_mm'(j) = 0`` (B.3), closed transitively
+    Clients ``m, m'`` share row ``j`` when ``delta_mm'(j) = 0`` (§2.3), closed transitively
     along paths of the graph (:func:`strategies.admm.fused_groups`).  Labels are numbered by
     first appearance in client order.
     """
@@ -176,7 +176,7 @@ def row_clusters(edges: np.ndarray, delta: np.ndarray, n_sites: int) -> np.ndarr
 
 
 def degrees_of_freedom(labels: np.ndarray, support: np.ndarray) -> int:
-    """GIC's ``df = sum_j sum_{clusters c of row j} nnz(cluster row vector)`` (B.4).
+    """GIC's ``df = sum_j sum_{clusters c of row j} nnz(cluster row vector)`` (docs/methods.md 2.5).
 
     Parameters
     ----------
@@ -203,7 +203,7 @@ def degrees_of_freedom(labels: np.ndarray, support: np.ndarray) -> int:
 
 
 def gic(rss: float, n_total: int, p: int, q: int, n_sites: int, df: int) -> float:
-    """Generalized information criterion (B.4; Fan & Tang 2013).
+    """Generalized information criterion (docs/methods.md 2.5; Fan & Tang 2013).
 
     Notes
     -----

@@ -1,6 +1,6 @@
 """GrAUC-PFL's numerical core, piece by piece.
 
-Each piece is checked against a brute force written here from docs/methods.md 1.1–A.3 and A.7
+Each piece is checked against a brute force written here from §1.1–§1.2 and §1.8
 (double loops over pairs, enumeration of spanning trees, placement values), gradients and
 Hessians with ``scipy.optimize.check_grad``, and the local steps against their optimality
 conditions and a generic minimizer.

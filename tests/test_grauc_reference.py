@@ -2,7 +2,7 @@
 
 The objective of docs/methods.md 1.1 is written here from scratch in cvxpy (``cp.logistic`` on the
 matrix of pair differences, the ridge, and ``lam * sum_e w_e ||beta_u - beta_v||``) with the
-graph and weights of A.3 rebuilt independently (geopy distances, scipy's MST, the median
+graph and weights of §1.2 rebuilt independently (geopy distances, scipy's MST, the median
 heuristic).  The federation runs through the in-process engine (the real Strategy and
 NumPyClient objects, Flower's serialization); our objective is recomputed here from the
 returned coefficients, never read from the method's history.
@@ -66,7 +66,7 @@ SITES_SCALED = make_sites(scales=SCALES)
 
 
 # ---------------------------------------------------------------------------------------
-# the reference: A.2 and A.3 written independently
+# the reference: docs/methods.md 1.1 and docs/methods.md 1.2 written independently
 # ---------------------------------------------------------------------------------------
 def pair_matrix(x, y):
     xp, xn = x[y == 1], x[y == 0]

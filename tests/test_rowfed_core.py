@@ -1,7 +1,7 @@
 """RowFed's numerical core: datafit, local steps, reference loop vs cvxpy, metrics, data.
 
 Tiers: pieces against closed forms and brute force; the gradient with
-``check_grad``; the whole loop against cvxpy on B.2 and in the limiting cases.
+``check_grad``; the whole loop against cvxpy on docs/methods.md 2.2 and in the limiting cases.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def fits(sim):
 
 
 def cvxpy_srof(fits, lam1, lam2, sparsity, edges=None):
-    """B.2 with the lasso, solved by Clarabel: (value, theta)."""
+    """docs/methods.md 2.2 with the lasso, solved by Clarabel: (value, theta)."""
     n_sites = len(fits)
     edges = all_pairs(n_sites) if edges is None else edges
     t = [cp.Variable((fits[0].n_features, fits[0].n_responses)) for _ in range(n_sites)]

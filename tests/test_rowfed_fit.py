@@ -1,4 +1,4 @@
-"""The fit command (``python -m rowfed_flower fit``): it reaches a cvxpy solution of B.2
+"""The fit command (``python -m rowfed_flower fit``): it reaches a cvxpy solution of §2.2
 (lasso; entry and row sparsity; full and partial participation; with and without an
 intercept; with federated standardization), writes the documented files, tunes by GIC,
 and rejects bad input with one line and exit code 2 without writing anything."""
@@ -64,7 +64,7 @@ def blocks(data_csv):
 
 
 def srof_cvxpy(blocks, sparsity, intercept, scale=None):
-    """B.2 with the lasso (intercepts free), by Clarabel.  ``scale``: the penalty acts on
+    """§2.2 with the lasso (intercepts free), by Clarabel.  ``scale``: the penalty acts on
     ``scale_j theta_j`` (federated standardization).  Returns the optimal value."""
     m = len(blocks)
     s = np.ones(P) if scale is None else scale
@@ -91,7 +91,7 @@ def srof_cvxpy(blocks, sparsity, intercept, scale=None):
 
 
 def srof_value(blocks, coef: pd.DataFrame, sparsity, scale=None):
-    """B.2 at the coefficients read back from coefficients.csv."""
+    """docs/methods.md 2.2 at the coefficients read back from coefficients.csv."""
     s = np.ones(P) if scale is None else scale
     thetas, total = [], 0.0
     for k, (x, y) in enumerate(blocks):

@@ -620,7 +620,7 @@ def test_make_client_picks_the_partition():
 
 
 # ---------------------------------------------------------------------------------------
-# On the default simulated data (B.7), RowFed estimates best
+# On the default simulated data (docs/methods.md 2.8), RowFed estimates best
 # ---------------------------------------------------------------------------------------
 def test_rowfed_beats_nonfed_and_fedavg_on_default_simulation():
     data = simulated_data(RowFedDataSpec())
