@@ -9,6 +9,8 @@ import igraph as ig
 import numpy as np
 from geopy.distance import geodesic
 
+from strategies.admm import all_pairs
+
 GRAPHS = ("mst", "knn", "complete")
 #: Above this many sites the MST uses the great-circle shortcut (see :func:`build_graph`).
 EXACT_LIMIT = 60
@@ -143,11 +145,6 @@ def knn_edges(dist: np.ndarray, k: int) -> np.ndarray:
     return _canonical(np.array(out))
 
 
-def complete_edges(z: int) -> np.ndarray:
-    u, v = np.triu_indices(z, k=1)
-    return np.column_stack([u, v]).astype(np.int64)
-
-
 def edge_weights(d_edges: np.ndarray, bandwidth: float, w_dist: float, q: float) -> np.ndarray:
     """``w_e = max(exp(-w_dist d_e^2 / H), q)`` (docs/methods.md 1.2; ``H`` = ``bandwidth``).
 
@@ -216,7 +213,7 @@ def build_graph(
     elif kind == "knn":
         e = knn_edges(dist, k)
     elif kind == "complete":
-        e = complete_edges(z)
+        e = all_pairs(z)
     else:
         raise ValueError(f"graph: must be one of {', '.join(GRAPHS)}, got {kind!r}")
     length = dist[e[:, 0], e[:, 1]] if len(e) else np.zeros(0)

@@ -182,19 +182,21 @@ def init_state(problem: Problem, beta0: np.ndarray, rho: float, threshold: bool)
     return AdmmState(beta=beta0, delta=delta, gamma=gamma, rho=float(rho), round=0)
 
 
-def global_component(problem: Problem, state: AdmmState, c: np.ndarray) -> np.ndarray:
-    """``beta_tilde = beta - (1/c) sum_k A_k^T (gamma_k + rho (A_k beta - delta_k))``.
-
-    ``c`` has shape ``(n_sites,)``: each site's curvature.  Row ``z`` needs only the rows
-    of ``A_k`` that touch ``z`` (the edges at ``z``).
-    """
+def pull(problem: Problem, state: AdmmState) -> np.ndarray:
+    """The graph pull ``sum_k A_k^T (gamma_k + rho (A_k beta - delta_k))``, one row per
+    site.  Row ``z`` needs only the rows of ``A_k`` that touch ``z`` (the edges at ``z``)."""
     a_beta = problem.apply_all(state.beta)
     v = tuple(
         g + state.rho * (ab - d) for g, ab, d in zip(state.gamma, a_beta, state.delta, strict=True)
     )
-    step = problem.apply_t_sum(v)
+    return problem.apply_t_sum(v)
+
+
+def global_component(problem: Problem, state: AdmmState, c: np.ndarray) -> np.ndarray:
+    """``beta_tilde = beta - pull / c`` (:func:`pull`); ``c`` has shape ``(n_sites,)``: each
+    site's curvature."""
     c = np.asarray(c, dtype=float).reshape((-1,) + (1,) * (state.beta.ndim - 1))
-    return state.beta - step / c
+    return state.beta - pull(problem, state) / c
 
 
 def server_update(

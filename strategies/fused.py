@@ -133,15 +133,10 @@ class FusedSiteStrategy(SiteStrategy):
 
     # -- the graph pull ---------------------------------------------------------------------
     def pull(self) -> np.ndarray:
-        """``[Omega^T (gamma + rho (Omega beta - delta))]_z`` for every site: what site ``z``
-        needs, with its own curvature ``c_z``, for its global component
-        ``beta_z - pull_z / c_z``."""
-        st = self.state
-        a_beta = self.problem.apply_all(st.beta)
-        v = tuple(
-            g + st.rho * (ab - d) for g, ab, d in zip(st.gamma, a_beta, st.delta, strict=True)
-        )
-        return self.problem.apply_t_sum(v)
+        """``[Omega^T (gamma + rho (Omega beta - delta))]_z`` for every site
+        (:func:`strategies.admm.pull`): what site ``z`` needs, with its own curvature
+        ``c_z``, for its global component ``beta_z - pull_z / c_z``."""
+        return admm.pull(self.problem, self.state)
 
     # -- instructions -----------------------------------------------------------------------
     def draw(self) -> np.ndarray:

@@ -30,7 +30,6 @@ from grauc_flower.data import (
 )
 from grauc_flower.graph import (
     build_graph,
-    complete_edges,
     distance_matrix,
     edge_weights,
     geodesic_km,
@@ -39,6 +38,7 @@ from grauc_flower.graph import (
     unit_vectors,
 )
 from grauc_flower.local import local_fit
+from strategies.admm import all_pairs
 from strategies.errors import InputError
 from strategies.local import PROX_SLACK, curvature, local_step
 
@@ -484,7 +484,7 @@ def test_knn_symmetric_with_at_least_k_neighbours(k):
     g = build_graph(lat, lon, "knn", k=k)
     assert_array_equal(g.edges, edges)
     # k >= Z - 1: the complete graph
-    assert_array_equal(knn_edges(dist, 50), complete_edges(z))
+    assert_array_equal(knn_edges(dist, 50), all_pairs(z))
 
 
 def test_complete_and_user_edges():

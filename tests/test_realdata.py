@@ -528,6 +528,7 @@ fedavg-rounds = 5
 """
 
 
+@pytest.mark.slow
 def test_crime_rowfed_study(tmp_path, capsys):
     cfg = tmp_path / "crime.toml"
     cfg.write_text(CRIME_ROWFED)

@@ -622,6 +622,7 @@ def test_make_client_picks_the_partition():
 # ---------------------------------------------------------------------------------------
 # On the default simulated data (docs/methods.md 2.8), RowFed estimates best
 # ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_rowfed_beats_nonfed_and_fedavg_on_default_simulation():
     data = simulated_data(RowFedDataSpec())
     assert (len(data.clients), data.clients[0].n, data.clients[0].p, data.clients[0].q) == (

@@ -323,6 +323,7 @@ def test_out_that_cannot_be_created_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_ray_local_gives_the_same_results(tmp_path, capsys):
     """Tasks on a fresh local Ray instance (about 10 s) give the in-process numbers."""
     cfg = _config(tmp_path, ROWFED_TOML.replace("lam1 = [0.3, 0.1]", "lam1 = [0.3]"))
@@ -343,6 +344,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_study_on_a_ray_cluster_started_elsewhere(tmp_path, capsys):
     """``--ray-address host:port`` runs the cells on a cluster that someone else started with
