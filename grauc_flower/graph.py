@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import igraph as ig
 import numpy as np
 from geopy.distance import geodesic
 
@@ -108,6 +107,8 @@ def _tree_from_ranked(n: int, pairs: np.ndarray, lengths: np.ndarray) -> np.ndar
     order = np.lexsort((pairs[:, 1], pairs[:, 0], lengths))
     ranks = np.empty(len(order), dtype=float)
     ranks[order] = np.arange(len(order), dtype=float)
+    import igraph as ig  # here: its import pulls in matplotlib (0.8 s at every ClientApp start)
+
     g = ig.Graph(n=n, edges=pairs.tolist())
     tree = g.spanning_tree(weights=ranks, return_tree=False)
     edges = pairs[np.asarray(tree, dtype=np.int64)]

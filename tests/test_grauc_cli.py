@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -18,6 +19,26 @@ def _fit(data, sites, out, *extra):
     return run_module(
         "grauc_flower", "fit", "--data", data, "--sites", sites, "--out", out, "--quiet", *extra
     )
+
+
+class _Proc(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _fit_here(capsys, data, sites, out, *extra) -> _Proc:
+    """The fit command in this process (``python -m grauc_flower`` calls the same
+    ``main``); one test below runs it as a real process."""
+    from grauc_flower.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(["fit", "--data", data, "--sites", sites, "--out", out, "--quiet", *extra])
+    except SystemExit as exc:  # argparse's errors
+        code = exc.code
+    captured = capsys.readouterr()
+    return _Proc(code, captured.out, captured.err)
 
 
 def _assert_rejected(proc, out, *words):
@@ -95,7 +116,7 @@ def _frames(small_federation):
         ("feature_twice", ["'f1'", "twice"]),
     ],
 )
-def test_bad_input_is_rejected(small_federation, tmp_path, case, words):
+def test_bad_input_is_rejected(small_federation, tmp_path, capsys, case, words):
     data, sites = _frames(small_federation)
     if case == "no_y":
         data = data.drop(columns="y")
@@ -131,7 +152,7 @@ def test_bad_input_is_rejected(small_federation, tmp_path, case, words):
         data.to_csv(d, index=False)
     sites.to_csv(s, index=False)
     out = str(tmp_path / "out")
-    _assert_rejected(_fit(d, s, out), out, *words)
+    _assert_rejected(_fit_here(capsys, d, s, out), out, *words)
 
 
 @pytest.mark.parametrize(
@@ -149,17 +170,17 @@ def test_bad_input_is_rejected(small_federation, tmp_path, case, words):
         ("--checkpoint", "/no/such/dir/state.npz", "checkpoint.path"),
     ],
 )
-def test_bad_settings_are_rejected(small_federation, tmp_path, option, value, word):
+def test_bad_settings_are_rejected(small_federation, tmp_path, capsys, option, value, word):
     _, data, sites = small_federation
     out = str(tmp_path / "out")
-    _assert_rejected(_fit(data, sites, out, option, value), out, word)
+    _assert_rejected(_fit_here(capsys, data, sites, out, option, value), out, word)
 
 
 @pytest.mark.parametrize("where", ["", "{tmp}/a-file/out", "/proc/no-such/out"])
-def test_out_must_be_a_directory_we_can_write(small_federation, tmp_path, where):
+def test_out_must_be_a_directory_we_can_write(small_federation, tmp_path, capsys, where):
     _, data, sites = small_federation
     (tmp_path / "a-file").write_text("")
-    proc = _fit(data, sites, where.format(tmp=tmp_path))
+    proc = _fit_here(capsys, data, sites, where.format(tmp=tmp_path))
     _assert_rejected(proc, str(tmp_path / "never"), "out: ")
 
 
