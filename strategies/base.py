@@ -34,10 +34,13 @@ def wait_and_register(
     n_sites: int,
     timeout: float | None,
     group_id: int,
+    wait: bool = True,
 ) -> list[ClientProxy]:
-    """Wait (up to ``timeout``) until ``n_sites`` nodes are connected, register the ones not
-    yet known through the properties exchange; returns the connected clients by node id."""
-    client_manager.wait_for(n_sites, timeout=int(timeout or NO_TIMEOUT))
+    """Wait (when ``wait``, up to ``timeout``) until ``n_sites`` nodes are connected, register
+    the ones not yet known through the properties exchange; returns the connected clients by
+    node id."""
+    if wait:
+        client_manager.wait_for(n_sites, timeout=timeout or NO_TIMEOUT)
     clients = [client_manager.all()[cid] for cid in sorted(client_manager.all())]
     registry.register_clients(clients, timeout, group_id)
     return clients
@@ -93,8 +96,15 @@ class SiteStrategy(Strategy):
         return EMPTY
 
     def _register(self, client_manager: ClientManager, server_round: int) -> list[ClientProxy]:
+        """Register the connected nodes not yet known; before the federation is fixed, wait
+        for the sites first (afterwards a round goes on with the nodes that are there)."""
         clients = wait_and_register(
-            self.registry, client_manager, self.n_sites, self.timeout, server_round
+            self.registry,
+            client_manager,
+            self.n_sites,
+            self.timeout,
+            server_round,
+            wait=not self.ready,
         )
         if not self.ready and len(self.registry.sites) >= self.n_sites:
             self._become_ready()  # more nodes than sites: the first n_sites fix the federation

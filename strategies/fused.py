@@ -105,12 +105,16 @@ class FusedSiteStrategy(SiteStrategy):
         self.state: admm.AdmmState | None = None
 
     # -- set-up -----------------------------------------------------------------------------
+    def _set_problem(self, problem) -> None:
+        """The penalty side (:class:`strategies.admm.Problem`) and its ``sigma_max``."""
+        self.problem = problem
+        self.sigma_max = problem.sigma_max()
+
     def _start(self, beta0: np.ndarray, use_qn: bool, loss: np.ndarray | None = None) -> None:
         """ADMM state (and pqn state when ``use_qn``) from ``beta0`` (working scale, sites in
         federation order) and the sites' losses there when known; resumes from ``resume``
         when set."""
         m = len(self.sites)
-        self.sigma_max = self.problem.sigma_max()
         self.rng = np.random.default_rng(self.seed)
         self.loss = np.full(m, np.nan) if loss is None else np.array(loss, dtype=float)
         self.seen = np.zeros(m, dtype=bool)

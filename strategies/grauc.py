@@ -110,7 +110,7 @@ class GrAUCStrategy(FusedSiteStrategy):
         lat = np.array([float(m["lat"]) for m in meta])
         lon = np.array([float(m["lon"]) for m in meta])
         self.graph = self.graph_builder(lat, lon, cfg.graph, cfg.knn_k, self.graph_edges)
-        self.problem = grauc_problem(self.graph, len(self.sites), cfg)
+        self._set_problem(grauc_problem(self.graph, len(self.sites), cfg))
         if self.beta0 is not None:
             beta0 = np.array(self.beta0, dtype=float).reshape(len(self.sites), self.n_features)
         else:

@@ -52,8 +52,8 @@ def curvature(solver: str, lipschitz, rho_sigma: float):
     ``linearized``: ``c_z = L_z + rho sigma_max``, a majorizer of the augmented Lagrangian
     (``f`` by its ``L``-quadratic bound, the augmented term by its ``rho sigma_max`` bound).
     ``prox``: ``c_z = rho sigma_max (1 + PROX_SLACK)``; the linearized augmented term alone
-    needs ``c > rho sigma_max``.  A site without neighbours (``sigma_max = 0``) gets ``rho``
-    in place of ``rho sigma_max`` for ``prox``: its step is then its own regularized fit.
+    needs ``c > rho sigma_max``.  A site without neighbours (``rho sigma_max = 0``) gets
+    ``c = 1 + PROX_SLACK`` for ``prox``: its own fit with a unit proximal term.
     """
     lipschitz = np.asarray(lipschitz, dtype=float)
     if solver == "linearized":

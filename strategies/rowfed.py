@@ -196,7 +196,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
             raise ValueError(f"graph_builder: needed for graph {cfg.graph!r}")
         else:
             self.edges, self.weights = self.graph_builder(self.sites)
-        self.problem = rowfed_problem(cfg, m, self.edges, self.weights, self.fusion_grouping)
+        self._set_problem(rowfed_problem(cfg, m, self.edges, self.weights, self.fusion_grouping))
         shape = (m, self.n_features, self.n_responses)
         if self.theta0 is not None:
             if self.theta0.shape != shape:
@@ -213,7 +213,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
             self.problem.splits[FUSION].matrix.shape[0],
             self.n_features,
             self.n_responses,
-            self.problem.sigma_max(),
+            self.sigma_max,
         )
 
     def _begin(self, theta0: np.ndarray, loss: np.ndarray | None) -> None:

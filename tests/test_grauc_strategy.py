@@ -312,6 +312,29 @@ def test_state_does_not_depend_on_node_ids_or_result_order():
     assert_array_equal(a.gamma[0], b.gamma[0])
 
 
+def test_rounds_do_not_wait_for_a_missing_node():
+    """Only registration waits for every site: once the federation is fixed, a round goes on
+    with the nodes that are there (a dead node must not stall every round)."""
+
+    class CountingManager(SimpleClientManager):
+        waits = 0
+
+        def wait_for(self, num_clients, timeout=86400):  # counts, never blocks
+            self.waits += 1
+            return len(self) >= num_clients
+
+    strategy = make_strategy(make_cfg(min_fit_fraction=0.5))
+    mgr = CountingManager()
+    for cid, site in CIDS.items():
+        mgr.register(StubProxy(cid, site))
+    strategy.initialize_parameters(mgr)
+    assert strategy.ready and mgr.waits == 1
+    mgr.unregister(mgr.all()["n9"])  # D's node is gone
+    ins = strategy.configure_fit(1, EMPTY, mgr)
+    assert mgr.waits == 1
+    assert sorted(i.config["site"] for _, i in ins) == ["A", "B", "C"]
+
+
 def test_reregistered_site_keeps_its_state():
     cfg = make_cfg(min_fit_fraction=0.75)
     strategy, mgr, proxies = registered(cfg)
