@@ -14,9 +14,9 @@ from flwr.app import Context
 from flwr.serverapp import Grid
 
 from strategies.app import out_dir, round_timeout, run_methods
-from strategies.engine import round_logger
 from strategies.errors import InputError
 from strategies.registry import Registry
+from strategies.runtime.engine import round_logger
 
 from . import federation as fed
 from .client import GrAUCClient

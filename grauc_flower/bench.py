@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from strategies import admm
-from strategies.benchtable import check_out, finish, format_table  # noqa: F401
 from strategies.config import GrAUCConfig
+from strategies.experiments.benchtable import check_out, finish, format_table  # noqa: F401
 
 from . import federation as fed
 from .auc import PairwiseLogistic
@@ -91,8 +91,8 @@ def flower_round_time() -> dict:
     seconds per round read off the server's per-round log."""
     import re
 
-    from strategies.cli_utils import project_dir
-    from strategies.simulation import flwr_run
+    from strategies.runtime.cli import project_dir
+    from strategies.runtime.simulation import flwr_run
 
     t0 = time.perf_counter()
     out = flwr_run(project_dir(), {"method": "grauc"}, 20)

@@ -15,7 +15,9 @@ import os
 import sys
 import time
 
-from strategies.cli_utils import (
+from strategies.config import GRAUC_METHODS, GrAUCConfig, to_run_config
+from strategies.errors import InputError
+from strategies.runtime.cli import (
     Parser,
     add_settings,
     atomic_output_dir,
@@ -23,8 +25,6 @@ from strategies.cli_utils import (
     project_dir,
     settings_from_args,
 )
-from strategies.config import GRAUC_METHODS, GrAUCConfig, to_run_config
-from strategies.errors import InputError
 
 D = GrAUCConfig()
 
@@ -238,7 +238,7 @@ def cmd_fit(a) -> int:
             )[a.method]
             fed.write_result(tmp, res, features, cfg)
         else:
-            from strategies.simulation import flwr_run
+            from strategies.runtime.simulation import flwr_run
 
             rc = {
                 **to_run_config(cfg, "grauc"),
@@ -284,7 +284,7 @@ def cmd_fit(a) -> int:
 
 
 def cmd_run(a) -> int:
-    from strategies.simulation import flwr_run
+    from strategies.runtime.simulation import flwr_run
 
     rc = {"method": a.method, "data.num-sites": a.num_sites}
     if a.out:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from strategies.datasets.tables import repeated_columns
 from strategies.errors import InputError
-from strategies.tables import repeated_columns
 
 if TYPE_CHECKING:  # pandas is imported where CSV files are read (clients stay light)
     import pandas as pd

@@ -12,7 +12,6 @@ import pandas as pd
 
 from strategies import admm
 from strategies.config import GRAUC_METHODS, GrAUCConfig
-from strategies.engine import run_inprocess
 from strategies.errors import InputError
 from strategies.grauc import (
     FixedModelStrategy,
@@ -21,6 +20,7 @@ from strategies.grauc import (
     IndividualStrategy,
 )
 from strategies.registry import Registry, pooled_scaling
+from strategies.runtime.engine import run_inprocess
 
 from .auc import PairwiseLogistic, split_by_class
 from .client import GrAUCClient

@@ -27,7 +27,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from strategies.study_runner import figure_cell, finish, pyplot
+from strategies.experiments.plots import figure_cell, finish, pyplot
 
 LABELS = {
     "grauc": "GrAUC-PFL",

@@ -61,7 +61,8 @@ import pandas as pd
 
 from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config
 from strategies.errors import InputError
-from strategies.study_runner import Study, add_study_parser, load_study, read_toml, run_study_args
+from strategies.experiments.design import Study, load_study, read_toml
+from strategies.experiments.runner import add_study_parser, run_study_args
 
 from .data import LEVEL_SHIFT, SiteData, simulate
 
@@ -369,8 +370,8 @@ def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataF
     Columns: ``fold, w_dist, lam, val_auc, rounds, converged`` (``val_auc`` is the mean over
     institutions whose validation fold holds both classes).
     """
-    from strategies.engine import run_inprocess
     from strategies.registry import Registry
+    from strategies.runtime.engine import run_inprocess
 
     from .client import GrAUCClient
     from .federation import make_strategy, max_rounds_for

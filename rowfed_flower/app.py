@@ -15,9 +15,9 @@ from flwr.serverapp import Grid
 
 from strategies.app import out_dir, round_timeout, run_methods
 from strategies.config import rowfed_config, rowfed_methods
-from strategies.engine import round_logger
 from strategies.errors import InputError
 from strategies.rowfed import dims, rowfed_registry
+from strategies.runtime.engine import round_logger
 
 from . import federation as fed
 from .client import RowFedClient

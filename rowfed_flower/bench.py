@@ -16,8 +16,8 @@ import time
 import numpy as np
 import pandas as pd
 
-from strategies.benchtable import check_out, finish, format_table  # noqa: F401
 from strategies.config import RowFedConfig
+from strategies.experiments.benchtable import check_out, finish, format_table  # noqa: F401
 
 
 def _first_below(gaps: np.ndarray, level: float) -> float:

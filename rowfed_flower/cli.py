@@ -23,7 +23,9 @@ import os
 import sys
 import time
 
-from strategies.cli_utils import (
+from strategies.config import ROWFED_METHODS, RowFedConfig, rowfed_run_config
+from strategies.errors import InputError
+from strategies.runtime.cli import (
     Parser,
     add_settings,
     atomic_output_dir,
@@ -31,8 +33,6 @@ from strategies.cli_utils import (
     project_dir,
     settings_from_args,
 )
-from strategies.config import ROWFED_METHODS, RowFedConfig, rowfed_run_config
-from strategies.errors import InputError
 
 #: ``--tune gic`` grids when ``--lam1-grid`` / ``--lam2-grid`` are not given.
 DEFAULT_LAM1_GRID = "0.5,0.2,0.1,0.05,0.02,0.01"
@@ -91,7 +91,7 @@ def _config(args) -> RowFedConfig:
 def _run_flower(cfg: RowFedConfig, args, data, tmp: str) -> None:
     """``flwr run`` the app on Flower's simulation engine (one SuperNode per client) with
     this file as the data (``rowfed-data.source = csv``); outputs land in ``tmp``."""
-    from strategies.simulation import flwr_run
+    from strategies.runtime.simulation import flwr_run
 
     rc = {
         **rowfed_run_config(cfg),

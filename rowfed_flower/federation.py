@@ -13,12 +13,12 @@ import numpy as np
 import pandas as pd
 
 from strategies.config import ROWFED_METHODS, RowFedConfig
-from strategies.engine import run_inprocess
+from strategies.datasets.tables import repeated_columns
 from strategies.errors import InputError
 from strategies.problems import degrees_of_freedom
 from strategies.registry import Registry
 from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy, rowfed_registry
-from strategies.tables import repeated_columns
+from strategies.runtime.engine import run_inprocess
 
 from .client import ClientSamples, RowFedClient
 from .data import read_graph, simulate

@@ -20,7 +20,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from strategies.study_runner import figure_cell, finish, pyplot
+from strategies.experiments.plots import figure_cell, finish, pyplot
 
 LABELS = {
     "rowfed": "RowFed",

@@ -61,7 +61,8 @@ import pandas as pd
 
 from strategies.config import ROWFED_METHODS, RowFedConfig, from_run_config
 from strategies.errors import InputError
-from strategies.study_runner import Study, add_study_parser, load_study, read_toml, run_study_args
+from strategies.experiments.design import Study, load_study, read_toml
+from strategies.experiments.runner import add_study_parser, run_study_args
 
 DESIGN_TYPES = {"M": int, "n_m": int, "p": int, "q": int}
 REQUIRED = ("M", "n_m", "p", "q")

@@ -19,8 +19,8 @@ from flwr.server import ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
 
-from .engine import stopping_server
 from .errors import InputError
+from .runtime.engine import stopping_server
 
 TASKS = ("grauc", "rowfed")
 

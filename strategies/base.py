@@ -21,6 +21,7 @@ from flwr.common import (
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
+from flwr.server.strategy.aggregate import weighted_loss_avg
 
 from .registry import EMPTY, Registry
 
@@ -231,7 +232,10 @@ class SiteStrategy(Strategy):
         self.evaluated = True
         values = [m[self.eval_metric] for m in self.evaluation.values()]
         values = [v for v in values if np.isfinite(v)]
-        return None, {f"mean_{self.eval_metric}": float(np.mean(values)) if values else np.nan}
+        # Flower's history gets the example-weighted mean evaluation loss, as FedAvg reports it
+        pairs = [(r.num_examples, r.loss) for _, r in results]
+        loss = weighted_loss_avg(pairs) if sum(n for n, _ in pairs) > 0 else None
+        return loss, {f"mean_{self.eval_metric}": float(np.mean(values)) if values else np.nan}
 
     def evaluate(
         self, server_round: int, parameters: Parameters

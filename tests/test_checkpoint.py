@@ -10,9 +10,9 @@ from grauc_flower import federation as fed
 from grauc_flower.client import GrAUCClient
 from grauc_flower.data import simulate
 from strategies.config import GrAUCConfig
-from strategies.engine import run_inprocess
 from strategies.errors import InputError
 from strategies.registry import Registry
+from strategies.runtime.engine import run_inprocess
 
 
 @pytest.mark.parametrize("algorithm", ["admm", "pqn"])

@@ -19,13 +19,13 @@ from conftest import ROOT
 from grauc_flower import federation as fed
 from grauc_flower.data import simulate
 from strategies.config import GrAUCConfig
-from strategies.deploy import (
+from strategies.runtime.deploy import (
     make_certificates,
     make_node_key,
     start_superlink,
     start_supernode,
 )
-from strategies.simulation import _bin, flower_env, free_port, stop_process, wait_for_port
+from strategies.runtime.simulation import _bin, flower_env, free_port, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 

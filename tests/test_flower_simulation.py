@@ -80,7 +80,7 @@ def test_rowfed_app_prints_three_metrics_for_four_methods():
     (Round limits are lowered so the test stays short.)"""
     import tomllib
 
-    from strategies.simulation import flwr_run
+    from strategies.runtime.simulation import flwr_run
 
     with open(os.path.join(ROOT, "configs", "rowfed_sim.toml"), "rb") as fh:
         doc = tomllib.load(fh)

@@ -577,7 +577,7 @@ def test_crime_rowfed_config_errors(tmp_path, capsys, change, words):
 def test_shipped_configs_parse(name):
     from grauc_flower.study import parse_settings as grauc_settings
     from rowfed_flower.study import parse_settings as rowfed_settings
-    from strategies.study_runner import read_toml
+    from strategies.experiments.design import read_toml
 
     raw = read_toml(os.path.join(ROOT, "configs", name))
     if raw["study"] == "grauc":

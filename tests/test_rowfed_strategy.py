@@ -34,13 +34,13 @@ from rowfed_flower.federation import (
 )
 from strategies import admm
 from strategies.config import RowFedConfig, rowfed_config, rowfed_methods
-from strategies.engine import run_inprocess
 from strategies.errors import InputError
 from strategies.local import curvature, local_step
 from strategies.penalties import Penalty
 from strategies.problems import SPARSITY, build_problem, exact_row_clusters
 from strategies.registry import EMPTY
 from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy
+from strategies.runtime.engine import run_inprocess
 from strategies.wire import unpack
 
 logging.getLogger("flwr").setLevel(logging.ERROR)

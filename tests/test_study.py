@@ -20,7 +20,7 @@ import pytest
 from grauc_flower.cli import main as grauc_main
 from rowfed_flower.cli import main as rowfed_main
 from strategies.errors import InputError
-from strategies.study_runner import cell_label, expand_design, select_cells, task_seed
+from strategies.experiments.design import cell_label, expand_design, select_cells, task_seed
 
 GRAUC_TOML = """
 study = "grauc"

@@ -3,8 +3,8 @@
 - :func:`run_inprocess`: Flower's own ``Server`` over in-process client proxies, for tests
   and large studies.  Messages go through Flower's own serialization
   (``NumPyClient.to_client()``), so the numbers equal those of ``flwr run``.
-- :class:`StoppingServer`: Flower's ``Server`` that ends the run once the strategy says it is
-  ``done`` (no empty rounds up to ``num_rounds``), used by the ServerApp under ``flwr run``.
+- :class:`StoppingServer`: Flower's ``Server`` that stops sending work once the strategy has
+  finished (the remaining rounds of ``num_rounds`` pass empty and silent), used by both.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from flwr.common import log
 from flwr.server import Server
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.history import History
 
 
 def round_logger(method: str, every: int = 1):
@@ -88,29 +87,54 @@ def run_inprocess(strategy, clients, max_rounds: int) -> int:
     return server.rounds_run
 
 
-class _Done(Exception):
-    pass
+class _QuietOnceFinished(logging.Filter):
+    """Drops Flower's per-round banner (``[ROUND n]`` and its blank line) for the empty rounds
+    after the strategy has finished."""
+
+    def __init__(self, server: StoppingServer) -> None:
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            self.server.stopped and record.levelno == INFO and record.msg in ("", "[ROUND %s]")
+        )
 
 
 class StoppingServer(Server):
-    """``flwr.server.Server`` that ends the round loop once the strategy has ``finished``
-    (its method done and evaluated), instead of running empty rounds up to ``num_rounds``.
-    ``rounds_run`` counts the rounds that ran."""
+    """``flwr.server.Server`` that stops working once the strategy has ``finished`` (its
+    method done and evaluated): the rest of Flower's ``num_rounds`` loop runs empty, without
+    a message to any node and without a log line.  ``rounds_run`` counts the rounds that
+    ran."""
 
     rounds_run = 0
+    stopped = False
+
+    def _stop_if_finished(self) -> bool:
+        if not self.stopped and getattr(self.strategy, "finished", False):
+            self.stopped = True
+            log(INFO, "strategy finished after round %d", self.rounds_run)
+        return self.stopped
 
     def fit_round(self, server_round, timeout):
-        if getattr(self.strategy, "finished", False):
-            raise _Done(server_round)
+        if self._stop_if_finished():
+            return None
         self.rounds_run = server_round
         return super().fit_round(server_round, timeout)
 
+    def evaluate_round(self, server_round, timeout):
+        if self._stop_if_finished():
+            return None
+        return super().evaluate_round(server_round, timeout)
+
     def fit(self, num_rounds, timeout):
+        quiet = _QuietOnceFinished(self)
+        logger = logging.getLogger("flwr")
+        logger.addFilter(quiet)
         try:
             return super().fit(num_rounds, timeout)
-        except _Done as stop:
-            log(INFO, "strategy finished after round %s", int(stop.args[0]) - 1)
-            return History(), 0.0
+        finally:
+            logger.removeFilter(quiet)
 
 
 def stopping_server(strategy) -> StoppingServer:

@@ -8,7 +8,7 @@ import platform
 
 import pandas as pd
 
-from .cli_utils import atomic_output_dir, check_output_dir
+from ..runtime.cli import atomic_output_dir, check_output_dir
 
 
 def check_out(out: str) -> None:

@@ -1,7 +1,7 @@
 """Deployment helpers: certificates and keys for a federation, and starting a SuperLink or a
 SuperNode as a child process that the caller stops by pid.
 
-``python -m strategies.deploy certs --out DIR --nodes 3 [--host HOST ...]`` writes
+``python -m strategies.runtime.deploy certs --out DIR --nodes 3 [--host HOST ...]`` writes
 
 - ``ca.crt``/``ca.key``: a private certificate authority (keep ``ca.key`` offline);
 - ``server.pem``/``server.key``: the SuperLink's TLS certificate, valid for ``localhost``,
@@ -194,7 +194,7 @@ def start_supernode(
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m strategies.deploy")
+    parser = argparse.ArgumentParser(prog="python -m strategies.runtime.deploy")
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("certs", help="CA, SuperLink certificate and SuperNode keys")
     c.add_argument("--out", required=True)

@@ -10,7 +10,7 @@ import shutil
 import sys
 import tempfile
 
-from .errors import InputError
+from ..errors import InputError
 
 
 class Parser(argparse.ArgumentParser):
@@ -122,7 +122,7 @@ def atomic_output_dir(out: str):
 
 def project_dir() -> str:
     """The Flower app directory (the checkout holding ``pyproject.toml``)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
     if not os.path.isfile(os.path.join(here, "pyproject.toml")):
         raise InputError("engine: the flower engine needs the project checkout (pip install -e .)")
     return here

@@ -40,7 +40,7 @@ def flower_env(home: str) -> dict:
     """Environment for Flower's processes: ``FLWR_HOME``, this interpreter's scripts first on
     ``PATH`` (the SuperLink starts ``flower-superexec``, ``flwr-serverapp``...), a Ray of
     their own and one BLAS thread (both unless set)."""
-    from . import single_threaded_blas
+    from .. import single_threaded_blas
 
     bindir = str(Path(sys.executable).parent)
     env = {

@@ -1,0 +1,67 @@
+"""Figure helpers shared by both methods' study figures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend with the studies' font sizes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 11, "axes.titlesize": 11, "figure.dpi": 110})
+    return plt
+
+
+def finish(fig, title: str, path: str, handles=None, labels=None) -> str:
+    """Title on top, the legend in a band below it, panels under both; save and close."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    h = fig.get_figheight()
+    lines = textwrap.wrap(title, width=int(fig.get_figwidth() * 8.5))
+    extra = 0.22 * (len(lines) - 1)
+    band = (0.85 if handles else 0.5) + extra
+    fig.tight_layout(rect=(0, 0, 1, 1 - band / h))  # before the title: it is placed by hand
+    fig.suptitle("\n".join(lines), y=1 - 0.1 / h, va="top", fontsize=12)
+    if handles:
+        fig.legend(
+            handles,
+            labels,
+            loc="upper center",
+            bbox_to_anchor=(0.5, 1 - (0.4 + extra) / h),
+            ncol=len(labels),
+            frameon=False,
+        )
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def figure_cell(results: pd.DataFrame, study, cells) -> dict:
+    """The cell of the one-cell figures: ``[figures] cell`` when it has results, else the
+    first cell of this run's grid that has results."""
+    keys = list(study.keys)
+    wanted = study.settings.get("figures", {}).get("cell")
+    have = {tuple(r) for r in results[keys].itertuples(index=False)}
+    candidates = []
+    if wanted:
+        candidates += [
+            c
+            for c in cells
+            if all(
+                np.isclose(c[k], v) if isinstance(v, float) else c[k] == v
+                for k, v in wanted.items()
+            )
+        ]
+    candidates += list(cells)
+    for c in candidates:
+        if tuple(c[k] for k in keys) in have:
+            return dict(c)
+    first = results.iloc[0]
+    return {k: first[k] for k in keys}
