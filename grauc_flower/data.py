@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strategies.datasets.tables import repeated_columns
+from strategies.datasets.tables import read_table
 from strategies.errors import InputError
 
 if TYPE_CHECKING:  # pandas is imported where CSV files are read (clients stay light)
@@ -127,23 +127,7 @@ def simulate(
 
 
 def _read_csv(path: str, what: str, dtype=None) -> pd.DataFrame:
-    import pandas as pd
-
-    try:
-        df = pd.read_csv(path, dtype=dtype)
-    except FileNotFoundError:
-        raise InputError(f"{what}: file not found: {path}") from None
-    except pd.errors.EmptyDataError:
-        raise InputError(f"{what}: file is empty: {path}") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"{what}: cannot parse {path}: {first}") from None
-    if df.shape[0] == 0:
-        raise InputError(f"{what}: file has no rows: {path}")
-    twice = repeated_columns(path)
-    if twice:
-        raise InputError(f"{what}: column {twice[0]!r} appears twice in {path}")
-    return df
+    return read_table(path, what, dtype=dtype)
 
 
 def numeric_columns(df: pd.DataFrame, columns: list[str], what: str) -> np.ndarray:

@@ -27,7 +27,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from strategies.experiments.plots import figure_cell, finish, pyplot
+from strategies.experiments.plots import figure_cell, finish, method_boxes, pyplot
 
 LABELS = {
     "grauc": "GrAUC-PFL",
@@ -198,26 +198,11 @@ def fig_auc_boxplots(results: pd.DataFrame, keys, path: str) -> str:
             ax = axes[i][j]
             sub = results[sel_row & (results["level"] == level)]
             for k, m in enumerate(methods):
-                data, pos = [], []
-                for x, prev in enumerate(prevalences):
-                    v = sub[(sub["method"] == m) & (sub["prevalence"] == prev)]["auc"].dropna()
-                    if len(v):
-                        data.append(v.to_numpy())
-                        pos.append(x - 0.4 + width * (k + 0.5))
-                if not data:
-                    continue
-                bp = ax.boxplot(
-                    data,
-                    positions=pos,
-                    widths=width * 0.85,
-                    patch_artist=True,
-                    showfliers=True,
-                    flierprops={"markersize": 2, "alpha": 0.5},
-                    medianprops={"color": "black"},
-                )
-                for box in bp["boxes"]:
-                    box.set_facecolor(COLORS.get(m, "white"))
-                    box.set_alpha(0.75)
+                groups = [
+                    sub[(sub["method"] == m) & (sub["prevalence"] == prev)]["auc"].dropna()
+                    for prev in prevalences
+                ]
+                method_boxes(ax, groups, k, width, COLORS.get(m, "white"))
             ax.set_xticks(range(len(prevalences)))
             ax.set_xticklabels([f"{p:g}" for p in prevalences])
             ax.set_xlim(-0.6, len(prevalences) - 0.4)

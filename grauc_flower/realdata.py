@@ -81,8 +81,9 @@ MISSING_VALUES = ("Missing", "Unknown", "NA", "")
 MISSING_LEVEL = "Missing/Unknown"
 CDC_DEFAULTS = {"num_counties": 18, "train_fraction": 0.2, "min_per_class": 15}
 
-#: Communities and Crime: columns that are never predictors of ``high_crime``.
-CRIME_NOT_PREDICTORS = ("ViolentCrimesPerPop", "high_crime", "fold", "communityname", ">0.06black")
+#: Communities and Crime: the crime rate ``high_crime`` is derived from is not a predictor of
+#: it (nor is any column of :data:`strategies.datasets.crime.NOT_PREDICTORS`).
+CRIME_NOT_PREDICTORS = ("ViolentCrimesPerPop",)
 CRIME_DEFAULTS = {"train_fraction": 0.5, "min_per_class": 5}
 
 
@@ -507,22 +508,6 @@ def read_cdc(
 # ---------------------------------------------------------------------------------------
 # Communities and Crime (states as institutions)
 # ---------------------------------------------------------------------------------------
-def crime_states(df) -> np.ndarray:
-    """State FIPS code per row, from the one-hot ``state_<FIPS>`` columns (or a ``state``
-    column of FIPS codes)."""
-    state_cols = [c for c in df.columns if str(c).startswith("state_")]
-    if state_cols:
-        onehot = df[state_cols].to_numpy()
-        bad = np.flatnonzero(onehot.sum(axis=1) != 1)
-        if len(bad):
-            raise InputError(f"data: state_* columns: row {bad[0] + 2} is not in exactly one state")
-        codes = np.array([int(str(c).split("_", 1)[1]) for c in state_cols])
-        return codes[onehot.argmax(axis=1)]
-    if "state" in df.columns:
-        return df["state"].to_numpy(dtype=np.int64)
-    raise InputError("data: needs one-hot state_<FIPS> columns or a 'state' column")
-
-
 @functools.lru_cache(maxsize=2)
 def read_crime(
     path: str = "",
@@ -552,30 +537,25 @@ def read_crime(
     SiteTable
         One institution per kept state (site id: the postal code, e.g. ``CA``) at the
         shipped state centroid, ordered by FIPS code; predictors: every numeric column but
-        :data:`CRIME_NOT_PREDICTORS`, the state columns and ``exclude``.
+        :data:`CRIME_NOT_PREDICTORS`, ``strategies.datasets.crime.NOT_PREDICTORS``, the state
+        columns and ``exclude``.
     """
     import pandas as pd
 
-    from strategies.datasets import dataset_path, state_centroids
+    from strategies.datasets import state_centroids
+    from strategies.datasets.crime import crime_predictors, crime_table
 
-    from .data import _read_csv, numeric_columns
+    from .data import numeric_columns
 
     if min_per_class < 2:
         raise InputError(f"data.min-per-class: must be >= 2, got {min_per_class!r}")
-    path = path or dataset_path("communities_crime.csv")
-    df = _read_csv(path, "data", dtype={"communityname": str})
+    df, state = crime_table(path)
     if outcome not in df.columns:
-        raise InputError(f"data: column {outcome!r} is missing from {path}")
+        raise InputError(f"data: column {outcome!r} is missing from {path or 'the shipped copy'}")
     y = pd.to_numeric(df[outcome], errors="coerce")
     if y.isna().any() or not np.isin(y.to_numpy(), (0, 1)).all():
         raise InputError(f"data: column {outcome!r} must be 0 or 1 with no missing values")
-    state = crime_states(df)
-    drop = {*CRIME_NOT_PREDICTORS, outcome, *exclude, "state"}
-    predictors = [
-        c
-        for c in df.select_dtypes(include="number").columns
-        if c not in drop and not str(c).startswith("state_")
-    ]
+    predictors = crime_predictors(df, {*CRIME_NOT_PREDICTORS, outcome, *exclude})
     x = numeric_columns(df, predictors, "data")
     y = y.to_numpy().astype(np.int64)
     sc = state_centroids().set_index("state_fips")

@@ -52,7 +52,6 @@ rest is the test set), and a replication is a new random split (the task's seed)
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from dataclasses import dataclass
 
@@ -61,7 +60,13 @@ import pandas as pd
 
 from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config
 from strategies.errors import InputError
-from strategies.experiments.design import Study, load_study, read_toml
+from strategies.experiments.design import (
+    Study,
+    figure_cell_setting,
+    load_study,
+    read_toml,
+    study_methods,
+)
 from strategies.experiments.runner import add_study_parser, run_study_args
 
 from .data import LEVEL_SHIFT, SiteData, simulate
@@ -150,14 +155,7 @@ def lam_grid(value) -> tuple[float, ...]:
 
 def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     """Check and parse the tables of a study config (everything but ``[design]``)."""
-    methods = settings.get("methods", ["grauc", "individual", "fedavg"])
-    if isinstance(methods, str):
-        methods = [m.strip() for m in methods.split(",")]
-    if not isinstance(methods, list) or not methods:
-        raise InputError("methods: give a list of one or more methods")
-    for m in methods:
-        if m not in GRAUC_METHODS:
-            raise InputError(f"methods: must be among {', '.join(GRAUC_METHODS)}, got {m!r}")
+    methods = study_methods(settings, GRAUC_METHODS, ("grauc", "individual", "fedavg"))
     data = parse_data(settings.get("data", {}))
     tuning = settings.get("tuning", {})
     for key in tuning:
@@ -179,17 +177,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
         if key in rc:
             raise InputError(f"{key}: chosen by the study (tuning / per-task seed), not set here")
     cfg = from_run_config(GrAUCConfig, rc, "grauc")
-    figures = settings.get("figures", {})
-    for key in figures:
-        if key != "cell":
-            raise InputError(f"figures.{key}: unknown setting (allowed: cell)")
-    cell = figures.get("cell")
-    if cell is not None:
-        if not isinstance(cell, dict):
-            raise InputError("figures.cell: expected a table of design values")
-        for key in cell:
-            if key not in keys:
-                raise InputError(f"figures.cell: {key!r} is not a design key")
+    cell = figure_cell_setting(settings, keys)
     return Settings(
         tuple(methods),
         data,
@@ -314,9 +302,6 @@ def load(path: str) -> tuple[Study, Settings]:
         study = load_study(path, "grauc", DESIGN_TYPES, REQUIRED, SECTIONS)
     else:
         study = load_study(path, "grauc", REAL_DESIGN_TYPES, REAL_REQUIRED, SECTIONS)
-        data = study.settings.get("data", {})
-        if data.get("path"):  # relative to the working directory; tasks get it absolute
-            data["path"] = os.path.abspath(os.path.expanduser(data["path"]))
     settings = parse_settings(study.settings, study.keys)
     for cell in study.cells:
         if source == "simulated":

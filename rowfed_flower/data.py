@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from strategies.datasets.tables import read_table
 from strategies.errors import InputError
 from strategies.problems import canonical_labels
 
@@ -17,18 +18,6 @@ N_CLUSTERS = (1, 1, 2, 2, 3, 3)
 #: Entries of a cluster's row vector and their probabilities (about a third zero, §2.8).
 ENTRY_VALUES = (-1.0, -0.5, 0.0, 0.5, 1.0)
 ENTRY_PROBS = (1 / 6, 1 / 6, 1 / 3, 1 / 6, 1 / 6)
-#: Columns never used as predictors by :func:`load_crime` (identifiers, folds, derived labels).
-NON_PREDICTORS = (
-    "communityname",
-    "community",
-    "communityCode",
-    "county",
-    "countyCode",
-    "state",
-    "fold",
-    "high_crime",
-    ">0.06black",
-)
 
 
 def ar1_covariance(d: int, r: float = 0.5) -> np.ndarray:
@@ -176,8 +165,9 @@ def load_crime(
         Keep states with at least this many communities (paper: 3).
     predictors : sequence of str, optional
         Predictor columns; by default every numeric column that is not a response, a state
-        column, in ``NON_PREDICTORS`` or in ``exclude``.  Default predictors with any missing
-        value are dropped **[choice]**; then rows with a missing value are dropped.
+        column, in ``strategies.datasets.crime.NOT_PREDICTORS`` or in ``exclude``.  Default
+        predictors with any missing value are dropped **[choice]**; then rows with a
+        missing value are dropped.
     exclude : sequence of str
         Further columns to leave out of the default predictors (e.g. the other crime
         variables of the unnormalized file).
@@ -192,18 +182,10 @@ def load_crime(
     """
     import pandas as pd
 
-    from strategies.datasets import dataset_path
+    from strategies.datasets.crime import crime_predictors, crime_table
 
-    path = path or dataset_path("communities_crime.csv")
-    try:
-        df = pd.read_csv(path, na_values="?")
-    except FileNotFoundError:
-        raise InputError(f"data: file not found: {path}") from None
-    except pd.errors.EmptyDataError:
-        raise InputError(f"data: file is empty: {path}") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"data: cannot parse {path}: {first}") from None
+    df, state = crime_table(path)
+    path = path or "the shipped copy"
     responses = list(responses)
     if not responses:
         raise InputError("responses: give one or more response columns")
@@ -213,20 +195,9 @@ def load_crime(
     unknown = [c for c in exclude if c not in df.columns]
     if unknown:
         raise InputError(f"exclude: columns not in {path}: {unknown}")
-    state_cols = [c for c in df.columns if c.startswith("state_")]
-    if state_cols:
-        onehot = df[state_cols].to_numpy()
-        if not np.all(onehot.sum(axis=1) == 1):
-            raise InputError("state_*: every row needs exactly one state")
-        state = np.array([int(c.split("_", 1)[1]) for c in state_cols])[onehot.argmax(axis=1)]
-    elif "state" in df.columns:
-        state = df["state"].to_numpy()
-    else:
-        raise InputError(f"data: {path} needs state_<FIPS> columns or a 'state' column")
     if predictors is None:
-        drop = set(responses) | set(state_cols) | set(NON_PREDICTORS) | set(exclude)
-        numeric = df.select_dtypes(include="number").columns
-        predictors = [c for c in numeric if c not in drop and not df[c].isna().any()]
+        candidates = crime_predictors(df, {*responses, *exclude})
+        predictors = [c for c in candidates if not df[c].isna().any()]
     predictors = list(predictors)
     absent = [c for c in predictors if c not in df.columns]
     if absent:
@@ -308,10 +279,7 @@ def read_graph(graph: str, sites: list[str]) -> tuple[np.ndarray | None, np.ndar
         return None, None
     if not os.path.isfile(graph):
         raise InputError(f"graph: no such file {graph!r} (give all-pairs or an edge CSV)")
-    try:
-        df = pd.read_csv(graph, dtype=str)
-    except Exception as exc:  # pandas raises several kinds
-        raise InputError(f"graph: cannot read {graph!r}: {exc}") from None
+    df = read_table(graph, "graph", dtype=str)
     if df.shape[1] < 2 or len(df) == 0:
         raise InputError(f"graph: {graph!r} needs two columns of client ids and >= 1 edge")
     index = {s: k for k, s in enumerate(sites)}

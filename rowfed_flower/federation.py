@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from strategies.config import ROWFED_METHODS, RowFedConfig
-from strategies.datasets.tables import repeated_columns
+from strategies.datasets.tables import read_table
 from strategies.errors import InputError
 from strategies.problems import degrees_of_freedom
 from strategies.registry import Registry
@@ -152,17 +152,8 @@ def read_fit_csv(path: str, responses, client_column: str = "client") -> Federat
         raise InputError("responses: give one or more response columns")
     if len(set(responses)) != len(responses):
         raise InputError(f"responses: a column is named twice: {','.join(responses)}")
-    if not os.path.isfile(path):
-        raise InputError(f"data: no such file {path!r}")
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
-    except Exception as exc:  # pandas raises several kinds
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"data: cannot read {path!r}: {msg}") from None
+    df = read_table(path, "data", dtype=str, keep_default_na=False, skipinitialspace=True)
     df.columns = [str(c).strip() for c in df.columns]
-    twice = repeated_columns(path)
-    if twice:
-        raise InputError(f"data: column {twice[0]!r} appears twice in {path!r}")
     if client_column not in df.columns:
         raise InputError(f"data: no {client_column!r} column in {path!r}")
     for r in responses:

@@ -20,7 +20,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from strategies.experiments.plots import figure_cell, finish, pyplot
+from strategies.experiments.plots import figure_cell, finish, method_boxes, pyplot
 
 LABELS = {
     "rowfed": "RowFed",
@@ -84,28 +84,13 @@ def fig_errors(results: pd.DataFrame, keys, path: str) -> str:
     axes = axes[:, 0]
     for ax, (metric, label) in zip(axes, metrics, strict=True):
         for k, m in enumerate(methods):
-            data, pos = [], []
-            for x, c in enumerate(cells):
+            groups = []
+            for c in cells:
                 sel = np.logical_and.reduce(
                     [results[key] == v for key, v in zip(keys, c, strict=True)]
                 )
-                v = results[sel & (results["method"] == m)][metric].dropna().to_numpy()
-                if len(v):
-                    data.append(v)
-                    pos.append(x - 0.4 + width * (k + 0.5))
-            if not data:
-                continue
-            bp = ax.boxplot(
-                data,
-                positions=pos,
-                widths=width * 0.85,
-                patch_artist=True,
-                medianprops={"color": "black"},
-                flierprops={"markersize": 2},
-            )
-            for box in bp["boxes"]:
-                box.set_facecolor(COLORS.get(m, "white"))
-                box.set_alpha(0.75)
+                groups.append(results[sel & (results["method"] == m)][metric].dropna())
+            method_boxes(ax, groups, k, width, COLORS.get(m, "white"))
         if metric.startswith("mse"):
             from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 

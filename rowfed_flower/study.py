@@ -54,14 +54,19 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import numpy as np
 import pandas as pd
 
 from strategies.config import ROWFED_METHODS, RowFedConfig, from_run_config
 from strategies.errors import InputError
-from strategies.experiments.design import Study, load_study, read_toml
+from strategies.experiments.design import (
+    Study,
+    figure_cell_setting,
+    load_study,
+    read_toml,
+    study_methods,
+)
 from strategies.experiments.runner import add_study_parser, run_study_args
 
 DESIGN_TYPES = {"M": int, "n_m": int, "p": int, "q": int}
@@ -94,14 +99,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
     """Check the tables of a RowFed study config; returns ``methods``, ``n_test``,
     ``grids`` (method -> (lam1 grid, lam2 grid)), ``criterion``, ``fedavg_lam2``, ``cfg``
     and ``figure_cell``."""
-    methods = settings.get("methods", list(ROWFED_METHODS))
-    if isinstance(methods, str):
-        methods = [m.strip() for m in methods.split(",")]
-    if not isinstance(methods, list) or not methods:
-        raise InputError("methods: give a list of one or more methods")
-    for m in methods:
-        if m not in ROWFED_METHODS:
-            raise InputError(f"methods: must be among {', '.join(ROWFED_METHODS)}, got {m!r}")
+    methods = study_methods(settings, ROWFED_METHODS, ROWFED_METHODS)
     data = settings.get("data", {})
     real = None
     n_test = 100
@@ -152,17 +150,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
     if "rowfed.intercept" in rc and not isinstance(rc["rowfed.intercept"], bool):
         raise InputError("rowfed.intercept: expected true or false")
     cfg = from_run_config(RowFedConfig, rc, "rowfed")
-    figures = settings.get("figures", {})
-    for key in figures:
-        if key != "cell":
-            raise InputError(f"figures.{key}: unknown setting (allowed: cell)")
-    cell = figures.get("cell")
-    if cell is not None:
-        if not isinstance(cell, dict):
-            raise InputError("figures.cell: expected a table of design values")
-        for key in cell:
-            if key not in keys:
-                raise InputError(f"figures.cell: {key!r} is not a design key")
+    cell = figure_cell_setting(settings, keys)
     return {
         "methods": tuple(methods),
         "n_test": n_test,
@@ -269,9 +257,6 @@ def load(path: str) -> tuple[Study, dict]:
         study = load_study(path, "rowfed", DESIGN_TYPES, REQUIRED, SECTIONS)
     else:
         study = load_study(path, "rowfed", REAL_DESIGN_TYPES, REAL_REQUIRED, SECTIONS)
-        data = study.settings.get("data", {})
-        if data.get("path"):  # relative to the working directory; tasks get it absolute
-            data["path"] = os.path.abspath(os.path.expanduser(data["path"]))
     settings = parse_settings(study.settings, study.keys)
     for cell in study.cells:
         if settings["real"] is None:

@@ -47,7 +47,40 @@ def wait_and_register(
     return clients
 
 
-class SiteStrategy(Strategy):
+class EvaluatedOnce:
+    """What every strategy of a run shares at its end: ``finished`` once the method is
+    ``done`` and its one evaluation is in; :meth:`aggregate_evaluate` keeps each site's
+    metrics by site id in ``evaluation`` and gives Flower's history the example-weighted
+    mean loss (as Flower's FedAvg reports it) and ``mean_<eval_metric>`` over the sites."""
+
+    #: The metric that :meth:`aggregate_evaluate` averages over sites.
+    eval_metric = "auc"
+    done = False
+    evaluated = False
+
+    @property
+    def finished(self) -> bool:
+        """The method is done and its evaluation is in."""
+        return self.done and self.evaluated
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        self.registry.log_failures(failures, server_round)
+        for _, res in results:
+            self.evaluation[str(res.metrics["site"])] = dict(res.metrics)
+        self.evaluated = True
+        values = [m[self.eval_metric] for m in self.evaluation.values()]
+        values = [v for v in values if np.isfinite(v)]
+        pairs = [(r.num_examples, r.loss) for _, r in results]
+        loss = weighted_loss_avg(pairs) if sum(n for n, _ in pairs) > 0 else None
+        return loss, {f"mean_{self.eval_metric}": float(np.mean(values)) if values else np.nan}
+
+
+class SiteStrategy(EvaluatedOnce, Strategy):
     """Base: registers every site (properties exchange) before the first round, then runs
     the method's rounds.
 
@@ -58,8 +91,6 @@ class SiteStrategy(Strategy):
 
     #: Whether a round with fewer than ``min_fit_fraction`` of the sites is skipped.
     needs_quorum = True
-    #: The metric that :meth:`aggregate_evaluate` averages over sites.
-    eval_metric = "auc"
 
     def __init__(
         self,
@@ -84,11 +115,6 @@ class SiteStrategy(Strategy):
         self.updates: dict[str, np.ndarray] = {}  # this round's decoded answers, by site
         self._asked: set[str] = set()
         self._t0 = time.perf_counter()
-
-    @property
-    def finished(self) -> bool:
-        """The method is done and its evaluation is in."""
-        return self.done and self.evaluated
 
     # -- Flower hooks -----------------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
@@ -219,23 +245,6 @@ class SiteStrategy(Strategy):
             params = ndarrays_to_parameters([coef[self.site_index[site]]])
             ins.append((proxy, EvaluateIns(params, {"site": site, **self.work_config()})))
         return ins
-
-    def aggregate_evaluate(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
-    ) -> tuple[float | None, dict[str, Scalar]]:
-        self.registry.log_failures(failures, server_round)
-        for _, res in results:
-            self.evaluation[str(res.metrics["site"])] = dict(res.metrics)
-        self.evaluated = True
-        values = [m[self.eval_metric] for m in self.evaluation.values()]
-        values = [v for v in values if np.isfinite(v)]
-        # Flower's history gets the example-weighted mean evaluation loss, as FedAvg reports it
-        pairs = [(r.num_examples, r.loss) for _, r in results]
-        loss = weighted_loss_avg(pairs) if sum(n for n, _ in pairs) > 0 else None
-        return loss, {f"mean_{self.eval_metric}": float(np.mean(values)) if values else np.nan}
 
     def evaluate(
         self, server_round: int, parameters: Parameters

@@ -17,10 +17,40 @@ from .penalties import DEFAULT_CONCAVITY, KINDS, Penalty
 GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled")
 
 
-def setting(default, help: str, choices: tuple[str, ...] | None = None):
-    """A settings field: its default, a one-line help and, for a choice, the values allowed
-    (what the run config, the command line and validation are derived from)."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+def setting(
+    default,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+):
+    """A settings field: its default, a one-line help, for a choice the values allowed, and
+    for a number its range (``at_least``/``above`` a lower bound, closed/open; ``at_most`` a
+    closed upper bound).  The run config, the command line and validation are derived from
+    these."""
+    bounds = {"at_least": at_least, "above": above, "at_most": at_most}
+    return field(default=default, metadata={"help": help, "choices": choices, **bounds})
+
+
+def _range(meta) -> tuple[object, str] | None:
+    """``(test, message)`` of a field's declared range, or ``None``."""
+    lo, lo_open, hi = meta.get("at_least"), meta.get("above"), meta.get("at_most")
+    low = lo_open if lo_open is not None else lo
+    if low is None and hi is None:
+        return None
+
+    def test(v) -> bool:
+        ok = lo is None or v >= lo
+        ok = ok and (lo_open is None or v > lo_open)
+        return ok and (hi is None or v <= hi)
+
+    if hi is None:
+        return test, f"must be {'>' if lo_open is not None else '>='} {low:g}"
+    if low is None:
+        return test, f"must be <= {hi:g}"
+    return test, f"must be in {'(' if lo_open is not None else '['}{low:g}, {hi:g}]"
 
 
 def _check(cond: bool, key: str, msg: str, value) -> None:
@@ -30,9 +60,9 @@ def _check(cond: bool, key: str, msg: str, value) -> None:
         raise InputError(f"{key}: {msg}, got {value!r}")
 
 
-def _check_finite(settings) -> None:
-    """Every ``float`` setting is a finite number (``inf`` or ``nan`` would run and mislead)
-    and every choice one of its values."""
+def _check_fields(settings) -> None:
+    """Every ``float`` setting is a finite number (``inf`` or ``nan`` would run and mislead),
+    every choice one of its values and every number in its declared range."""
     for f in fields(settings):
         value = getattr(settings, f.name)
         key = f.name.replace("_", "-")
@@ -41,19 +71,33 @@ def _check_finite(settings) -> None:
         choices = f.metadata.get("choices")
         if choices:
             _check(value in choices, key, f"must be one of {', '.join(choices)}", value)
+        declared = _range(f.metadata)
+        if declared is not None:
+            test, message = declared
+            _check(test(value), key, message, value)
+
+
+def fedavg_settings(step: str, default_lr: str) -> tuple:
+    """The FedAvg comparator's three settings, the same for both methods: rounds, local
+    steps per round and their step size (0: the site's own ``default_lr``)."""
+    return (
+        setting(100, "FedAvg rounds >= 1", at_least=1),
+        setting(5, f"local {step} steps >= 1", at_least=1),
+        setting(0.0, f"local step size; 0 = {default_lr}", at_least=0),
+    )
 
 
 @dataclass(frozen=True)
 class GrAUCConfig:
     """Settings of a GrAUC-PFL fit and its baselines (run-config keys in brackets)."""
 
-    lam: float = setting(0.1, "fused-lasso level lambda >= 0")
-    ridge: float = setting(1e-3, "ridge eta >= 0")
-    w_dist: float = setting(1.0, "Gaussian-kernel decay of edge weights >= 0")
-    q: float = setting(0.01, "smallest edge weight, in [0, 1]")
-    rho: float = setting(0.1, "ADMM penalty > 0")
+    lam: float = setting(0.1, "fused-lasso level lambda >= 0", at_least=0)
+    ridge: float = setting(1e-3, "ridge eta >= 0", at_least=0)
+    w_dist: float = setting(1.0, "Gaussian-kernel decay of edge weights >= 0", at_least=0)
+    q: float = setting(0.01, "smallest edge weight, in [0, 1]", at_least=0, at_most=1)
+    rho: float = setting(0.1, "ADMM penalty > 0", above=0)
     graph: str = setting("mst", "the graph over sites", ("mst", "knn", "complete"))
-    knn_k: int = setting(3, "neighbours for graph = knn")
+    knn_k: int = setting(3, "neighbours for graph = knn", at_least=1)
     penalty: str = setting("l1", "fusion per coordinate, or group-L2 per edge", ("l1", "group"))
     algorithm: str = setting(
         "pqn", "proximal quasi-Newton (few rounds), or the paper's ADMM", ("pqn", "admm")
@@ -64,9 +108,11 @@ class GrAUCConfig:
     init: str = setting(
         "random", "start: N(0, I) per site (the paper), or zeros", ("random", "zeros")
     )
-    tol: float = setting(1e-6, "stopping tolerance > 0 (ADMM residuals; pqn: decrease)")
-    max_rounds: int = setting(300, "round limit >= 1")
-    min_fit_fraction: float = setting(1.0, "share of sites a round needs, in (0, 1]")
+    tol: float = setting(1e-6, "stopping tolerance > 0 (ADMM residuals; pqn: decrease)", above=0)
+    max_rounds: int = setting(300, "round limit >= 1", at_least=1)
+    min_fit_fraction: float = setting(
+        1.0, "share of sites a round needs, in (0, 1]", above=0, at_most=1
+    )
     standardize: str = setting(
         "none", "features as given, or by pooled mean and SD", ("none", "federated")
     )
@@ -75,35 +121,14 @@ class GrAUCConfig:
         "a site whose data lack a class: reject, or borrow its model from its neighbours",
         ("error", "borrow"),
     )
-    fedavg_rounds: int = setting(100, "FedAvg rounds >= 1")
-    fedavg_local_steps: int = setting(5, "local gradient steps >= 1")
-    fedavg_lr: float = setting(0.0, "local step size; 0 = 1/mu_z per site")
+    fedavg_rounds: int
+    fedavg_local_steps: int
+    fedavg_lr: float
+    fedavg_rounds, fedavg_local_steps, fedavg_lr = fedavg_settings("gradient", "1/mu_z per site")
     seed: int = setting(0, "random seed (initial coefficients)")
 
     def __post_init__(self) -> None:
-        _check_finite(self)
-        _check(self.lam >= 0, "lam", "must be >= 0", self.lam)
-        _check(self.ridge >= 0, "ridge", "must be >= 0", self.ridge)
-        _check(self.w_dist >= 0, "w-dist", "must be >= 0", self.w_dist)
-        _check(0 <= self.q <= 1, "q", "must be in [0, 1]", self.q)
-        _check(self.rho > 0, "rho", "must be > 0", self.rho)
-        _check(self.knn_k >= 1, "knn-k", "must be >= 1", self.knn_k)
-        _check(self.tol > 0, "tol", "must be > 0", self.tol)
-        _check(self.max_rounds >= 1, "max-rounds", "must be >= 1", self.max_rounds)
-        _check(
-            0 < self.min_fit_fraction <= 1,
-            "min-fit-fraction",
-            "must be in (0, 1]",
-            self.min_fit_fraction,
-        )
-        _check(self.fedavg_rounds >= 1, "fedavg-rounds", "must be >= 1", self.fedavg_rounds)
-        _check(
-            self.fedavg_local_steps >= 1,
-            "fedavg-local-steps",
-            "must be >= 1",
-            self.fedavg_local_steps,
-        )
-        _check(self.fedavg_lr >= 0, "fedavg-lr", "must be >= 0", self.fedavg_lr)
+        _check_fields(self)
 
     def replace(self, **changes) -> GrAUCConfig:
         return dataclasses.replace(self, **changes)
@@ -192,14 +217,18 @@ class RowFedConfig:
     """
 
     penalty: str = setting("lasso", "penalty of fusion and sparsity", KINDS)
-    concavity: float = setting(0.0, "concavity iota of MCP/SCAD; 0 = 3 for MCP, 3.7 for SCAD")
-    lam1: float = setting(0.05, "row-wise fusion level >= 0")
-    lam2: float = setting(0.02, "sparsity level >= 0")
+    concavity: float = setting(
+        0.0, "concavity iota of MCP/SCAD; 0 = 3 for MCP, 3.7 for SCAD", at_least=0
+    )
+    lam1: float = setting(0.05, "row-wise fusion level >= 0", at_least=0)
+    lam2: float = setting(0.02, "sparsity level >= 0", at_least=0)
     sparsity: str = setting("entry", "sparsity by entry or by row", ("entry", "row"))
     graph: str = setting("all-pairs", "all-pairs, or an edge CSV: client_u,client_v[,weight]")
-    participation: float = setting(1.0, "each client takes part in a round with this probability")
-    rho: float = setting(1.0, "initial ADMM penalty > 0")
-    alpha: float = setting(1.0, "rho <- alpha rho each round, >= 1")
+    participation: float = setting(
+        1.0, "each client takes part in a round with this probability", above=0, at_most=1
+    )
+    rho: float = setting(1.0, "initial ADMM penalty > 0", above=0)
+    alpha: float = setting(1.0, "rho <- alpha rho each round, >= 1", at_least=1)
     algorithm: str = setting(
         "auto",
         "auto: pqn for the lasso with full participation, else the paper's ADMM",
@@ -209,22 +238,22 @@ class RowFedConfig:
         "prox", "the clients' ADMM step: exact, or one linearized step", ("prox", "linearized")
     )
     init: str = setting("ridge", "each client's starting estimate", ("ridge", "nonfed"))
-    tol: float = setting(1e-6, "absolute and relative residual tolerance > 0")
-    max_rounds: int = setting(1000, "round limit >= 1")
+    tol: float = setting(1e-6, "absolute and relative residual tolerance > 0", above=0)
+    max_rounds: int = setting(1000, "round limit >= 1", at_least=1)
     intercept: bool = setting(True, "a free intercept per client and response")
     standardize: str = setting(
         "none", "predictors as given, or divided by the pooled SD", ("none", "federated")
     )
-    fedavg_rounds: int = setting(100, "FedAvg rounds >= 1")
-    fedavg_local_steps: int = setting(5, "local prox-gradient steps >= 1")
-    fedavg_lr: float = setting(0.0, "local step size; 0 = 1/L_m per client")
+    fedavg_rounds: int
+    fedavg_local_steps: int
+    fedavg_lr: float
+    fedavg_rounds, fedavg_local_steps, fedavg_lr = fedavg_settings(
+        "prox-gradient", "1/L_m per client"
+    )
     seed: int = setting(0, "participation draws")
 
     def __post_init__(self) -> None:
-        _check_finite(self)
-        _check(self.concavity >= 0, "concavity", "must be >= 0 (0 = default)", self.concavity)
-        _check(self.lam1 >= 0, "lam1", "must be >= 0", self.lam1)
-        _check(self.lam2 >= 0, "lam2", "must be >= 0", self.lam2)
+        _check_fields(self)
         _check(
             isinstance(self.graph, str) and self.graph != "",
             "graph",
@@ -232,47 +261,15 @@ class RowFedConfig:
             self.graph,
         )
         _check(
-            0 < self.participation <= 1,
-            "participation",
-            "must be in (0, 1]",
-            self.participation,
-        )
-        _check(self.rho > 0, "rho", "must be > 0", self.rho)
-        _check(
             self.algorithm != "pqn" or (self.penalty == "lasso" and self.participation == 1),
             "algorithm",
             "pqn needs penalty = lasso and participation = 1 (use admm)",
             self.algorithm,
         )
-        _check(self.alpha >= 1, "alpha", "must be >= 1", self.alpha)
-        _check(self.tol > 0, "tol", "must be > 0", self.tol)
-        _check(self.max_rounds >= 1, "max-rounds", "must be >= 1", self.max_rounds)
         _check(
             isinstance(self.intercept, bool), "intercept", "must be true or false", self.intercept
         )
-        _check(self.fedavg_rounds >= 1, "fedavg-rounds", "must be >= 1", self.fedavg_rounds)
-        _check(
-            self.fedavg_local_steps >= 1,
-            "fedavg-local-steps",
-            "must be >= 1",
-            self.fedavg_local_steps,
-        )
-        _check(self.fedavg_lr >= 0, "fedavg-lr", "must be >= 0", self.fedavg_lr)
-        iota = self.iota
-        if self.penalty == "mcp":
-            _check(
-                iota > 1.0 / self.rho,
-                "concavity",
-                f"MCP needs concavity > 1/rho = {1.0 / self.rho:g}",
-                iota,
-            )
-        if self.penalty == "scad":
-            _check(
-                iota > 1.0 + 1.0 / self.rho,
-                "concavity",
-                f"SCAD needs concavity > 1 + 1/rho = {1.0 + 1.0 / self.rho:g}",
-                iota,
-            )
+        self.penalty_obj().check_rho(self.rho)
 
     @property
     def iota(self) -> float:

@@ -16,7 +16,6 @@ import time
 import numpy as np
 from flwr.common import (
     EvaluateIns,
-    EvaluateRes,
     FitIns,
     FitRes,
     Parameters,
@@ -29,7 +28,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from . import admm
-from .base import wait_and_register
+from .base import EvaluatedOnce, wait_and_register
 from .registry import Registry
 
 
@@ -37,17 +36,17 @@ def _no_metrics(metrics) -> dict:
     return {}
 
 
-class RegisteringFedAvg(FedAvg):
-    """Flower's FedAvg over every site, ``rounds`` rounds, evaluated once at the end.
+class RegisteringFedAvg(EvaluatedOnce, FedAvg):
+    """Flower's FedAvg over every site, ``cfg.fedavg_rounds`` rounds, evaluated once at the
+    end.
 
     Parameters
     ----------
+    cfg : GrAUCConfig or RowFedConfig
+        Read: ``fedavg_rounds``, ``fedavg_local_steps``, ``fedavg_lr``, ``standardize``.
     n_sites : int
     registry : Registry, optional
         Shared between the methods of one run (registration happens once).
-    rounds : int
-        FedAvg rounds.
-    standardize : {"none", "federated"}
     initial : ndarray, optional
         The starting global model (by default FedAvg asks one client for its zeros).
     progress : callable, optional
@@ -60,19 +59,18 @@ class RegisteringFedAvg(FedAvg):
 
     def __init__(
         self,
+        cfg,
         n_sites: int,
         registry: Registry | None = None,
-        *,
-        rounds: int,
-        standardize: str = "none",
         initial: np.ndarray | None = None,
         progress=None,
         timeout: float | None = None,
     ) -> None:
+        self.cfg = cfg
         self.registry = registry if registry is not None else Registry()
         self.n_sites = int(n_sites)
-        self.n_rounds = int(rounds)
-        self.standardize = standardize
+        self.n_rounds = int(cfg.fedavg_rounds)
+        self.standardize = cfg.standardize
         self.timeout = timeout
         self.evaluation: dict[str, dict] = {}
         self.history = admm.History()
@@ -101,18 +99,18 @@ class RegisteringFedAvg(FedAvg):
         return f"{type(self).__name__}(rounds={self.n_rounds})"
 
     @property
-    def finished(self) -> bool:
-        """The rounds are done and the evaluation is in."""
-        return self.done and self.evaluated
-
-    @property
     def sites(self) -> list[str]:
         return self.registry.order()
 
     # -- what a method supplies -------------------------------------------------------------
     def local_config(self) -> dict:
-        """The sites' local work (task, steps, step size, ...)."""
-        raise NotImplementedError
+        """The sites' local work: ``fedavg-local-steps`` steps of size ``fedavg-lr`` from
+        the global model (a method adds what its steps need)."""
+        return {
+            "task": "fedavg",
+            "fedavg-local-steps": self.cfg.fedavg_local_steps,
+            "fedavg-lr": self.cfg.fedavg_lr,
+        }
 
     def work_config(self) -> dict:
         """The sites' working scale (and anything else every instruction carries)."""
@@ -179,17 +177,6 @@ class RegisteringFedAvg(FedAvg):
         if not self.done or self.evaluated:
             return []
         return super().configure_evaluate(server_round, parameters, client_manager)
-
-    def aggregate_evaluate(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
-    ) -> tuple[float | None, dict[str, Scalar]]:
-        for _, res in results:
-            self.evaluation[str(res.metrics["site"])] = dict(res.metrics)
-        self.evaluated = True
-        return super().aggregate_evaluate(server_round, results, failures)
 
     def objective(self) -> float:
         """The objective at the last round (``nan`` before the first)."""

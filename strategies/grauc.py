@@ -234,33 +234,6 @@ class GrAUCFedAvg(RegisteringFedAvg):
 
     eval_metric = "auc"
 
-    def __init__(
-        self,
-        cfg: GrAUCConfig,
-        n_sites: int,
-        registry: Registry | None = None,
-        initial: np.ndarray | None = None,
-        progress=None,
-        timeout: float | None = None,
-    ) -> None:
-        self.cfg = cfg
-        super().__init__(
-            n_sites,
-            registry,
-            rounds=cfg.fedavg_rounds,
-            standardize=cfg.standardize,
-            initial=initial,
-            progress=progress,
-            timeout=timeout,
-        )
-
-    def local_config(self) -> dict:
-        return {
-            "task": "fedavg",
-            "fedavg-local-steps": self.cfg.fedavg_local_steps,
-            "fedavg-lr": self.cfg.fedavg_lr,
-        }
-
     def round_objective(self, losses, n, previous) -> float:
         """``sum_z (N_z Z / N) f_z`` at the previous global ``beta`` (what FedAvg minimizes)."""
         total = sum(n.values())

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import InputError
+
 KINDS = ("lasso", "mcp", "scad")
 DEFAULT_CONCAVITY = {"lasso": np.inf, "mcp": 3.0, "scad": 3.7}
 
@@ -84,14 +86,15 @@ class Penalty:
         return self.kind == "lasso"
 
     def check_rho(self, rho: float) -> None:
-        """Raise ``ValueError`` when the concavity is too small for this ``rho``."""
+        """Raise :class:`InputError` (a ``ValueError``) naming ``concavity`` when it is too
+        small for this ``rho`` (the thresholds of docs/methods.md 2.3 are then not unique)."""
         iota = float(self.concavity)
         if self.kind == "mcp" and not iota > 1.0 / rho:
-            raise ValueError(
+            raise InputError(
                 f"concavity: MCP needs concavity > 1/rho = {1.0 / rho:g}, got {iota:g}"
             )
         if self.kind == "scad" and not iota > 1.0 + 1.0 / rho:
-            raise ValueError(
+            raise InputError(
                 f"concavity: SCAD needs concavity > 1 + 1/rho = {1.0 + 1.0 / rho:g}, got {iota:g}"
             )
 

@@ -371,24 +371,14 @@ class RowFedAvg(_RowFedOutputs, RegisteringFedAvg):
         progress=None,
         timeout: float | None = None,
     ) -> None:
-        self.cfg = cfg
         self.sparsity = rowfed_problem(cfg, 1).splits[SPARSITY]
-        super().__init__(
-            n_sites,
-            registry if registry is not None else rowfed_registry(),
-            rounds=cfg.fedavg_rounds,
-            standardize=cfg.standardize,
-            initial=initial,
-            progress=progress,
-            timeout=timeout,
-        )
+        registry = registry if registry is not None else rowfed_registry()
+        super().__init__(cfg, n_sites, registry, initial, progress, timeout)
 
     def local_config(self) -> dict:
         cfg = self.cfg
         return {
-            "task": "fedavg",
-            "fedavg-local-steps": cfg.fedavg_local_steps,
-            "fedavg-lr": cfg.fedavg_lr,
+            **super().local_config(),
             "penalty": cfg.penalty,
             "concavity": float(cfg.concavity),
             "lam2": float(cfg.lam2),

@@ -1,8 +1,15 @@
-"""Checks on input tables that pandas would otherwise hide."""
+"""Reading input tables: one CSV reader whose every failure is one line naming the field,
+and the checks pandas would otherwise hide."""
 
 from __future__ import annotations
 
 import csv
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def repeated_columns(path: str) -> list[str]:
@@ -15,3 +22,26 @@ def repeated_columns(path: str) -> list[str]:
         return []
     names = [name.strip() for name in header]
     return sorted({name for name in names if names.count(name) > 1})
+
+
+def read_table(path: str, what: str, **read_csv) -> pd.DataFrame:
+    """The CSV file ``path`` (``pandas.read_csv`` with ``read_csv``).  A missing, empty,
+    unparsable or row-less file, or a column named twice, is an :class:`InputError` that
+    starts with ``what`` (the setting that named the file)."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(path, **read_csv)
+    except (FileNotFoundError, IsADirectoryError):
+        raise InputError(f"{what}: file not found: {path}") from None
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{what}: file is empty: {path}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{what}: cannot parse {path}: {first}") from None
+    if df.shape[0] == 0:
+        raise InputError(f"{what}: file has no rows: {path}")
+    twice = repeated_columns(path)
+    if twice:
+        raise InputError(f"{what}: column {twice[0]!r} appears twice in {path}")
+    return df

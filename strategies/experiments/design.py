@@ -217,7 +217,8 @@ def load_study(
     sections: Sequence[str],
 ) -> Study:
     """Read a study config: top-level ``study``, ``replications``, ``seed``, ``methods``,
-    ``[design]`` and the method's ``sections``; anything else is an error naming the key."""
+    ``[design]`` and the method's ``sections``; anything else is an error naming the key.
+    A ``[data] path`` is made absolute (relative to the working directory)."""
     raw = read_toml(path)
     if raw.get("study", kind) != kind:
         raise InputError(
@@ -235,4 +236,37 @@ def load_study(
         raise InputError(f"seed: must be an integer >= 0, got {seed!r}")
     keys, cells = expand_design(raw.get("design", {}), types, required)
     settings = {k: v for k, v in raw.items() if k not in ("design", "replications", "seed")}
+    data = settings.get("data")
+    if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"]:
+        # relative to the working directory; the tasks (other processes) get it absolute
+        data["path"] = os.path.abspath(os.path.expanduser(data["path"]))
     return Study(os.path.abspath(path), kind, keys, types, cells, reps, seed, settings)
+
+
+def study_methods(settings: dict, allowed: Sequence[str], default: Sequence[str]) -> list[str]:
+    """``methods`` of a study config: a list (or comma-separated text) of allowed names."""
+    methods = settings.get("methods", list(default))
+    if isinstance(methods, str):
+        methods = [m.strip() for m in methods.split(",")]
+    if not isinstance(methods, list) or not methods:
+        raise InputError("methods: give a list of one or more methods")
+    for m in methods:
+        if m not in allowed:
+            raise InputError(f"methods: must be among {', '.join(allowed)}, got {m!r}")
+    return methods
+
+
+def figure_cell_setting(settings: dict, keys: Sequence[str]) -> dict | None:
+    """``[figures] cell`` of a study config: the design values of the one-cell figures."""
+    figures = settings.get("figures", {})
+    for key in figures:
+        if key != "cell":
+            raise InputError(f"figures.{key}: unknown setting (allowed: cell)")
+    cell = figures.get("cell")
+    if cell is not None:
+        if not isinstance(cell, dict):
+            raise InputError("figures.cell: expected a table of design values")
+        for key in cell:
+            if key not in keys:
+                raise InputError(f"figures.cell: {key!r} is not a design key")
+    return cell

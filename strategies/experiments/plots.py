@@ -65,3 +65,26 @@ def figure_cell(results: pd.DataFrame, study, cells) -> dict:
             return dict(c)
     first = results.iloc[0]
     return {k: first[k] for k in keys}
+
+
+def method_boxes(ax, groups, k: int, width: float, color: str) -> None:
+    """The boxes of the ``k``-th method beside the other methods' at each group ``x``
+    (``groups[x]``: the values, possibly empty), each box ``width`` wide."""
+    data, pos = [], []
+    for x, values in enumerate(groups):
+        if len(values):
+            data.append(np.asarray(values))
+            pos.append(x - 0.4 + width * (k + 0.5))
+    if not data:
+        return
+    bp = ax.boxplot(
+        data,
+        positions=pos,
+        widths=width * 0.85,
+        patch_artist=True,
+        medianprops={"color": "black"},
+        flierprops={"markersize": 2, "alpha": 0.5},
+    )
+    for box in bp["boxes"]:
+        box.set_facecolor(color)
+        box.set_alpha(0.75)
