@@ -29,24 +29,24 @@ from .local import local_fit
 from .sources import DataSpec, grauc_config, grauc_methods, load_sites  # noqa: F401
 
 
-def pooled_fit(sites, cfg: GrAUCConfig, registry: Registry | None) -> np.ndarray:
-    """The non-private central reference: one surrogate over all pairs of the pooled data.
-
-    The server reads every site's data here; this method exists for comparison only.
-    """
+def pooled_datafit(sites, cfg: GrAUCConfig, registry: Registry | None) -> PairwiseLogistic:
+    """The non-private central reference: one surrogate over all pairs of the pooled data
+    (on the working scale).  The server reads every site's data here; this exists for
+    comparison only."""
     x = np.vstack([s.x_train for s in sites])
     y = np.concatenate([s.y_train for s in sites])
     if registry is not None and registry.center is not None:
         x = (x - registry.center) / registry.scale
-    return local_fit(PairwiseLogistic(*split_by_class(x, y), eta=cfg.ridge))
+    return PairwiseLogistic(*split_by_class(x, y), eta=cfg.ridge)
+
+
+def pooled_fit(sites, cfg: GrAUCConfig, registry: Registry | None) -> np.ndarray:
+    """The minimizer of :func:`pooled_datafit`."""
+    return local_fit(pooled_datafit(sites, cfg, registry))
 
 
 def pooled_objective(sites, cfg: GrAUCConfig, beta, registry: Registry | None) -> float:
-    x = np.vstack([s.x_train for s in sites])
-    y = np.concatenate([s.y_train for s in sites])
-    if registry is not None and registry.center is not None:
-        x = (x - registry.center) / registry.scale
-    return PairwiseLogistic(*split_by_class(x, y), eta=cfg.ridge).value(beta)
+    return pooled_datafit(sites, cfg, registry).value(beta)
 
 
 def make_strategy(

@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 
 from .errors import InputError
 from .runtime.engine import stopping_server
+from .runtime.grid import PromptGrid
 
 TASKS = ("grauc", "rowfed")
 
@@ -52,9 +53,11 @@ def run_methods(
     collect: Callable[[str, object], object],
     timeout: float | None,
 ) -> dict:
-    """Each method through Flower's server loop on ``grid``, one after the other; returns
+    """Each method through Flower's server loop on ``grid`` (polled for replies promptly:
+    :class:`~strategies.runtime.grid.PromptGrid`), one after the other; returns
     ``{method: collect(method, strategy)}``."""
     results = {}
+    grid = grid if isinstance(grid, PromptGrid) else PromptGrid(grid)
     for method in methods:
         t0 = time.perf_counter()
         strategy = make_strategy(method)

@@ -186,7 +186,7 @@ def test_killed_supernode_run_finishes_and_reports(federation, tmp_path):
         "data.num-sites": 3,
         "grauc.max-rounds": 6,
         "grauc.min-fit-fraction": 0.6,
-        "round-timeout": 25.0,
+        "round-timeout": 15.0,
         "out-dir": out,
     }
     path = os.path.join(federation.root, "kill.toml")

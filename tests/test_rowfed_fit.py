@@ -451,7 +451,7 @@ def test_missing_parent_of_out_is_rejected(data_csv, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------
 @pytest.mark.flower
 @pytest.mark.slow
-def test_flower_engine_equals_inprocess(data_csv, blocks, tmp_path):
+def test_flower_engine_equals_inprocess(data_csv, tmp_path):
     outs = {}
     for engine in ("inprocess", "flower"):
         out = tmp_path / engine
@@ -470,7 +470,7 @@ def test_flower_engine_equals_inprocess(data_csv, blocks, tmp_path):
             "--tol",
             "1e-8",
             "--max-rounds",
-            "2000",
+            "40",  # the engines agree round by round; reaching cvxpy: test_fit_reaches_cvxpy
         )
         assert code == 0
         outs[engine] = out
@@ -481,5 +481,4 @@ def test_flower_engine_equals_inprocess(data_csv, blocks, tmp_path):
     ha = pd.read_csv(outs["inprocess"] / "history.csv")
     hb = pd.read_csv(outs["flower"] / "history.csv")
     assert_allclose(hb.to_numpy(), ha.to_numpy(), rtol=1e-12)
-    value = srof_cvxpy(blocks, "entry", intercept=False)
-    assert (srof_value(blocks, b, "entry") - value) / abs(value) <= 1e-6
+    assert len(hb) == 40
