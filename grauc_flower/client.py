@@ -26,9 +26,8 @@ from __future__ import annotations
 import numpy as np
 from flwr.client import NumPyClient
 
-from strategies.grauc import grauc_meta
 from strategies.local import admm_update
-from strategies.registry import registration_properties
+from strategies.registry import grauc_meta, registration_properties
 from strategies.wire import unpack
 
 from .auc import PairwiseLogistic, delong, split_by_class

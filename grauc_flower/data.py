@@ -265,6 +265,18 @@ def load_site_file(path: str, node_config) -> SiteData:
         if key not in node_config:
             raise InputError(f"node-config: missing {key!r} (e.g. site=S01 lat=34.1 lon=-118.2)")
     site = str(node_config["site"])
+    location = {}
+    for key, bound in (("lat", 90.0), ("lon", 180.0)):
+        try:
+            location[key] = float(node_config[key])
+        except (TypeError, ValueError):
+            raise InputError(
+                f"node-config: {key} must be a number, got {node_config[key]!r}"
+            ) from None
+        if not -bound <= location[key] <= bound:
+            raise InputError(
+                f"node-config: {key} out of range [{-bound:g}, {bound:g}]: {location[key]:g}"
+            )
     df, features = read_data_single(path)
     if "site" in df.columns:
         others = set(df["site"].astype(str)) - {site}
@@ -276,8 +288,8 @@ def load_site_file(path: str, node_config) -> SiteData:
     p = x.shape[1]
     return SiteData(
         site,
-        float(node_config["lat"]),
-        float(node_config["lon"]),
+        location["lat"],
+        location["lon"],
         x,
         y,
         np.zeros((0, p)),

@@ -45,8 +45,7 @@ from flwr.client import NumPyClient
 
 from strategies.local import admm_update
 from strategies.penalties import Penalty
-from strategies.registry import registration_properties
-from strategies.rowfed import rowfed_meta
+from strategies.registry import registration_properties, rowfed_meta
 from strategies.wire import unpack
 
 from .core import LocalLeastSquares, initial_theta

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from logging import INFO
+from logging import ERROR, INFO
 
 from flwr.app import Context
 from flwr.client import ClientApp
@@ -19,7 +19,7 @@ from flwr.server import ServerApp, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
 
-from .errors import InputError
+from .errors import InputError, at_site
 from .runtime.engine import stopping_server
 from .runtime.grid import PromptGrid
 
@@ -80,19 +80,47 @@ def _task(context: Context) -> str:
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    if _task(context) == "grauc":
-        from grauc_flower.app import run
-    else:
-        from rowfed_flower.app import run
-    run(grid, context)
+    """The method's server side; bad input (a setting, or a site's data or node config) is
+    logged as one line naming the field (and the site) and fails the run."""
+    try:
+        if _task(context) == "grauc":
+            from grauc_flower.app import run
+        else:
+            from rowfed_flower.app import run
+        run(grid, context)
+    except InputError as exc:
+        log(ERROR, "error: %s", exc)
+        raise
+
+
+def _site_of(node: dict) -> str:
+    if "site" in node:
+        return str(node["site"])
+    if "client" in node:
+        return str(node["client"])
+    if "partition-id" in node:
+        return f"partition {node['partition-id']}"
+    return "(unnamed: no site in its node config)"
 
 
 def _client_fn(context: Context):
-    if _task(context) == "grauc":
-        from grauc_flower.app import make_client
-    else:
-        from rowfed_flower.app import make_client
-    return make_client(context)
+    """The method's client for this node.  A node of a deployment (no ``partition-id``)
+    must name its ``data-path``; an input error is marked with the site so the server can
+    end the run naming it (:func:`strategies.errors.site_input_error`)."""
+    node = context.node_config
+    try:
+        if "data-path" not in node and "partition-id" not in node:
+            raise InputError(
+                "data-path: missing from the SuperNode's node config "
+                "(--node-config 'data-path=\"/path/site.csv\" ...')"
+            )
+        if _task(context) == "grauc":
+            from grauc_flower.app import make_client
+        else:
+            from rowfed_flower.app import make_client
+        return make_client(context)
+    except InputError as exc:
+        raise at_site(_site_of(node), exc) from None
 
 
 client_app = ClientApp(client_fn=_client_fn)

@@ -27,11 +27,6 @@ def initial_beta(n_sites: int, p: int, cfg: GrAUCConfig) -> np.ndarray:
     return np.random.default_rng(cfg.seed).standard_normal((n_sites, p))
 
 
-def grauc_meta(lat: float, lon: float, n_pos: int, n_neg: int) -> dict:
-    """A GrAUC-PFL site's registration ``meta``: its location and class counts."""
-    return {"lat": float(lat), "lon": float(lon), "n_pos": int(n_pos), "n_neg": int(n_neg)}
-
-
 def _local_instructions(registry: Registry, clients, config: dict):
     """Each site's own fit (``task = local``)."""
     common = {"task": "local", **config}
@@ -245,6 +240,5 @@ __all__ = [
     "GrAUCFedAvg",
     "GrAUCStrategy",
     "IndividualStrategy",
-    "grauc_meta",
     "initial_beta",
 ]

@@ -19,6 +19,7 @@ from logging import INFO, WARNING
 import numpy as np
 from flwr.common import Code, GetPropertiesIns, Parameters, log
 
+from .errors import site_input_error
 from .wire import pack, unpack
 
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
@@ -50,6 +51,17 @@ def pooled_scaling(n: int, sum_x: np.ndarray, sum_x2: np.ndarray):
     var = np.maximum(sum_x2 - n * mean**2, 0.0) / max(n - 1, 1)
     sd = np.sqrt(var)
     return mean, np.where(sd > 1e-12 * np.maximum(1.0, np.abs(mean)), sd, 1.0)
+
+
+# What each method's sites add to the properties exchange (their ``meta``).
+def grauc_meta(lat: float, lon: float, n_pos: int, n_neg: int) -> dict:
+    """A GrAUC-PFL site's registration ``meta``: its location and class counts."""
+    return {"lat": float(lat), "lon": float(lon), "n_pos": int(n_pos), "n_neg": int(n_neg)}
+
+
+def rowfed_meta(p: int, q: int, y: np.ndarray) -> dict:
+    """A RowFed client's registration ``meta``: its dimensions and ``sum y`` (packed)."""
+    return {"p": int(p), "q": int(q), "sum_y": pack(np.asarray(y, dtype=float).sum(axis=0))}
 
 
 def registration_properties(
@@ -144,6 +156,9 @@ class Registry:
         for proxy, res in zip(todo, answers, strict=True):
             if isinstance(res, BaseException) or res.status.code != Code.OK:
                 why = res if isinstance(res, BaseException) else res.status.message
+                bad_input = site_input_error(why)
+                if bad_input is not None:  # the site's data or node config: end the run
+                    raise bad_input
                 log(WARNING, "registration: node %s did not answer: %s", proxy.cid, why)
                 failed.append(proxy.cid)
                 continue
@@ -181,9 +196,14 @@ class Registry:
         return out
 
     def log_failures(self, failures, server_round: int) -> list[str]:
-        """Log each failure with its site id when known; return the sites that failed."""
+        """Log each failure with its site id when known; return the sites that failed.  A
+        site's input error (its data or node config) ends the run: raises
+        :class:`~strategies.errors.SiteInputError` naming the site and the field."""
         failed = []
         for failure in failures:
+            bad_input = site_input_error(failure)
+            if bad_input is not None:  # the site's data or node config: end the run
+                raise bad_input
             if isinstance(failure, BaseException):
                 log(WARNING, "round %s: a client failed: %r", server_round, failure)
                 continue

@@ -36,18 +36,13 @@ from .problems import (
     rowfed_problem,
 )
 from .registry import EMPTY, Registry
-from .wire import pack, unpack
+from .wire import unpack
 
 
 def rowfed_registry() -> Registry:
     """The registry of a RowFed run: standardization divides by the pooled SD only (with
     an intercept each client centres its own data; without one a centring would add one)."""
     return Registry(centre=False)
-
-
-def rowfed_meta(p: int, q: int, y: np.ndarray) -> dict:
-    """A RowFed client's registration ``meta``: its dimensions and ``sum y`` (packed)."""
-    return {"p": int(p), "q": int(q), "sum_y": pack(np.asarray(y, dtype=float).sum(axis=0))}
 
 
 def dims(registry: Registry, sites: list[str]) -> tuple[int, int]:
@@ -409,6 +404,5 @@ __all__ = [
     "RowFedStrategy",
     "client_means",
     "dims",
-    "rowfed_meta",
     "rowfed_registry",
 ]

@@ -38,17 +38,15 @@ FEATURES = ["age", "bmi", "sbp"]
 class Federation:
     """A SuperLink (TLS + SuperNode auth) and SuperNodes, all started and stopped by pid."""
 
-    def __init__(self, root: str, n_sites: int = 3) -> None:
+    def __init__(self, root: str, pki: dict, n_sites: int = 3) -> None:
         self.root = root
         self.home = os.path.join(root, "flwr-home")
         os.makedirs(self.home, exist_ok=True)
         self.procs: list[subprocess.Popen] = []
         self.nodes: dict[str, subprocess.Popen] = {}
         self.sites = simulate(n_sites=n_sites, n_features=len(FEATURES), n_train=40, seed=31337)
-        self.certs = make_certificates(os.path.join(root, "certs"))
-        self.keys = [
-            make_node_key(os.path.join(root, "certs"), f"node-{k + 1}") for k in range(n_sites + 1)
-        ]  # the last key is never registered
+        self.certs = pki["certs"]
+        self.keys = pki["keys"][: n_sites + 1]  # the last key is never registered
         for s in self.sites:
             frame = pd.DataFrame(s.x_train, columns=FEATURES)
             frame.insert(0, "y", s.y_train)
@@ -121,8 +119,19 @@ class Federation:
 
 
 @pytest.fixture(scope="module")
-def federation(tmp_path_factory):
-    fedn = Federation(str(tmp_path_factory.mktemp("deploy")))
+def pki(tmp_path_factory):
+    """A CA, the SuperLink's certificate and four SuperNode key pairs, made once (RSA-4096
+    keys take seconds) for every SuperLink of this module."""
+    out = str(tmp_path_factory.mktemp("certs"))
+    return {
+        "certs": make_certificates(out),
+        "keys": [make_node_key(out, f"node-{k + 1}") for k in range(4)],
+    }
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory, pki):
+    fedn = Federation(str(tmp_path_factory.mktemp("deploy")), pki)
     try:
         for k in range(len(fedn.sites)):
             fedn.start_node(k)
@@ -184,7 +193,7 @@ def test_killed_supernode_run_finishes_and_reports(federation, tmp_path):
     run_config = {
         "method": "grauc",
         "data.num-sites": 3,
-        "grauc.max-rounds": 6,
+        "grauc.max-rounds": 5,
         "grauc.min-fit-fraction": 0.6,
         "round-timeout": 15.0,
         "out-dir": out,
@@ -213,20 +222,52 @@ def test_killed_supernode_run_finishes_and_reports(federation, tmp_path):
     assert killed, text[-3000:]
     assert run.returncode == 0, text[-3000:]
     metrics = json.load(open(os.path.join(out, "metrics.json")))
-    assert metrics["rounds"] == 6
+    assert metrics["rounds"] == 5
     assert metrics["missing_sites"] == [victim]
     assert f"no answer at the end from site(s) {victim}" in text
     coef = pd.read_csv(os.path.join(out, "coefficients.csv"))
     assert np.isfinite(coef[FEATURES].to_numpy()).all()
 
 
-def test_rowfed_runs_the_same_way(tmp_path):
+def test_a_site_with_bad_data_ends_the_run_naming_it(tmp_path, pki):
+    """``y = 2`` in one hospital's file: the run ends at registration (not after a round
+    limit of re-asking), its log names the site and the column, and its status is failed."""
+    fedn = Federation(str(tmp_path), pki, n_sites=2)
+    try:
+        bad = fedn.sites[1].site
+        frame = pd.read_csv(fedn.data_path(bad))
+        frame.loc[0, "y"] = 2
+        frame.to_csv(fedn.data_path(bad), index=False)
+        for k in range(2):
+            fedn.start_node(k)
+        path = os.path.join(fedn.root, "bad.toml")
+        with open(path, "wb") as fh:
+            tomli_w.dump({"method": "grauc", "data.num-sites": 2, "round-timeout": 60.0}, fh)
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [_bin("flwr"), "run", ROOT, "hospitals", "--stream", "--run-config", path],
+            env=flower_env(fedn.home),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        text = proc.stdout + proc.stderr
+        assert time.monotonic() - t0 < 60, text[-3000:]  # within one round timeout
+        assert f"error: site {bad}: data: column 'y' must be 0 or 1" in text, text[-3000:]
+        assert "grauc round 1" not in text
+        listing = fedn.flwr("ls", "--format", "json").stdout
+        assert '"finished:failed"' in listing.replace(" ", ""), listing
+    finally:
+        fedn.close()
+
+
+def test_rowfed_runs_the_same_way(tmp_path, pki):
     """RowFed in deployment: the server has no data (``rowfed-data.source = deployment``);
     each SuperNode reads its own file; the coefficients equal the in-process fit."""
     from rowfed_flower import federation as rfed
     from strategies.config import RowFedConfig
 
-    fedn = Federation(str(tmp_path), n_sites=3)
+    fedn = Federation(str(tmp_path), pki, n_sites=3)
     try:
         rng = np.random.default_rng(4)
         frames = []

@@ -86,7 +86,7 @@ def test_rowfed_app_prints_three_metrics_for_four_methods():
         doc = tomllib.load(fh)
     rc = {k: v for k, v in doc.items() if not isinstance(v, dict)}
     rc.update({f"rowfed.{k}": v for k, v in doc["rowfed"].items()})
-    rc.update({"rowfed.max-rounds": 120, "rowfed.fedavg-rounds": 30})
+    rc.update({"rowfed.max-rounds": 40, "rowfed.fedavg-rounds": 12})
     out = flwr_run(ROOT, rc, 10)
     lines = out.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("method") and "MSE-Est" in ln)

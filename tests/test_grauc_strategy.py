@@ -39,11 +39,10 @@ from strategies.grauc import (
     GrAUCFedAvg,
     GrAUCStrategy,
     IndividualStrategy,
-    grauc_meta,
     initial_beta,
 )
 from strategies.local import PROX_SLACK
-from strategies.registry import EMPTY, Registry, registration_properties
+from strategies.registry import EMPTY, Registry, grauc_meta, registration_properties
 from strategies.wire import pack, unpack
 
 P = 3
