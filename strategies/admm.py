@@ -69,6 +69,8 @@ class Split:
         if self.grouping not in GROUPINGS:
             raise ValueError(f"grouping: must be one of {GROUPINGS}, got {self.grouping!r}")
         object.__setattr__(self, "matrix", sp.csr_matrix(self.matrix))
+        # A^T kept once: transposing on every product cost as much as the product
+        object.__setattr__(self, "_matrix_t", sp.csr_matrix(self.matrix.T))
         lam = np.broadcast_to(np.asarray(self.lam, dtype=float), (self.matrix.shape[0],))
         object.__setattr__(self, "lam", np.array(lam))
 
@@ -80,7 +82,7 @@ class Split:
     def apply_t(self, v: np.ndarray) -> np.ndarray:
         """``A^T v`` for ``v`` of shape ``(n_rows, *block)``."""
         flat = v.reshape(v.shape[0], -1)
-        return np.asarray(self.matrix.T @ flat).reshape((self.matrix.shape[1],) + v.shape[1:])
+        return np.asarray(self._matrix_t @ flat).reshape((self.matrix.shape[1],) + v.shape[1:])
 
     def _grouped(self, x: np.ndarray) -> tuple[np.ndarray, bool]:
         if self.grouping == "block":

@@ -142,7 +142,7 @@ def solve_model(
         rhs_fixed = rho * (gram_fx @ x_flat[~free]) if gram_fx is not None else 0.0
         if matrix.shape[0] <= DENSE_LIMIT:  # small (or dense: all pairs): Cholesky
             chol = cho_factor(matrix.toarray())
-            return (lambda r: cho_solve(chol, r)), rhs_fixed
+            return (lambda r: cho_solve(chol, r, check_finite=False)), rhs_fixed
         # a symmetric fill-reducing ordering keeps a tree's sparsity (4x fewer nonzeros
         # than the default ordering for Z = 2000, p = 20)
         lu = splu(sp.csc_matrix(matrix), permc_spec="MMD_AT_PLUS_A")
