@@ -126,10 +126,6 @@ def simulate(
 # CSV input
 
 
-def _read_csv(path: str, what: str, dtype=None) -> pd.DataFrame:
-    return read_table(path, what, dtype=dtype)
-
-
 def numeric_columns(df: pd.DataFrame, columns: list[str], what: str) -> np.ndarray:
     """The columns as a float matrix; a missing or non-numeric value names its column."""
     import pandas as pd
@@ -152,7 +148,7 @@ def numeric_columns(df: pd.DataFrame, columns: list[str], what: str) -> np.ndarr
 def read_sites(path: str) -> pd.DataFrame:
     """Read ``SITES.csv`` (``site, lat, lon``) and validate it.  Returns one row per site."""
 
-    df = _read_csv(path, "sites", dtype={"site": str})
+    df = read_table(path, "sites", dtype={"site": str})
     for col in ("site", "lat", "lon"):
         if col not in df.columns:
             raise InputError(f"sites: missing column {col!r} in {path}")
@@ -184,7 +180,7 @@ def read_data(path: str) -> tuple[pd.DataFrame, list[str]]:
     feature names (every other column, in file order)."""
     import pandas as pd
 
-    df = _read_csv(path, "data", dtype={"site": str})
+    df = read_table(path, "data", dtype={"site": str})
     for col in ("site", "y"):
         if col not in df.columns:
             raise InputError(f"data: missing column {col!r} in {path}")
@@ -301,7 +297,7 @@ def load_site_file(path: str, node_config) -> SiteData:
 def read_data_single(path: str) -> tuple[pd.DataFrame, list[str]]:
     import pandas as pd
 
-    df = _read_csv(path, "data", dtype={"site": str})
+    df = read_table(path, "data", dtype={"site": str})
     if "y" not in df.columns:
         raise InputError(f"data: missing column 'y' in {path}")
     y = pd.to_numeric(df["y"], errors="coerce")

@@ -281,3 +281,39 @@ class SiteStrategy(EvaluatedOnce, Strategy):
         if self.registry.scale is None:
             return beta
         return beta / self.registry.scale.reshape((-1,) + (1,) * (beta.ndim - 2))
+
+
+class LocalOnlyStrategy(SiteStrategy):
+    """The local-only comparator of either method: each site fits alone, once.  A site is
+    asked (``local_config()`` plus the working scale) until it has answered; the method is
+    done when every site has.  ``coef`` holds one :meth:`update_shape` array per site."""
+
+    needs_quorum = False
+
+    def local_config(self) -> dict:
+        """The site's local task and its settings."""
+        raise NotImplementedError
+
+    def _setup(self) -> None:
+        self.coef = np.full((len(self.sites), *self.update_shape()), np.nan)
+        self.loss = np.full(len(self.sites), np.nan)
+
+    def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
+        config = {**self.local_config(), **self.work_config()}
+        out = []
+        for c in clients:
+            site = self.registry.cid_to_site[c.cid]
+            if np.isnan(self.coef[self.site_index[site]]).any():
+                out.append((c, FitIns(EMPTY, {**config, "site": site})))
+        return out
+
+    def _aggregate(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
+        for site, (_, res) in answered.items():
+            z = self.site_index[site]
+            self.coef[z] = self.updates[site]
+            self.loss[z] = float(res.metrics["loss"])
+        self.done = self.converged = not np.isnan(self.coef).any()
+        return EMPTY, {}
+
+    def coefficients_std(self) -> np.ndarray:
+        return self.coef

@@ -12,7 +12,7 @@ from flwr.common import FitIns, Parameters, log
 from flwr.server.client_proxy import ClientProxy
 
 from . import admm
-from .base import SiteStrategy
+from .base import LocalOnlyStrategy, SiteStrategy
 from .config import GrAUCConfig
 from .fedavg import RegisteringFedAvg
 from .fused import FusedSiteStrategy
@@ -156,10 +156,8 @@ class GrAUCStrategy(FusedSiteStrategy):
         return admm.fused_groups(self.graph.edges, self.state.delta[0], len(self.sites))
 
 
-class IndividualStrategy(SiteStrategy):
+class IndividualStrategy(LocalOnlyStrategy):
     """Individual: each site fits alone (one round, no communication of coefficients in)."""
-
-    needs_quorum = False
 
     def __init__(
         self,
@@ -171,28 +169,12 @@ class IndividualStrategy(SiteStrategy):
         super().__init__(n_sites, registry, cfg.standardize, cfg.min_fit_fraction, timeout)
         self.cfg = cfg
 
-    def _setup(self) -> None:
-        self.beta = np.full((len(self.sites), self.n_features), np.nan)
-        self.loss = np.full(len(self.sites), np.nan)
-
-    def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
-        return _local_instructions(self.registry, clients, self.work_config())
+    def local_config(self) -> dict:
+        return {"task": "local"}
 
     def update_shape(self) -> tuple[int, ...]:
         """One ``p`` vector: the site's own coefficients."""
         return (self.n_features,)
-
-    def _aggregate(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
-        for site, (_, res) in answered.items():
-            z = self.site_index[site]
-            self.beta[z] = self.updates[site]
-            self.loss[z] = float(res.metrics["loss"])
-        self.done = not np.isnan(self.beta).any()
-        self.converged = self.done
-        return EMPTY, {}
-
-    def coefficients_std(self) -> np.ndarray:
-        return self.beta
 
 
 class FixedModelStrategy(SiteStrategy):

@@ -21,7 +21,7 @@ from flwr.common import FitIns, Parameters, log
 from flwr.server.client_proxy import ClientProxy
 
 from . import admm
-from .base import SiteStrategy
+from .base import LocalOnlyStrategy
 from .config import RowFedConfig
 from .errors import InputError
 from .fedavg import RegisteringFedAvg
@@ -276,7 +276,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
         return fitted_structure(self.problem, self.state)
 
 
-class NonFedStrategy(_RowFedOutputs, SiteStrategy):
+class NonFedStrategy(_RowFedOutputs, LocalOnlyStrategy):
     """NonFed: every client fits alone with the same sparsity penalty (one round)."""
 
     def __init__(
@@ -299,52 +299,32 @@ class NonFedStrategy(_RowFedOutputs, SiteStrategy):
     def work_config(self) -> dict:
         return {"intercept": bool(self.cfg.intercept), **self.registry.scaling_config()}
 
-    def _setup(self) -> None:
-        m = len(self.sites)
-        q = dims(self.registry, self.sites)[1]
-        self.theta = np.full((m, self.n_features, q), np.nan)
-        self.loss = np.full(m, np.nan)
+    def local_config(self) -> dict:
+        return _local_config(self.cfg, "nonfed")
 
     def update_shape(self) -> tuple[int, ...]:
-        return self.theta.shape[1:]
-
-    def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
-        config = {**_local_config(self.cfg, "nonfed"), **self.work_config()}
-        out = []
-        for c in clients:
-            site = self.registry.cid_to_site[c.cid]
-            if np.isnan(self.theta[self.site_index[site]]).any():
-                out.append((c, FitIns(EMPTY, {**config, "site": site})))
-        return out
+        return (self.n_features, dims(self.registry, self.sites)[1])
 
     def _aggregate(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
-        for site, (_, res) in answered.items():
-            z = self.site_index[site]
-            self.theta[z] = self.updates[site]
-            self.loss[z] = float(res.metrics["loss"])
-        self.done = not np.isnan(self.theta).any()
-        self.converged = self.done
+        out = super()._aggregate(server_round, answered)
         if self.done:
             penalty = rowfed_problem(self.cfg, len(self.sites)).splits[SPARSITY]
             self.history.append(
                 round=1,
-                objective=float(np.sum(self.loss) + penalty.value(self.theta)),
+                objective=float(np.sum(self.loss) + penalty.value(self.coef)),
                 primal_residual=np.nan,
                 dual_residual=np.nan,
                 rho=np.nan,
                 n_participants=len(answered),
             )
-        return EMPTY, {}
+        return out
 
     @property
     def rounds(self) -> int:
         return 1
 
-    def coefficients_std(self) -> np.ndarray:
-        return self.theta
-
     def warm_start(self) -> np.ndarray:
-        return self.theta
+        return self.coef
 
     def objective(self) -> float:
         return self.history.rows[-1]["objective"] if self.history.rows else float("nan")

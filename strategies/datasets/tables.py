@@ -32,13 +32,17 @@ def read_table(path: str, what: str, **read_csv) -> pd.DataFrame:
 
     try:
         df = pd.read_csv(path, **read_csv)
-    except (FileNotFoundError, IsADirectoryError):
+    except FileNotFoundError:
         raise InputError(f"{what}: file not found: {path}") from None
+    except IsADirectoryError:
+        raise InputError(f"{what}: a directory, not a file: {path}") from None
     except pd.errors.EmptyDataError:
         raise InputError(f"{what}: file is empty: {path}") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{what}: cannot parse {path}: {first}") from None
+    except OSError as exc:
+        raise InputError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
     if df.shape[0] == 0:
         raise InputError(f"{what}: file has no rows: {path}")
     twice = repeated_columns(path)
