@@ -24,6 +24,7 @@ def run(grid: Grid, context: Context) -> dict:
     # the server side's imports are here: a ClientApp starts for every message and needs
     # only the client and its data (measured: 0.5 s less per message)
     from strategies.app import out_dir, round_timeout, run_methods
+    from strategies.config import registration_config
     from strategies.registry import Registry
     from strategies.runtime.engine import round_logger
 
@@ -42,7 +43,7 @@ def run(grid: Grid, context: Context) -> dict:
         sites, features = fed.load_sites(spec)
         n_sites = len(sites)
     checkpoint = fed.checkpoint_settings(rc)
-    registry = Registry()
+    registry = Registry(waiting=registration_config(rc))
     results = run_methods(
         grid,
         methods,
@@ -62,13 +63,6 @@ def run(grid: Grid, context: Context) -> dict:
     )
     features = registry.features() or features
     print(fed.format_auc_table(results), flush=True)
-    for method, res in results.items():
-        if res.extra.get("missing"):
-            print(
-                f"{method}: no answer at the end from site(s) "
-                f"{', '.join(sorted(res.extra['missing']))}",
-                flush=True,
-            )
     if out:
         for method, res in results.items():
             sub = out if len(results) == 1 else os.path.join(out, method)
@@ -87,7 +81,9 @@ def make_client(context: Context):
         from .data import load_site_file
 
         data = load_site_file(str(node["data-path"]), node)
-        return GrAUCClient(data, cfg.ridge, index=int(node.get("index", -1))).to_client()
+        from strategies.app import node_index
+
+        return GrAUCClient(data, cfg.ridge, index=node_index(node)).to_client()
     spec = sources.DataSpec.from_run_config(rc)
     sites, _ = sources.load_sites(spec)
     pid = int(node["partition-id"])

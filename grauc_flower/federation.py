@@ -169,9 +169,7 @@ def collect(method: str, strategy) -> MethodResult:
         history, rounds = [], 1
         if method == "pooled":
             extra["pooled_objective"] = strategy.pooled_objective
-    extra["missing"] = sorted(
-        set(strategy.missing) | (set(strategy.sites) - set(strategy.evaluation))
-    )
+    extra["missing"] = strategy.unanswered()
     return MethodResult(
         method,
         list(strategy.sites),

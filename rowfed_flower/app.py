@@ -13,8 +13,8 @@ import os
 from flwr.app import Context
 from flwr.serverapp import Grid
 
-from strategies.app import out_dir, round_timeout, run_methods
-from strategies.config import rowfed_config, rowfed_methods
+from strategies.app import node_index, out_dir, round_timeout, run_methods
+from strategies.config import registration_config, rowfed_config, rowfed_methods
 from strategies.errors import InputError
 from strategies.rowfed import dims, rowfed_registry
 from strategies.runtime.engine import round_logger
@@ -40,7 +40,7 @@ def run(grid: Grid, context: Context) -> dict:
     # deployment: the server has no data; each SuperNode reads its own file
     data = None if spec.source == "deployment" else fed.load_data(spec)
     n_sites = spec.num_clients if data is None else len(data.clients)
-    registry = rowfed_registry()
+    registry = rowfed_registry(registration_config(rc))
     results = run_methods(
         grid,
         methods,
@@ -91,7 +91,7 @@ def make_client(context: Context):
                 f"data-path: need exactly one client (set 'client' in the node config), "
                 f"found {len(pick)}"
             )
-        index = int(node.get("index", -1))
+        index = node_index(node)
         return RowFedClient(pick[0], index=index, features=data.features).to_client()
     data = fed.load_data(spec)
     pid = int(node["partition-id"])

@@ -266,6 +266,7 @@ def collect(method: str, strategy) -> MethodResult:
         lam1=float(strategy.cfg.lam1),
         lam2=float(strategy.cfg.lam2),
         theta_work=np.array(strategy.warm_start()),
+        extra={"missing": strategy.unanswered()},
     )
 
 
@@ -472,6 +473,7 @@ def write_result(
         "mse_est": summary["mse_est"],
         "ri": summary["ri"],
         "clients": {s: res.evaluation.get(s, {}) for s in res.sites},
+        "missing_sites": list(res.extra.get("missing", [])),
         "config": {k.replace("_", "-"): v for k, v in vars(cfg).items()},
         **(extra_metrics or {}),
     }

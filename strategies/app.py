@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 
 from flwr.app import Context
 from flwr.client import ClientApp
@@ -68,6 +68,9 @@ def run_methods(
         )
         results[method] = collect(method, strategy)
         log(INFO, "%s finished in %.1f s", method, time.perf_counter() - t0)
+        missing = strategy.unanswered()
+        if missing:
+            log(WARNING, "%s: no answer at the end from site(s) %s", method, ", ".join(missing))
     return results
 
 
@@ -91,6 +94,21 @@ def main(grid: Grid, context: Context) -> None:
     except InputError as exc:
         log(ERROR, "error: %s", exc)
         raise
+
+
+def node_index(node: dict) -> int:
+    """The site's position in the federation's list from its node config (``index``; -1:
+    none, the server orders such sites by id)."""
+    value = node.get("index", -1)
+    try:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        index = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"node-config: index must be an integer, got {value!r}") from None
+    if index < -1:
+        raise InputError(f"node-config: index must be >= 0 (or -1: none), got {index}")
+    return index
 
 
 def _site_of(node: dict) -> str:

@@ -25,27 +25,6 @@ from flwr.server.strategy.aggregate import weighted_loss_avg
 
 from .registry import EMPTY, Registry
 
-#: How long registration waits for the sites to connect when no timeout is set (seconds).
-NO_TIMEOUT = 86400.0
-
-
-def wait_and_register(
-    registry: Registry,
-    client_manager: ClientManager,
-    n_sites: int,
-    timeout: float | None,
-    group_id: int,
-    wait: bool = True,
-) -> list[ClientProxy]:
-    """Wait (when ``wait``, up to ``timeout``) until ``n_sites`` nodes are connected, register
-    the ones not yet known through the properties exchange; returns the connected clients by
-    node id."""
-    if wait:
-        client_manager.wait_for(n_sites, timeout=timeout or NO_TIMEOUT)
-    clients = [client_manager.all()[cid] for cid in sorted(client_manager.all())]
-    registry.register_clients(clients, timeout, group_id)
-    return clients
-
 
 class EvaluatedOnce:
     """What every strategy of a run shares at its end: ``finished`` once the method is
@@ -62,6 +41,14 @@ class EvaluatedOnce:
     def finished(self) -> bool:
         """The method is done and its evaluation is in."""
         return self.done and self.evaluated
+
+    def unanswered(self) -> list[str]:
+        """The sites without a result at the end: not answering when the method ended, not
+        evaluated, or never registered (absent when a quorum started the run)."""
+        missing = set(getattr(self, "missing", ()))
+        return sorted(
+            missing | (set(self.sites) - set(self.evaluation)) | set(self.registry.absent)
+        )
 
     def aggregate_evaluate(
         self,
@@ -125,16 +112,9 @@ class SiteStrategy(EvaluatedOnce, Strategy):
     def _register(self, client_manager: ClientManager, server_round: int) -> list[ClientProxy]:
         """Register the connected nodes not yet known; before the federation is fixed, wait
         for the sites first (afterwards a round goes on with the nodes that are there)."""
-        clients = wait_and_register(
-            self.registry,
-            client_manager,
-            self.n_sites,
-            self.timeout,
-            server_round,
-            wait=not self.ready,
-        )
-        if not self.ready and len(self.registry.sites) >= self.n_sites:
-            self._become_ready()  # more nodes than sites: the first n_sites fix the federation
+        clients = self.registry.settle(client_manager, self.n_sites, self.timeout, server_round)
+        if not self.ready:
+            self._become_ready()
         return clients
 
     def configure_fit(
@@ -256,6 +236,7 @@ class SiteStrategy(EvaluatedOnce, Strategy):
         if self.standardize == "federated" and self.registry.scale is None:
             self.registry.standardize()
         self.sites = self.registry.order()
+        self.n_sites = len(self.sites)  # fewer than asked for when a quorum went on
         self.site_index = {s: k for k, s in enumerate(self.sites)}
         first = self.registry.sites[self.sites[0]]
         self.n_features = int(first.sum_x.shape[0])

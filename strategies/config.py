@@ -65,7 +65,7 @@ def _check_fields(settings) -> None:
     every choice one of its values and every number in its declared range."""
     for f in fields(settings):
         value = getattr(settings, f.name)
-        key = f.name.replace("_", "-")
+        key = getattr(settings, "key_prefix", "") + f.name.replace("_", "-")
         if f.type == "float":
             _check(math.isfinite(value), key, "must be a finite number", value)
         choices = f.metadata.get("choices")
@@ -132,6 +132,41 @@ class GrAUCConfig:
 
     def replace(self, **changes) -> GrAUCConfig:
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class RegistrationConfig:
+    """How the server waits for the sites before the first round, for every method of a
+    run (run-config keys ``registration.<name>``; docs/deployment.md)."""
+
+    key_prefix = "registration."
+
+    timeout: float = setting(300.0, "seconds to wait for every site to register, > 0", above=0)
+    log_every: float = setting(
+        30.0, "seconds between the lines naming the sites still missing, > 0", above=0
+    )
+    quorum: float = setting(
+        1.0,
+        "share of the sites the run may start with when the timeout comes, in (0, 1]",
+        above=0,
+        at_most=1,
+    )
+    sites: str = setting("", "the site ids expected, comma-separated (empty: any)")
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        ids = self.expected()
+        if len(set(ids)) != len(ids):
+            _check(False, "registration.sites", "names a site twice", self.sites)
+
+    def expected(self) -> tuple[str, ...]:
+        """The expected site ids (empty: any site may register)."""
+        return tuple(s.strip() for s in self.sites.split(",") if s.strip())
+
+
+def registration_config(run_config: dict) -> RegistrationConfig:
+    """:class:`RegistrationConfig` from a Flower run config (keys ``registration.<name>``)."""
+    return from_run_config(RegistrationConfig, run_config, "registration")
 
 
 def _coerce(cls, key: str, value):

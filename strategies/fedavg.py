@@ -28,7 +28,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from . import admm
-from .base import EvaluatedOnce, wait_and_register
+from .base import EvaluatedOnce
 from .registry import Registry
 
 
@@ -125,7 +125,9 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
     # -- Flower hooks -----------------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         """Registration (the properties exchange), then FedAvg's own start."""
-        wait_and_register(self.registry, client_manager, self.n_sites, self.timeout, 0)
+        self.registry.settle(client_manager, self.n_sites, self.timeout, 0)
+        # every connected site takes part; a round never waits for a node that is gone
+        self.min_fit_clients = self.min_evaluate_clients = self.min_available_clients = 1
         if self.standardize == "federated" and self.registry.scale is None:
             self.registry.standardize()
         return super().initialize_parameters(client_manager)

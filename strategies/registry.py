@@ -12,6 +12,8 @@ A site registers by answering Flower's properties exchange (``get_properties``) 
 
 from __future__ import annotations
 
+import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -19,7 +21,8 @@ from logging import INFO, WARNING
 import numpy as np
 from flwr.common import Code, GetPropertiesIns, Parameters, log
 
-from .errors import site_input_error
+from .config import RegistrationConfig
+from .errors import InputError, site_input_error
 from .wire import pack, unpack
 
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
@@ -101,11 +104,31 @@ class Registry:
     #: ``standardize`` centres as well as scales (GrAUC-PFL); RowFed scales only: with an
     #: intercept each client centres its own data, without one a centring would add one.
     centre: bool = True
+    #: How the first registration waits for the sites (:meth:`settle`).
+    waiting: RegistrationConfig = field(default_factory=RegistrationConfig)
+    #: The federation is fixed: the first registration is over.
+    settled: bool = False
+    #: Sites expected but not there when the run went on with a quorum (their ids, or
+    #: ``"(unnamed K)"`` when ``registration.sites`` does not name them).
+    absent: list[str] = field(default_factory=list)
+    #: Nodes whose site is not among ``registration.sites`` (never asked again).
+    refused: set[str] = field(default_factory=set)
 
-    def register(self, cid: str, props: dict) -> str:
-        """Record a site's registration properties from node ``cid``; returns the site id."""
+    def register(self, cid: str, props: dict) -> str | None:
+        """Record a site's registration properties from node ``cid``; returns the site id
+        (``None`` for a site that ``registration.sites`` does not expect: refused)."""
         info = self.make_info(props)
         site = info.site
+        expected = self.waiting.expected()
+        if expected and site not in expected:
+            log(
+                WARNING,
+                "registration: site %s (node %s) is not among registration.sites; ignored",
+                site,
+                cid,
+            )
+            self.refused.add(cid)
+            return None
         for old_cid, old_site in list(self.cid_to_site.items()):
             if old_site == site and old_cid != cid:
                 log(INFO, "site %s re-registered from a new node", site)
@@ -130,7 +153,7 @@ class Registry:
         for other in self.sites.values():
             if other.site != site and info.features and other.features:
                 if other.features != info.features:
-                    raise ValueError(
+                    raise InputError(
                         f"features: site {site} reports features {list(info.features)[:4]}, "
                         f"site {other.site} {list(other.features)[:4]}; they must agree"
                     )
@@ -139,7 +162,7 @@ class Registry:
     def register_clients(self, clients, timeout: float | None, group_id: int) -> list[str]:
         """Ask every client not yet known for its properties (concurrently) and register
         the answers; returns the node ids that did not answer."""
-        todo = [c for c in clients if c.cid not in self.cid_to_site]
+        todo = [c for c in clients if c.cid not in self.cid_to_site and c.cid not in self.refused]
         if not todo:
             return []
         ins = GetPropertiesIns(config={})
@@ -164,6 +187,88 @@ class Registry:
                 continue
             self.register(proxy.cid, dict(res.properties))
         return failed
+
+    def settle(
+        self, client_manager, n_sites: int, ask_timeout: float | None, group_id: int
+    ) -> list:
+        """The connected clients (by node id), every one registered.  The first call waits
+        for ``n_sites`` sites (:attr:`waiting`): it registers nodes as they connect, logs
+        the sites still missing every ``registration.log-every`` seconds and at
+        ``registration.timeout`` either goes on with the sites there (at least
+        ``registration.quorum`` of them; the rest are :attr:`absent`) or raises
+        :class:`~strategies.errors.InputError` naming the missing sites.  Later calls only
+        register nodes that (re)connected."""
+        if not self.settled:
+            self._wait(client_manager, int(n_sites), ask_timeout, group_id)
+            self.settled = True
+        nodes = client_manager.all()
+        clients = [nodes[cid] for cid in sorted(nodes)]
+        self.register_clients(clients, ask_timeout, group_id)
+        return clients
+
+    def _wait(self, client_manager, n_sites: int, ask_timeout, group_id: int) -> None:
+        w = self.waiting
+        expected = w.expected()
+        if expected and len(expected) != n_sites:
+            raise InputError(
+                f"registration.sites: names {len(expected)} sites, the run has {n_sites}"
+            )
+        t0 = time.monotonic()
+        next_log = t0 + w.log_every
+        while True:
+            nodes = client_manager.all()
+            self.register_clients([nodes[c] for c in sorted(nodes)], ask_timeout, group_id)
+            if len(self.sites) >= n_sites:
+                return
+            now = time.monotonic()
+            if now - t0 >= w.timeout:
+                self._give_up(n_sites)
+                return
+            if now >= next_log:
+                log(INFO, "registration: %s", self.waiting_line(n_sites, now - t0))
+                next_log += w.log_every
+            # wakes early when a node connects; Flower's node list is refreshed on all()
+            pause = min(1.0, next_log - now, t0 + w.timeout - now)
+            client_manager.wait_for(len(nodes) + 1, timeout=max(pause, 0.01))
+
+    def missing_sites(self, n_sites: int) -> list[str]:
+        """The sites not registered: their ids when ``registration.sites`` names them, else
+        ``["(unnamed K)"]``."""
+        expected = self.waiting.expected()
+        if expected:
+            return [s for s in expected if s not in self.sites]
+        k = n_sites - len(self.sites)
+        return [f"(unnamed {k}: name the sites in registration.sites)"] if k > 0 else []
+
+    def waiting_line(self, n_sites: int, elapsed: float) -> str:
+        """``2 of 3 sites after 30 s (H01, H02); waiting for H03``."""
+        have = ", ".join(self.order()) or "none"
+        return (
+            f"{len(self.sites)} of {n_sites} sites after {elapsed:.0f} s ({have}); "
+            f"waiting for {', '.join(self.missing_sites(n_sites))}"
+        )
+
+    def _give_up(self, n_sites: int) -> None:
+        w = self.waiting
+        missing = ", ".join(self.missing_sites(n_sites))
+        have = len(self.sites)
+        if w.quorum < 1 and have >= max(1, math.ceil(w.quorum * n_sites)):
+            log(
+                WARNING,
+                "registration: %d of %d sites after %g s; going on without %s "
+                "(registration.quorum = %g)",
+                have,
+                n_sites,
+                w.timeout,
+                missing,
+                w.quorum,
+            )
+            self.absent = self.missing_sites(n_sites)
+            return
+        raise InputError(
+            f"registration.timeout: {have} of {n_sites} sites registered within "
+            f"{w.timeout:g} s; missing: {missing}"
+        )
 
     def features(self) -> tuple[str, ...]:
         """The feature names the sites reported (they all agree)."""

@@ -22,7 +22,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from . import admm
 from .base import LocalOnlyStrategy
-from .config import RowFedConfig
+from .config import RegistrationConfig, RowFedConfig
 from .errors import InputError
 from .fedavg import RegisteringFedAvg
 from .fused import FusedSiteStrategy
@@ -39,10 +39,10 @@ from .registry import EMPTY, Registry
 from .wire import unpack
 
 
-def rowfed_registry() -> Registry:
+def rowfed_registry(waiting: RegistrationConfig | None = None) -> Registry:
     """The registry of a RowFed run: standardization divides by the pooled SD only (with
     an intercept each client centres its own data; without one a centring would add one)."""
-    return Registry(centre=False)
+    return Registry(centre=False, waiting=waiting or RegistrationConfig())
 
 
 def dims(registry: Registry, sites: list[str]) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from rowfed_flower.cli import build_parser as rowfed_parser
 from rowfed_flower.federation import RowFedDataSpec
 from strategies.config import (
     GrAUCConfig,
+    RegistrationConfig,
     RowFedConfig,
     from_run_config,
     rowfed_run_config,
@@ -62,6 +63,7 @@ def test_every_pyproject_key_is_a_setting_with_its_default():
         **rowfed_run_config(RowFedConfig()),
         **DataSpec().to_run_config(),
         **RowFedDataSpec().to_run_config(),
+        **to_run_config(RegistrationConfig(), "registration"),
     }
     assert set(app) == set(expected), set(app) ^ set(expected)
     for key, value in expected.items():

@@ -66,6 +66,48 @@ def test_location_out_of_range_names_the_site_and_key(tmp_path, key, value):
     assert message.startswith(f"site H03: node-config: {key} ")
 
 
+def _rowfed_file(tmp_path, edit=None) -> str:
+    rng = np.random.default_rng(1)
+    frame = pd.DataFrame(rng.standard_normal((6, 2)), columns=["x1", "x2"])
+    frame.insert(0, "Y1", rng.standard_normal(6))
+    frame.insert(0, "client", "c1")
+    if edit is not None:
+        frame = edit(frame)
+    path = tmp_path / "client.csv"
+    frame.to_csv(path, index=False)
+    return str(path)
+
+
+def _rowfed_context(node: dict) -> Context:
+    ctx = _context(node, "rowfed")
+    ctx.run_config.update({"rowfed-data.source": "deployment", "rowfed-data.responses": "Y1"})
+    return ctx
+
+
+@pytest.mark.parametrize(
+    ("edit", "node", "message"),
+    [
+        (None, {"index": "first"}, "node-config: index must be an integer, got 'first'"),
+        (None, {"index": -3}, "node-config: index must be >= 0 (or -1: none), got -3"),
+        (None, {"client": "c9"}, "data-path: need exactly one client"),
+        (lambda f: f.assign(x2="high"), {}, "data: column 'x2'"),
+        (lambda f: f.drop(columns="Y1"), {}, "Y1"),
+        ("missing", {}, "not found"),
+    ],
+)
+def test_a_rowfed_site_checks_its_own_data_and_node_config(tmp_path, edit, node, message):
+    path = str(tmp_path / "nowhere.csv") if edit == "missing" else _rowfed_file(tmp_path, edit)
+    with pytest.raises(InputError) as err:
+        _client_fn(_rowfed_context({"data-path": path, "client": "c1", **node}))
+    found = str(site_input_error(err.value))
+    assert found.startswith("site c") and message in found, found
+
+
+def test_a_rowfed_site_with_good_input_answers(tmp_path):
+    client = _client_fn(_rowfed_context({"data-path": _rowfed_file(tmp_path), "index": 2}))
+    assert client is not None
+
+
 def test_the_mark_is_found_whatever_carried_it():
     inner = at_site("H03", InputError("data: column 'y' must be 0 or 1"))
     flower_deployment = ValueError(
