@@ -328,9 +328,8 @@ def main(argv=None) -> int:
         return cmd_run(args)
     except InputError as exc:
         return fail(str(exc))
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
-        return fail(first) if "flwr run" not in first else fail(str(exc))
+    except RuntimeError as exc:  # e.g. the Flower run failed: its one line
+        return fail(str(exc).splitlines()[0] if str(exc) else "RuntimeError")
     except KeyboardInterrupt:
         return fail("interrupted")
     except Exception as exc:  # never a traceback for a user; say what broke, in one line

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -20,10 +21,12 @@ from grauc_flower import federation as fed
 from grauc_flower.data import simulate
 from strategies.config import GrAUCConfig
 from strategies.runtime.deploy import (
+    PlanSite,
     make_certificates,
     make_node_key,
-    start_superlink,
-    start_supernode,
+    make_plan,
+    start,
+    supernode_command,
 )
 from strategies.runtime.simulation import _bin, flower_env, free_port, stop_process, wait_for_port
 
@@ -36,9 +39,12 @@ FEATURES = ["age", "bmi", "sbp"]
 
 
 class Federation:
-    """A SuperLink (TLS + SuperNode auth) and SuperNodes, all started and stopped by pid."""
+    """The documented deployment (:func:`strategies.runtime.deploy.make_plan`, the commands
+    docs/deployment.md shows) on loopback: a SuperLink with TLS and SuperNode
+    authentication, a default connection, registered keys, one SuperNode per site, runs
+    through the plan's launcher; every process started and stopped by its pid."""
 
-    def __init__(self, root: str, pki: dict, n_sites: int = 3) -> None:
+    def __init__(self, root: str, pki: dict, n_sites: int = 3, base: dict | None = None) -> None:
         self.root = root
         self.home = os.path.join(root, "flwr-home")
         os.makedirs(self.home, exist_ok=True)
@@ -46,30 +52,34 @@ class Federation:
         self.nodes: dict[str, subprocess.Popen] = {}
         self.sites = simulate(n_sites=n_sites, n_features=len(FEATURES), n_train=40, seed=31337)
         self.certs = pki["certs"]
-        self.keys = pki["keys"][: n_sites + 1]  # the last key is never registered
+        self.keys = pki["keys"]  # the last key is never registered
         for s in self.sites:
             frame = pd.DataFrame(s.x_train, columns=FEATURES)
             frame.insert(0, "y", s.y_train)
             frame.to_csv(self.data_path(s.site), index=False)
         self.port = free_port()
-        self.superlink = start_superlink(self.home, self.port, self.certs, auth=True)
+        self.run_config_path = os.path.join(root, "run_config.toml")
+        self.plan = make_plan(
+            f"127.0.0.1:{self.port}",
+            pki["dir"],
+            [
+                PlanSite(s.site, self.data_path(s.site), s.lat, s.lon, port=free_port())
+                for s in self.sites
+            ],
+            base or {"task": "grauc", "method": "grauc", "data.num-sites": n_sites},
+            superlink_host="127.0.0.1",
+            database=os.path.join(self.home, "state.db"),
+            run_config_path=self.run_config_path,
+            app_dir=ROOT,
+            python=sys.executable,
+        )
+        self.superlink = start(self.plan.superlink, self.home, "superlink.log")
         self.procs.append(self.superlink)
         wait_for_port(self.port, self.superlink)
         with open(os.path.join(self.home, "config.toml"), "wb") as fh:
-            tomli_w.dump(
-                {
-                    "superlink": {
-                        "default": "hospitals",
-                        "hospitals": {
-                            "address": f"127.0.0.1:{self.port}",
-                            "root-certificates": self.certs["ca"],
-                        },
-                    }
-                },
-                fh,
-            )
-        for _, pub in self.keys[:n_sites]:
-            self.flwr("supernode", "register", pub, "hospitals")
+            tomli_w.dump(self.plan.flower_config, fh)
+        for cmd in self.plan.register:
+            self.flwr(*cmd[1:])
 
     def data_path(self, site: str) -> str:
         return os.path.join(self.root, f"{site}.csv")
@@ -85,33 +95,37 @@ class Federation:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         return proc
 
-    def start_node(self, k: int, key_index: int | None = None) -> subprocess.Popen:
-        s = self.sites[k]
-        node_config = (
-            f'data-path="{self.data_path(s.site)}" site="{s.site}" lat={s.lat} '
-            f"lon={s.lon} index={k}"
-        )
-        private = self.keys[k if key_index is None else key_index][0]
-        proc = start_supernode(
-            self.home,
-            f"127.0.0.1:{self.port}",
-            free_port(),
-            node_config,
-            self.certs["ca"],
-            private,
-            f"supernode-{k}-{len(self.procs)}.log",
-        )
+    def start_node(self, k: int, node_config: str | None = None) -> subprocess.Popen:
+        """Site ``k``'s SuperNode as planned (``node_config`` replaces its node config)."""
+        site = self.sites[k].site
+        cmd = list(self.plan.supernodes[site])
+        if node_config is not None:
+            cmd[cmd.index("--node-config") + 1] = node_config
+        proc = start(cmd, self.home, f"supernode-{k}-{len(self.procs)}.log")
         self.procs.append(proc)
-        self.nodes[s.site] = proc
+        self.nodes[site] = proc
         return proc
 
-    def run(self, run_config: dict, timeout: float = 900) -> str:
-        path = os.path.join(self.root, f"run-{len(self.procs)}.toml")
-        with open(path, "wb") as fh:
-            tomli_w.dump(run_config, fh)
-        return self.flwr(
-            "run", ROOT, "hospitals", "--stream", "--run-config", path, timeout=timeout
-        ).stdout
+    def launch(self, run_config: dict) -> subprocess.Popen:
+        """The plan's run command (the project's launcher) with ``run_config`` added."""
+        with open(self.run_config_path, "wb") as fh:
+            tomli_w.dump({**self.plan.run_config, **run_config}, fh)
+        proc = subprocess.Popen(
+            self.plan.run,
+            cwd=ROOT,
+            env=flower_env(self.home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def run(self, run_config: dict, timeout: float = 900) -> tuple[int, str]:
+        """Launch and wait: ``(exit status, output)``."""
+        proc = self.launch(run_config)
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
 
     def close(self) -> None:
         for proc in reversed(self.procs):
@@ -124,6 +138,7 @@ def pki(tmp_path_factory):
     keys take seconds) for every SuperLink of this module."""
     out = str(tmp_path_factory.mktemp("certs"))
     return {
+        "dir": out,
         "certs": make_certificates(out),
         "keys": [make_node_key(out, f"node-{k + 1}") for k in range(4)],
     }
@@ -144,15 +159,10 @@ def federation(tmp_path_factory, pki):
 def test_tls_auth_run_equals_inprocess(federation, tmp_path):
     out = str(tmp_path / "out")
     rounds = 4
-    federation.run(
-        {
-            "method": "grauc",
-            "data.num-sites": 3,
-            "grauc.max-rounds": rounds,
-            "grauc.standardize": "federated",
-            "out-dir": out,
-        }
+    code, text = federation.run(
+        {"grauc.max-rounds": rounds, "grauc.standardize": "federated", "out-dir": out}
     )
+    assert code == 0, text[-3000:]
     coef = pd.read_csv(os.path.join(out, "coefficients.csv"))
     assert list(coef.columns) == ["site", *FEATURES]
     ref = fed.run_methods_inprocess(
@@ -162,21 +172,20 @@ def test_tls_auth_run_equals_inprocess(federation, tmp_path):
     np.testing.assert_allclose(coef[FEATURES].to_numpy(), ref.coefficients, rtol=0, atol=1e-8)
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert metrics["rounds"] == rounds and metrics["missing_sites"] == []
-    # the operations commands see the run
-    listing = federation.flwr("ls").stdout
-    assert "finished" in listing.lower()
+    # the operations commands see the run through the default connection
+    listing = json.loads(federation.flwr("ls", "--format", "json").stdout)
+    assert [r["status"] for r in listing["runs"]] == ["finished:completed"]
 
 
 def test_unregistered_supernode_is_refused(federation):
-    proc = start_supernode(
-        federation.home,
+    cmd = supernode_command(
         f"127.0.0.1:{federation.port}",
-        free_port(),
-        'site="intruder"',
         federation.certs["ca"],
         federation.keys[-1][0],
-        "intruder.log",
+        free_port(),
+        'site="intruder"',
     )
+    proc = start(cmd, federation.home, "intruder.log")
     federation.procs.append(proc)
     try:
         proc.wait(timeout=120)
@@ -190,25 +199,14 @@ def test_unregistered_supernode_is_refused(federation):
 def test_killed_supernode_run_finishes_and_reports(federation, tmp_path):
     out = str(tmp_path / "out")
     victim = federation.sites[2].site
-    run_config = {
-        "method": "grauc",
-        "data.num-sites": 3,
-        "grauc.max-rounds": 5,
-        "grauc.min-fit-fraction": 0.6,
-        "round-timeout": 15.0,
-        "out-dir": out,
-    }
-    path = os.path.join(federation.root, "kill.toml")
-    with open(path, "wb") as fh:
-        tomli_w.dump(run_config, fh)
-    run = subprocess.Popen(
-        [_bin("flwr"), "run", ROOT, "hospitals", "--stream", "--run-config", path],
-        env=flower_env(federation.home),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    run = federation.launch(
+        {
+            "grauc.max-rounds": 5,
+            "grauc.min-fit-fraction": 0.6,
+            "round-timeout": 15.0,
+            "out-dir": out,
+        }
     )
-    federation.procs.append(run)
     lines, killed = [], False
     deadline = time.monotonic() + 900
     for line in run.stdout:
@@ -224,50 +222,77 @@ def test_killed_supernode_run_finishes_and_reports(federation, tmp_path):
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert metrics["rounds"] == 5
     assert metrics["missing_sites"] == [victim]
-    assert f"no answer at the end from site(s) {victim}" in text
-    coef = pd.read_csv(os.path.join(out, "coefficients.csv"))
-    assert np.isfinite(coef[FEATURES].to_numpy()).all()
+    assert text.count(f"no answer at the end from site(s) {victim}") == 1, text[-3000:]
 
 
-def test_a_site_with_bad_data_ends_the_run_naming_it(tmp_path, pki):
-    """``y = 2`` in one hospital's file: the run ends at registration (not after a round
-    limit of re-asking), its log names the site and the column, and its status is failed."""
+def _fails_naming(fedn: Federation, run_config: dict, message: str, within: float) -> str:
+    """The launcher exits 1 within ``within`` seconds with ``error: <message>``, no round
+    ran, and the run's status is failed."""
+    t0 = time.monotonic()
+    code, text = fedn.run({"round-timeout": 60.0, **run_config}, timeout=300)
+    assert time.monotonic() - t0 < within, text[-3000:]
+    assert code == 1, text[-3000:]
+    assert f"error: {message}" in text.splitlines()[-1], text[-3000:]
+    assert "grauc round 1" not in text
+    listing = json.loads(fedn.flwr("ls", "--format", "json").stdout)
+    assert [r["status"] for r in listing["runs"]] == ["finished:failed"]
+    return text
+
+
+@pytest.mark.parametrize("case", ["y = 2", "no data-path", "lat = 123.4"])
+def test_a_site_with_bad_input_ends_the_run_naming_it(tmp_path, pki, case):
+    """One hospital's file or node config is wrong: the run ends at registration (not after
+    a round limit of re-asking) within one round timeout, the launcher's last line names
+    the site and the field, its exit status is 1 and the run's status failed."""
     fedn = Federation(str(tmp_path), pki, n_sites=2)
     try:
-        bad = fedn.sites[1].site
-        frame = pd.read_csv(fedn.data_path(bad))
-        frame.loc[0, "y"] = 2
-        frame.to_csv(fedn.data_path(bad), index=False)
-        for k in range(2):
-            fedn.start_node(k)
-        path = os.path.join(fedn.root, "bad.toml")
-        with open(path, "wb") as fh:
-            tomli_w.dump({"method": "grauc", "data.num-sites": 2, "round-timeout": 60.0}, fh)
-        t0 = time.monotonic()
-        proc = subprocess.run(
-            [_bin("flwr"), "run", ROOT, "hospitals", "--stream", "--run-config", path],
-            env=flower_env(fedn.home),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        text = proc.stdout + proc.stderr
-        assert time.monotonic() - t0 < 60, text[-3000:]  # within one round timeout
-        assert f"error: site {bad}: data: column 'y' must be 0 or 1" in text, text[-3000:]
-        assert "grauc round 1" not in text
-        listing = fedn.flwr("ls", "--format", "json").stdout
-        assert '"finished:failed"' in listing.replace(" ", ""), listing
+        good, bad = (s.site for s in fedn.sites)
+        fedn.start_node(0)
+        if case == "y = 2":
+            frame = pd.read_csv(fedn.data_path(bad))
+            frame.loc[0, "y"] = 2
+            frame.to_csv(fedn.data_path(bad), index=False)
+            fedn.start_node(1)
+            message = f"site {bad}: data: column 'y' must be 0 or 1"
+        elif case == "no data-path":
+            fedn.start_node(1, f'site="{bad}" lat=40.0 lon=-75.0 index=1')
+            message = f"site {bad}: data-path: missing from the SuperNode's node config"
+        else:
+            fedn.start_node(1, f'data-path="{fedn.data_path(bad)}" site="{bad}" lat=123.4 lon=0')
+            message = f"site {bad}: node-config: lat out of range [-90, 90]: 123.4"
+        _fails_naming(fedn, {}, message, within=60)
+    finally:
+        fedn.close()
+
+
+def test_an_absent_site_is_named_while_waiting_and_at_the_timeout(tmp_path, pki):
+    fedn = Federation(str(tmp_path), pki, n_sites=2)
+    try:
+        here, absent = (s.site for s in fedn.sites)
+        fedn.start_node(0)
+        rc = {"registration.timeout": 12.0, "registration.log-every": 4.0}
+        message = f"registration.timeout: 1 of 2 sites registered within 12 s; missing: {absent}"
+        text = _fails_naming(fedn, rc, message, within=60)
+        assert f"registration: 1 of 2 sites after 4 s ({here}); waiting for {absent}" in text
     finally:
         fedn.close()
 
 
 def test_rowfed_runs_the_same_way(tmp_path, pki):
-    """RowFed in deployment: the server has no data (``rowfed-data.source = deployment``);
-    each SuperNode reads its own file; the coefficients equal the in-process fit."""
+    """RowFed in deployment, as planned for ``--task rowfed``: the server has no data
+    (``rowfed-data.source = deployment``); each SuperNode reads its own file; the
+    coefficients equal the in-process fit."""
     from rowfed_flower import federation as rfed
     from strategies.config import RowFedConfig
 
-    fedn = Federation(str(tmp_path), pki, n_sites=3)
+    base = {
+        "task": "rowfed",
+        "method": "rowfed",
+        "rowfed-data.source": "deployment",
+        "rowfed-data.num-clients": 3,
+        "rowfed-data.responses": "Y1,Y2",
+    }
+    fedn = Federation(str(tmp_path), pki, n_sites=3, base=base)
     try:
         rng = np.random.default_rng(4)
         frames = []
@@ -280,32 +305,13 @@ def test_rowfed_runs_the_same_way(tmp_path, pki):
             frame.insert(0, "client", s.site)
             frame.to_csv(fedn.data_path(s.site), index=False)
             frames.append(frame)
-            node_config = f'data-path="{fedn.data_path(s.site)}" index={k}'
-            fedn.procs.append(
-                start_supernode(
-                    fedn.home,
-                    f"127.0.0.1:{fedn.port}",
-                    free_port(),
-                    node_config,
-                    fedn.certs["ca"],
-                    fedn.keys[k][0],
-                    f"rowfed-{k}.log",
-                )
-            )
+            fedn.start_node(k)
         out = str(tmp_path / "out")
         rounds = 3
-        fedn.run(
-            {
-                "task": "rowfed",
-                "method": "rowfed",
-                "rowfed-data.source": "deployment",
-                "rowfed-data.num-clients": 3,
-                "rowfed-data.responses": "Y1,Y2",
-                "rowfed.max-rounds": rounds,
-                "rowfed.participation": 0.7,
-                "out-dir": out,
-            }
+        code, text = fedn.run(
+            {"rowfed.max-rounds": rounds, "rowfed.participation": 0.7, "out-dir": out}
         )
+        assert code == 0, text[-3000:]
         got = pd.read_csv(os.path.join(out, "coefficients.csv"), dtype={"client": str})
         pooled = str(tmp_path / "all.csv")
         pd.concat(frames).to_csv(pooled, index=False)

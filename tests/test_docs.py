@@ -51,3 +51,30 @@ def test_readme_links_exist():
     for link in links:
         assert os.path.exists(os.path.join(ROOT, link)), link
     assert "METHODS.md" not in text and "../shared" not in text
+
+
+def _block_after(text: str, marker: str) -> str:
+    """The fenced code block right after ``<!-- marker -->``."""
+    rest = text[text.index(f"<!-- {marker} -->") :]
+    start = rest.index("```")
+    body = rest[rest.index("\n", start) + 1 :]
+    return body[: body.index("```")]
+
+
+def test_deployment_plan_in_the_docs_is_the_plan_commands_output(tmp_path, monkeypatch, capsys):
+    """docs/deployment.md shows a plan: the printed block is what the shown command prints
+    for the shown sites file (the deployment test runs the same commands on loopback)."""
+    import shlex
+
+    from strategies.runtime import deploy
+
+    with open(os.path.join(DOCS, "deployment.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    (tmp_path / "sites.csv").write_text(_block_after(text, "plan-sites"))
+    command = shlex.split(_block_after(text, "plan-command"))
+    assert command[:3] == ["python", "-m", "strategies.runtime.deploy"]
+    monkeypatch.chdir(tmp_path)
+    assert deploy.main(command[3:]) == 0
+    assert capsys.readouterr().out == _block_after(text, "plan-output")
+    for name in ("config.toml", "run_config.toml"):
+        assert (tmp_path / "plan" / name).is_file()

@@ -14,14 +14,16 @@ It uses ``openssl`` and ``ssh-keygen``, as Flower's own examples do.
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 
-from .simulation import _bin, flower_env, stop_process, wait_for_port  # noqa: F401
+from ..errors import InputError
+from .simulation import _bin, flower_env
 
 
 def _run(cmd: list[str]) -> None:
@@ -122,80 +124,283 @@ def make_node_key(out: str, name: str) -> tuple[str, str]:
     return path, path + ".pub"
 
 
-def start_superlink(
-    home: str,
-    port: int,
-    certs: dict | None,
-    auth: bool,
-    database: str | None = None,
-    log_name: str = "superlink.log",
-):
-    """A SuperLink (deployment engine) on ``127.0.0.1:port``; TLS when ``certs`` is given."""
-    cmd = [
-        _bin("flower-superlink"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--disable-runtime-dependency-installation",
-    ]
-    if certs is None:
+# -- the commands of a deployment: one source for the docs, the operator and the tests ----
+def superlink_command(
+    host: str, port: int, certs_dir: str | None, database: str, auth: bool = True
+) -> list[str]:
+    """``flower-superlink`` serving Fleet, Control and runtime APIs on ``host:port``: TLS
+    from ``certs_dir`` (``ca.crt``, ``server.pem``, ``server.key``; ``None``: insecure),
+    SuperNode authentication, its state in ``database``, and no dependency installation
+    at run time (the app's dependencies are installed with the project)."""
+    cmd = ["flower-superlink", "--host", host, "--port", str(port)]
+    if certs_dir is None:
         cmd.append("--insecure")
     else:
         cmd += [
             "--ssl-ca-certfile",
-            certs["ca"],
+            os.path.join(certs_dir, "ca.crt"),
             "--ssl-certfile",
-            certs["cert"],
+            os.path.join(certs_dir, "server.pem"),
             "--ssl-keyfile",
-            certs["key"],
+            os.path.join(certs_dir, "server.key"),
         ]
     if auth:
         cmd.append("--enable-supernode-auth")
-    cmd += ["--database", database or os.path.join(home, "state.db")]
-    log = open(os.path.join(home, log_name), "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        cmd, env=flower_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    proc.log_path = log.name
-    return proc
+    return cmd + ["--database", database, "--disable-runtime-dependency-installation"]
 
 
-def start_supernode(
-    home: str,
-    superlink: str,
-    port: int,
-    node_config: str,
-    ca: str | None,
-    private_key: str | None,
-    log_name: str,
-):
-    """A SuperNode connected to ``superlink`` serving its ClientApp on ``127.0.0.1:port``."""
-    cmd = [
-        _bin("flower-supernode"),
-        "--superlink",
-        superlink,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--node-config",
-        node_config,
-    ]
+def supernode_command(
+    superlink: str, ca: str | None, private_key: str | None, port: int, node_config: str
+) -> list[str]:
+    """``flower-supernode`` of one site: connected to ``superlink``, its ClientApp served
+    on ``127.0.0.1:port`` (a different port for each SuperNode on one host)."""
+    cmd = ["flower-supernode", "--superlink", superlink]
     cmd += ["--insecure"] if ca is None else ["--root-certificates", ca]
     if private_key is not None:
         cmd += ["--auth-supernode-private-key", private_key]
+    return cmd + ["--host", "127.0.0.1", "--port", str(port), "--node-config", node_config]
+
+
+@dataclass
+class PlanSite:
+    """One institution of a deployment plan (paths as they are on its machine)."""
+
+    site: str
+    data_path: str
+    lat: float | None = None
+    lon: float | None = None
+    key: str = ""  # its private key (``node-K`` by default; the ``.pub`` is registered)
+    port: int = 0  # its SuperNode's local port (``9094 + K`` by default)
+
+
+@dataclass
+class Plan:
+    """Every command of a deployment, in the order they are run."""
+
+    connection: str
+    superlink: list[str]
+    flower_config: dict
+    register: list[list[str]]
+    supernodes: dict[str, list[str]]
+    run_config: dict
+    run: list[str]
+
+    def text(self) -> str:
+        """The plan as an operator reads it (shell commands and TOML, with headings)."""
+        out = [
+            "# 1. the SuperLink (coordinator's machine)",
+            shell(self.superlink),
+            "",
+            "# 2. the connection, made the default (in $FLWR_HOME/config.toml, ~/.flwr by "
+            "default),",
+            "#    so that flwr ls / log / stop never start a local SuperLink of their own",
+            *_commented(toml_text(self.flower_config)),
+            "",
+            "# 3. each hospital's public key, registered (coordinator's machine)",
+            *(shell(cmd) for cmd in self.register),
+            "",
+            "# 4. each hospital's SuperNode (its own machine, its own data file)",
+        ]
+        for site, cmd in self.supernodes.items():
+            out += [f"#    {site}", shell(cmd)]
+        out += [
+            "",
+            "# 5. the run (coordinator's machine); exits non-zero unless the run completed.",
+            "#    run_config.toml:",
+            *_commented(toml_text(self.run_config)),
+            shell(self.run),
+        ]
+        return "\n".join(out) + "\n"
+
+
+def _commented(text: str) -> list[str]:
+    return [f"#    {ln}" if ln else "#" for ln in text.splitlines()]
+
+
+def toml_text(doc: dict) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(doc).strip()
+
+
+def shell(cmd: list[str], width: int = 88) -> str:
+    """``cmd`` quoted for a POSIX shell; when longer than ``width``, one ``--flag value``
+    per continued line."""
+    words = [shlex.quote(w) for w in cmd]
+    line = " ".join(words)
+    if len(line) <= width:
+        return line
+    k = 1
+    while k < len(words) and not words[k].startswith("--"):  # the command, its arguments
+        k += 1
+    parts = [" ".join(words[:k])]
+    while k < len(words):
+        if words[k].startswith("-") and k + 1 < len(words) and not words[k + 1].startswith("-"):
+            parts.append(f"{words[k]} {words[k + 1]}")
+            k += 2
+        else:
+            parts.append(words[k])
+            k += 1
+    return " \\\n    ".join(parts)
+
+
+def make_plan(
+    address: str,
+    certs_dir: str,
+    sites: list[PlanSite],
+    run_config: dict,
+    connection: str = "hospitals",
+    superlink_host: str = "0.0.0.0",
+    database: str = "state.db",
+    run_config_path: str = "run_config.toml",
+    app_dir: str = ".",
+    python: str = "python",
+    keys_dir: str | None = None,
+) -> Plan:
+    """The commands of a deployment over ``sites`` with a SuperLink reached at ``address``
+    (``host:port``), TLS from ``certs_dir`` and SuperNode authentication (public keys from
+    ``keys_dir``, by default ``certs_dir``)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"address: expected HOST:PORT, got {address!r}")
+    if not sites:
+        raise InputError("sites: no site given")
+    names = [s.site for s in sites]
+    if len(set(names)) != len(names):
+        raise InputError(f"sites: a site id appears twice: {names}")
+    ca = os.path.join(certs_dir, "ca.crt")
+    keys_dir = certs_dir if keys_dir is None else keys_dir
+    task = str(run_config.get("task", "grauc"))
+    supernodes, register = {}, []
+    for k, s in enumerate(sites):
+        key = s.key or os.path.join(keys_dir, f"node-{k + 1}")
+        register.append(["flwr", "supernode", "register", key + ".pub", connection])
+        if task == "rowfed":
+            node = f'data-path="{s.data_path}" client="{s.site}" index={k}'
+        else:
+            node = f'data-path="{s.data_path}" site="{s.site}" lat={s.lat} lon={s.lon} index={k}'
+        supernodes[s.site] = supernode_command(address, ca, key, s.port or 9094 + k, node)
+    return Plan(
+        connection=connection,
+        superlink=superlink_command(superlink_host, int(port), certs_dir, database),
+        flower_config={
+            "superlink": {
+                "default": connection,
+                connection: {"address": address, "root-certificates": os.path.abspath(ca)},
+            }
+        },
+        register=register,
+        supernodes=supernodes,
+        run_config={**run_config, "registration.sites": ",".join(names)},
+        run=[
+            python,
+            "-m",
+            "strategies.runtime.deploy",
+            "run",
+            app_dir,
+            connection,
+            "--run-config",
+            run_config_path,
+        ],
+    )
+
+
+def start(cmd: list[str], home: str, log_name: str) -> subprocess.Popen:
+    """``cmd`` (a plan's command) as a child process in its own session, its output in
+    ``home/log_name``, Flower's scripts from this interpreter; stop it by pid
+    (:func:`~strategies.runtime.simulation.stop_process`)."""
     log = open(os.path.join(home, log_name), "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        cmd, env=flower_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        [_bin(cmd[0]), *cmd[1:]],
+        env=flower_env(home),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     proc.log_path = log.name
     return proc
 
 
+def read_plan_sites(path: str) -> list[PlanSite]:
+    """The sites of a plan from a CSV: ``site, data_path`` and optionally ``lat, lon``
+    (GrAUC-PFL needs them), ``key`` (the private key's path at the site) and ``port``."""
+    from ..datasets.tables import read_table
+
+    frame = read_table(path, "sites", dtype=str, keep_default_na=False)
+    for column in ("site", "data_path"):
+        if column not in frame.columns:
+            raise InputError(f"sites: column {column!r} missing from {path}")
+    out = []
+    for row in frame.to_dict("records"):
+        try:
+            lat = float(row["lat"]) if row.get("lat", "") != "" else None
+            lon = float(row["lon"]) if row.get("lon", "") != "" else None
+            port = int(row["port"]) if row.get("port", "") != "" else 0
+        except ValueError as exc:
+            raise InputError(f"sites: site {row['site']}: {exc}") from None
+        out.append(PlanSite(row["site"], row["data_path"], lat, lon, row.get("key", ""), port))
+    return out
+
+
+def plan_run_config(args, sites: list[PlanSite]) -> dict:
+    """The run config of a planned run (the keys an operator sets; the rest default)."""
+    rc = {"task": args.task, "method": args.method or args.task}
+    if args.task == "grauc":
+        missing = [s.site for s in sites if s.lat is None or s.lon is None]
+        if missing:
+            raise InputError(f"sites: lat and lon are needed for GrAUC-PFL (site {missing[0]})")
+        rc.update({"data.num-sites": len(sites), "grauc.max-rounds": args.max_rounds})
+    else:
+        rc.update(
+            {
+                "rowfed-data.source": "deployment",
+                "rowfed-data.num-clients": len(sites),
+                "rowfed-data.responses": args.responses,
+                "rowfed.max-rounds": args.max_rounds,
+            }
+        )
+    rc["round-timeout"] = float(args.round_timeout)
+    if args.out_dir:
+        if not os.path.isabs(args.out_dir):
+            raise InputError(f"out-dir: must be an absolute path, got {args.out_dir!r}")
+        rc["out-dir"] = args.out_dir
+    return rc
+
+
+def _plan(a) -> int:
+    sites = read_plan_sites(a.sites)
+    rc_path = os.path.join(a.write, "run_config.toml") if a.write else "run_config.toml"
+    plan = make_plan(a.address, a.certs, sites, plan_run_config(a, sites), run_config_path=rc_path)
+    if a.write:
+        import tomli_w
+
+        os.makedirs(a.write, exist_ok=True)
+        with open(os.path.join(a.write, "config.toml"), "wb") as fh:
+            tomli_w.dump(plan.flower_config, fh)
+        with open(os.path.join(a.write, "run_config.toml"), "wb") as fh:
+            tomli_w.dump(plan.run_config, fh)
+    sys.stdout.write(plan.text())
+    return 0
+
+
+def _launch(a) -> int:
+    from .launch import RunFailed, flwr_run_checked
+
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    try:
+        flwr_run_checked(a.app, a.connection, env, ("--run-config", a.run_config), echo=True)
+    except RunFailed as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m strategies.runtime.deploy")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from .cli import Parser
+
+    parser = Parser(prog="python -m strategies.runtime.deploy")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     c = sub.add_parser("certs", help="CA, SuperLink certificate and SuperNode keys")
     c.add_argument("--out", required=True)
     c.add_argument("--nodes", type=int, default=3)
@@ -206,10 +411,32 @@ def main(argv=None) -> int:
         help="the SuperLink's host name or IP as institutions reach it (repeatable)",
     )
     c.add_argument("--days", type=int, default=365)
+    p = sub.add_parser("plan", help="every command of a deployment, for the operator")
+    p.add_argument("--address", required=True, help="HOST:PORT of the SuperLink")
+    p.add_argument("--certs", default="certs", help="the certs command's --out directory")
+    p.add_argument("--sites", required=True, help="CSV: site,data_path[,lat,lon,key,port]")
+    p.add_argument("--task", choices=("grauc", "rowfed"), default="grauc")
+    p.add_argument("--method", default="", help="comma-separated (default: the task's own)")
+    p.add_argument("--max-rounds", type=int, default=100)
+    p.add_argument("--round-timeout", type=float, default=120.0)
+    p.add_argument("--responses", default="", help="rowfed: response columns, comma-separated")
+    p.add_argument("--out-dir", default="", help="absolute results directory on the coordinator")
+    p.add_argument("--write", default="", help="write config.toml and run_config.toml here")
+    r = sub.add_parser("run", help="flwr run, exit status 1 unless the run completed")
+    r.add_argument("app", help="the project directory")
+    r.add_argument("connection", help="the [superlink.NAME] connection")
+    r.add_argument("--run-config", required=True, help="a TOML file or KEY=VALUE pairs")
     a = parser.parse_args(argv)
     try:
+        if a.command == "plan":
+            return _plan(a)
+        if a.command == "run":
+            return _launch(a)
         paths = make_certificates(a.out, a.host, a.days)
         keys = [make_node_key(a.out, f"node-{k + 1}") for k in range(a.nodes)]
+    except InputError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
     except (RuntimeError, FileNotFoundError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

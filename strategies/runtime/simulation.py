@@ -127,47 +127,26 @@ def flwr_run(
 ) -> str:
     """``flwr run`` the app in ``app_dir`` on the simulation engine; returns its output.
 
-    Raises ``RuntimeError`` with the tail of the log when the run fails.
+    Raises :class:`~strategies.runtime.launch.RunFailed` (one line: the ServerApp's error,
+    or Flower's status) unless the run's status is ``finished:completed``.
     """
+    from .launch import flwr_run_checked
+
     with tempfile.TemporaryDirectory(prefix="pfl-flwr-") as home:
         cfg_path = os.path.join(home, "run_config.toml")
         with open(cfg_path, "wb") as fh:
             tomli_w.dump(run_config, fh)
         with simulation_superlink(home) as name:
-            env = flower_env(home)
-            cmd = [
-                _bin("flwr"),
-                "run",
+            return flwr_run_checked(
                 app_dir,
                 name,
-                "--stream",
-                "--run-config",
-                cfg_path,
-                "--federation-config",
-                f"num-supernodes={num_supernodes} client-resources-num-cpus=1",
-            ]
-            proc = subprocess.Popen(
-                cmd,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
+                flower_env(home),
+                (
+                    "--run-config",
+                    cfg_path,
+                    "--federation-config",
+                    f"num-supernodes={num_supernodes} client-resources-num-cpus=1",
+                ),
+                echo=echo,
+                timeout=timeout,
             )
-            lines = []
-            try:
-                deadline = time.monotonic() + timeout
-                for line in proc.stdout:
-                    lines.append(line)
-                    if echo:
-                        sys.stderr.write(line)
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"flwr run did not finish within {timeout:.0f} s")
-                proc.wait()
-            finally:
-                stop_process(proc, grace=5)
-            out = "".join(lines)
-            if proc.returncode != 0 or "Traceback" in out:
-                tail = "\n".join(out.splitlines()[-40:])
-                raise RuntimeError(f"flwr run failed (exit {proc.returncode}):\n{tail}")
-            return out
