@@ -17,6 +17,7 @@ import time
 
 from strategies.config import GRAUC_METHODS, GrAUCConfig, to_run_config
 from strategies.errors import InputError
+from strategies.predict import add_predict_parser, cmd_predict, read_grauc_model
 from strategies.runtime.cli import (
     Parser,
     add_settings,
@@ -118,6 +119,7 @@ def _bench_parser(sub) -> None:
     p.add_argument("--out", default="", help="directory for bench.csv")
     p.add_argument("--quick", action="store_true", help="smaller sizes and round limits")
     p.add_argument("--no-flower", action="store_true", help="skip the flwr run timing")
+    add_predict_parser(sub, "risk scores")
 
 
 def cmd_bench(a) -> int:
@@ -321,6 +323,8 @@ def main(argv=None) -> int:
             return cmd_fit(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "predict":
+            return cmd_predict(args, read_grauc_model, ignore_outputs=False)
         if args.command == "study":
             from .study import cmd_study
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strategies.datasets.tables import read_table
+from strategies.datasets.tables import numeric_columns, read_table
 from strategies.errors import InputError
 
 if TYPE_CHECKING:  # pandas is imported where CSV files are read (clients stay light)
@@ -124,25 +124,6 @@ def simulate(
 
 # ---------------------------------------------------------------------------------------
 # CSV input
-
-
-def numeric_columns(df: pd.DataFrame, columns: list[str], what: str) -> np.ndarray:
-    """The columns as a float matrix; a missing or non-numeric value names its column."""
-    import pandas as pd
-
-    out = np.empty((df.shape[0], len(columns)))
-    for k, col in enumerate(columns):
-        values = pd.to_numeric(df[col], errors="coerce")
-        bad = values.isna() | ~np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raw = df[col].iloc[row]
-            kind = "missing" if pd.isna(raw) or str(raw).strip() == "" else "non-numeric"
-            raise InputError(
-                f"{what}: column {col!r} has a {kind} value ({raw!r}) at data row {row + 2}"
-            )
-        out[:, k] = values.to_numpy(dtype=float)
-    return out
 
 
 def read_sites(path: str) -> pd.DataFrame:

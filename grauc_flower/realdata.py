@@ -544,8 +544,7 @@ def read_crime(
 
     from strategies.datasets import state_centroids
     from strategies.datasets.crime import crime_predictors, crime_table
-
-    from .data import numeric_columns
+    from strategies.datasets.tables import numeric_columns
 
     if min_per_class < 2:
         raise InputError(f"data.min-per-class: must be >= 2, got {min_per_class!r}")

@@ -25,6 +25,7 @@ import time
 
 from strategies.config import ROWFED_METHODS, RowFedConfig, rowfed_run_config
 from strategies.errors import InputError
+from strategies.predict import add_predict_parser, cmd_predict, read_rowfed_model
 from strategies.runtime.cli import (
     Parser,
     add_settings,
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="rounds to a 1e-4/1e-6 gap: defaults vs the paper's")
     bench.add_argument("--out", default="", help="directory for bench.csv")
     bench.add_argument("--quick", action="store_true", help="lasso only, lower round limit")
+    add_predict_parser(sub, "predicted responses")
     return parser
 
 
@@ -183,6 +185,8 @@ def main(argv=None) -> int:
             from .study import cmd_study
 
             return cmd_study(args)
+        if args.command == "predict":
+            return cmd_predict(args, read_rowfed_model, ignore_outputs=True)
         if args.command == "bench":
             from . import bench
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ..errors import InputError
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 
@@ -49,3 +50,23 @@ def read_table(path: str, what: str, **read_csv) -> pd.DataFrame:
     if twice:
         raise InputError(f"{what}: column {twice[0]!r} appears twice in {path}")
     return df
+
+
+def numeric_columns(df: pd.DataFrame, columns: list[str], what: str) -> np.ndarray:
+    """The columns as a float matrix; a missing or non-numeric value names its column."""
+    import numpy as np
+    import pandas as pd
+
+    out = np.empty((df.shape[0], len(columns)))
+    for k, col in enumerate(columns):
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = values.isna() | ~np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raw = df[col].iloc[row]
+            kind = "missing" if pd.isna(raw) or str(raw).strip() == "" else "non-numeric"
+            raise InputError(
+                f"{what}: column {col!r} has a {kind} value ({raw!r}) at data row {row + 2}"
+            )
+        out[:, k] = values.to_numpy(dtype=float)
+    return out
