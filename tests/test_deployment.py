@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from strategies.runtime.deploy import (
     start,
     supernode_command,
 )
+from strategies.runtime.launch import run_id_of
 from strategies.runtime.simulation import _bin, flower_env, free_port, stop_process, wait_for_port
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
@@ -226,54 +228,63 @@ def test_killed_supernode_run_finishes_and_reports(federation, tmp_path):
 
 
 def _fails_naming(fedn: Federation, run_config: dict, message: str, within: float) -> str:
-    """The launcher exits 1 within ``within`` seconds with ``error: <message>``, no round
-    ran, and the run's status is failed."""
+    """The launcher exits 1 within ``within`` seconds with ``error: <message>`` as its last
+    line, no round ran, and the run's status is failed."""
     t0 = time.monotonic()
     code, text = fedn.run({"round-timeout": 60.0, **run_config}, timeout=300)
     assert time.monotonic() - t0 < within, text[-3000:]
     assert code == 1, text[-3000:]
-    assert f"error: {message}" in text.splitlines()[-1], text[-3000:]
+    assert text.splitlines()[-1].startswith(f"error: {message}"), text[-3000:]
     assert "grauc round 1" not in text
-    listing = json.loads(fedn.flwr("ls", "--format", "json").stdout)
+    run_id = run_id_of(text)
+    listing = json.loads(fedn.flwr("ls", "--run-id", run_id, "--format", "json").stdout)
     assert [r["status"] for r in listing["runs"]] == ["finished:failed"]
     return text
 
 
-@pytest.mark.parametrize("case", ["y = 2", "no data-path", "lat = 123.4"])
-def test_a_site_with_bad_input_ends_the_run_naming_it(tmp_path, pki, case):
-    """One hospital's file or node config is wrong: the run ends at registration (not after
-    a round limit of re-asking) within one round timeout, the launcher's last line names
-    the site and the field, its exit status is 1 and the run's status failed."""
-    fedn = Federation(str(tmp_path), pki, n_sites=2)
-    try:
-        good, bad = (s.site for s in fedn.sites)
-        fedn.start_node(0)
-        if case == "y = 2":
-            frame = pd.read_csv(fedn.data_path(bad))
-            frame.loc[0, "y"] = 2
-            frame.to_csv(fedn.data_path(bad), index=False)
-            fedn.start_node(1)
-            message = f"site {bad}: data: column 'y' must be 0 or 1"
-        elif case == "no data-path":
-            fedn.start_node(1, f'site="{bad}" lat=40.0 lon=-75.0 index=1')
-            message = f"site {bad}: data-path: missing from the SuperNode's node config"
-        else:
-            fedn.start_node(1, f'data-path="{fedn.data_path(bad)}" site="{bad}" lat=123.4 lon=0')
-            message = f"site {bad}: node-config: lat out of range [-90, 90]: 123.4"
-        _fails_naming(fedn, {}, message, within=60)
-    finally:
-        fedn.close()
+def _online(fedn: Federation) -> int:
+    nodes = json.loads(fedn.flwr("supernode", "ls", "--format", "json").stdout)["nodes"]
+    return sum(n["status"] == "online" for n in nodes)
 
 
-def test_an_absent_site_is_named_while_waiting_and_at_the_timeout(tmp_path, pki):
+def test_bad_input_or_an_absent_site_ends_the_run_naming_it(tmp_path, pki):
+    """Two hospitals, the second absent, then with a wrong file or node config: each run
+    ends at registration within one round timeout (not after a round limit of re-asking);
+    the launcher's last line names the site and the field, its exit status is 1 and the
+    run's status failed.  One SuperLink; the second SuperNode restarts for each case."""
     fedn = Federation(str(tmp_path), pki, n_sites=2)
     try:
-        here, absent = (s.site for s in fedn.sites)
+        here, bad = (s.site for s in fedn.sites)
         fedn.start_node(0)
         rc = {"registration.timeout": 12.0, "registration.log-every": 4.0}
-        message = f"registration.timeout: 1 of 2 sites registered within 12 s; missing: {absent}"
+        message = f"registration.timeout: 1 of 2 sites registered within 12 s; missing: {bad}"
         text = _fails_naming(fedn, rc, message, within=60)
-        assert f"registration: 1 of 2 sites after 4 s ({here}); waiting for {absent}" in text
+        waiting = rf"registration: 1 of 2 sites after \d+ s \({here}\); waiting for {bad}"
+        assert re.search(waiting, text), text[-3000:]
+
+        path = fedn.data_path(bad)
+        frame = pd.read_csv(path)
+        frame.loc[0, "y"] = 2
+        frame.to_csv(str(tmp_path / "y2.csv"), index=False)
+        cases = {
+            f'data-path="{tmp_path / "y2.csv"}" site="{bad}" lat=40.0 lon=-75.0 index=1': (
+                f"site {bad}: data: column 'y' must be 0 or 1"
+            ),
+            f'site="{bad}" lat=40.0 lon=-75.0 index=1': (
+                f"site {bad}: data-path: missing from the SuperNode's node config"
+            ),
+            f'data-path="{path}" site="{bad}" lat=123.4 lon=0 index=1': (
+                f"site {bad}: node-config: lat out of range [-90, 90]: 123.4"
+            ),
+        }
+        for node_config, message in cases.items():
+            node = fedn.start_node(1, node_config)
+            _fails_naming(fedn, {}, message, within=60)
+            stop_process(node, grace=5)  # a stopped SuperNode leaves the SuperLink's list
+            deadline = time.monotonic() + 90
+            while _online(fedn) > 1:
+                assert time.monotonic() < deadline, "the stopped SuperNode is still online"
+                time.sleep(1)
     finally:
         fedn.close()
 
