@@ -101,7 +101,7 @@ def predict(model: FittedModel, data_path: str, ignore: tuple[str, ...] = ()):
         row = int(np.flatnonzero(frame[col].isna().to_numpy())[0]) + 1
         raise InputError(f"data: column {col!r} has a missing value (row {row})")
     sites = frame[col].astype(str).str.strip()
-    unknown = [s for s in dict.fromkeys(sites) if s not in set(model.sites)]
+    unknown = [s for s in dict.fromkeys(sites) if s not in model.sites]
     if unknown:
         known = ", ".join(model.sites[:8]) + (" ..." if len(model.sites) > 8 else "")
         raise InputError(f"{col}: {unknown[0]!r} is not a {col} of the model ({known})")
@@ -113,7 +113,8 @@ def predict(model: FittedModel, data_path: str, ignore: tuple[str, ...] = ()):
     if extra:
         raise InputError(f"features: not in the model: {', '.join(extra[:5])}")
     x = numeric_columns(frame, list(model.features), "data")  # the model's order
-    z = np.array([model.sites.index(s) for s in sites])
+    site_at = {s: k for k, s in enumerate(model.sites)}
+    z = sites.map(site_at).to_numpy()
     out = model.intercept[z] + np.einsum("np,npk->nk", x, model.coef[z])
     result = pd.DataFrame(out, columns=list(model.outputs))
     result.insert(0, col, sites.to_numpy())

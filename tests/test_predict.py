@@ -60,19 +60,17 @@ def run(main, *args):
     return main(["predict", *map(str, args)])
 
 
-def predict_to(main, model, data, out) -> int:
-    return run(main, "--model", model, "--data", data, "--out", out)
+def predicted(main, model, new: pd.DataFrame, tmp_path, site_column: str) -> pd.DataFrame:
+    """``predict`` on ``new`` (exit status 0 asserted); its output, read back."""
+    new.to_csv(tmp_path / "new.csv", index=False)
+    out = tmp_path / "predicted.csv"
+    assert run(main, "--model", model, "--data", tmp_path / "new.csv", "--out", out) == 0
+    return pd.read_csv(out, dtype={site_column: str})
 
 
 def test_grauc_scores_are_each_sites_linear_score(grauc_model, tmp_path, capsys):
     root, res, new = grauc_model
-    new.to_csv(tmp_path / "new.csv", index=False)
-    out = tmp_path / "scores.csv"
-    assert (
-        run(grauc_main, "--model", root / "model", "--data", tmp_path / "new.csv", "--out", out)
-        == 0
-    )
-    got = pd.read_csv(out, dtype={"site": str})
+    got = predicted(grauc_main, root / "model", new, tmp_path, "site")
     assert list(got.columns) == ["row", "site", "score"]
     assert list(got["row"]) == list(range(1, len(new) + 1))
     z = [res.sites.index(s) for s in new["site"]]
@@ -80,21 +78,15 @@ def test_grauc_scores_are_each_sites_linear_score(grauc_model, tmp_path, capsys)
     np.testing.assert_allclose(got["score"], want, rtol=1e-12, atol=1e-12)
     assert "predicted 25 rows" in capsys.readouterr().out
     # the features in another order (every name there): the same scores
-    new[["site", "sbp", "age", "bmi"]].to_csv(tmp_path / "shuffled.csv", index=False)
-    out2 = tmp_path / "scores2.csv"
-    run(grauc_main, "--model", root / "model", "--data", tmp_path / "shuffled.csv", "--out", out2)
-    pd.testing.assert_frame_equal(pd.read_csv(out2, dtype={"site": str}), got)
+    shuffled = new[["site", "sbp", "age", "bmi"]]
+    pd.testing.assert_frame_equal(
+        predicted(grauc_main, root / "model", shuffled, tmp_path, "site"), got
+    )
 
 
 def test_rowfed_predictions_are_intercept_plus_theta(rowfed_model, tmp_path):
     root, res, new = rowfed_model
-    new.to_csv(tmp_path / "new.csv", index=False)
-    out = tmp_path / "pred.csv"
-    assert (
-        run(rowfed_main, "--model", root / "model", "--data", tmp_path / "new.csv", "--out", out)
-        == 0
-    )
-    got = pd.read_csv(out, dtype={"client": str})
+    got = predicted(rowfed_main, root / "model", new, tmp_path, "client")
     assert list(got.columns) == ["row", "client", "Y1", "Y2"]
     z = [res.sites.index(s) for s in new["client"]]
     x = new[FEATURES].to_numpy()

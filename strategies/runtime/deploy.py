@@ -434,10 +434,7 @@ def main(argv=None) -> int:
             return _launch(a)
         paths = make_certificates(a.out, a.host, a.days)
         keys = [make_node_key(a.out, f"node-{k + 1}") for k in range(a.nodes)]
-    except InputError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
-    except (RuntimeError, FileNotFoundError) as exc:
+    except (InputError, RuntimeError, FileNotFoundError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
     print(f"CA certificate:   {paths['ca']}  (give to every institution)")

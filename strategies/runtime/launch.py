@@ -109,12 +109,11 @@ def flwr_run_checked(
     if run_id is None:
         tail = [ln for ln in _ANSI.sub("", output).splitlines() if ln.strip()][-1:]
         raise RunFailed(f"flwr run: no run started (exit {proc.returncode}): {' '.join(tail)}")
-    status, details = run_status(connection, run_id, env)
     for _ in range(50):  # the stream can end a moment before the status is written
+        status, details = run_status(connection, run_id, env)
         if status.startswith("finished"):
             break
         time.sleep(0.2)
-        status, details = run_status(connection, run_id, env)
     if status != COMPLETED:
         raise RunFailed(failure_message(status, details, output))
     return output
