@@ -211,6 +211,17 @@ def delong(scores: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return a, float(np.sqrt(s10 / n + s01 / m))
 
 
+def auc_interval(a: float, se: float, level: float = 0.95) -> tuple[float, float]:
+    """The Wald interval ``a -/+ z se`` (``z`` the normal quantile of ``level``, DeLong's
+    standard error) clipped to ``[0, 1]``; ``nan`` when either is not finite."""
+    from scipy.stats import norm
+
+    if not (np.isfinite(a) and np.isfinite(se)):
+        return float("nan"), float("nan")
+    z = float(norm.ppf(0.5 + level / 2))
+    return float(max(a - z * se, 0.0)), float(min(a + z * se, 1.0))
+
+
 def newton_minimize(
     f: PairwiseLogistic,
     x0: np.ndarray,

@@ -21,11 +21,17 @@ from strategies.predict import add_predict_parser, cmd_predict, read_grauc_model
 from strategies.runtime.cli import (
     Parser,
     add_settings,
+    add_test_arguments,
+    add_tuning_arguments,
     atomic_output_dir,
+    cv_options,
     fail,
     project_dir,
     settings_from_args,
+    tuning_metrics,
 )
+
+from . import tuning
 
 D = GrAUCConfig()
 
@@ -35,9 +41,10 @@ def _fit_parser(sub) -> None:
     p.add_argument(
         "--source",
         default="csv",
-        choices=("csv", "cdc", "crime"),
+        choices=("csv", "cdc", "crime", "simulated"),
         help="csv: --data and --sites; cdc: the CDC COVID-19 case file as --data (counties "
-        "at the shipped centroids); crime: Communities and Crime (the shipped copy, or --data)",
+        "at the shipped centroids); crime: Communities and Crime (the shipped copy, or --data); "
+        "simulated: the main job's 20 simulated sites (--data-seed)",
     )
     p.add_argument("--data", default="", help="CSV: site, y (0/1), features (or the CDC file)")
     p.add_argument("--sites", default="", help="CSV: site, lat, lon (source csv)")
@@ -76,7 +83,11 @@ def _fit_parser(sub) -> None:
         "(default: level)",
     )
     p.add_argument(
-        "--data-seed", type=int, default=0, help="cdc/crime: the train/test split (default: 0)"
+        "--data-seed",
+        type=int,
+        default=0,
+        help="the train/test split (cdc, crime, --holdout), the simulation and the folds "
+        "(default: 0)",
     )
     p.add_argument(
         "--method", default="grauc", choices=GRAUC_METHODS, help="the method (default: grauc)"
@@ -87,7 +98,29 @@ def _fit_parser(sub) -> None:
         choices=("inprocess", "flower"),
         help="inprocess: Flower's server in this process; flower: flwr run (default: inprocess)",
     )
+    add_test_arguments(p)
     add_settings(p, GrAUCConfig)
+    add_tuning_arguments(p, ("cv",))
+    p.add_argument(
+        "--lam-grid",
+        default="",
+        metavar="LIST",
+        help=f"cv: lam values (default: {tuning.N_LAM} log-spaced from lam_max down to "
+        f"lam_max * {tuning.LAM_RATIO:g}, and 0)",
+    )
+    for name, default in (
+        ("w-dist", tuning.W_DIST_GRID),
+        ("ridge", tuning.RIDGE_GRID),
+        ("rounds", tuning.ROUNDS_GRID),
+    ):
+        p.add_argument(
+            f"--{name}-grid",
+            default="",
+            metavar="LIST",
+            help=f"cv: {name.replace('rounds', 'fedavg-rounds')} values (default: "
+            + ",".join(f"{v:g}" for v in default)
+            + ")",
+        )
     p.add_argument(
         "--checkpoint",
         default="",
@@ -173,11 +206,25 @@ def _data_spec(a):
         for key in ("data", "sites"):
             if not getattr(a, key):
                 raise InputError(f"{key}: --source csv needs --data and --sites")
-    elif a.source == "cdc" and not a.data:
+    elif a.test_data or a.holdout:
+        key = "test-data" if a.test_data else "holdout"
+        raise InputError(
+            f"{key}: --source {a.source} has its own test set "
+            + ("(the simulation's test rows)" if a.source == "simulated" else "(--train-fraction)")
+        )
+    if a.source == "simulated" and (a.data or a.sites):
+        raise InputError("data: --source simulated takes no --data or --sites")
+    if a.holdout and not 0 < a.holdout < 1:
+        raise InputError(f"holdout: must be in (0, 1), got {a.holdout!r}")
+    if a.test_data and a.holdout:
+        raise InputError("holdout: give --test-data or --holdout, not both")
+    if a.test_data and not os.path.isfile(a.test_data):
+        raise InputError(f"test-data: file not found: {a.test_data}")
+    if a.source == "cdc" and not a.data:
         raise InputError("data: --source cdc needs --data (the CDC COVID-19 case file)")
-    elif a.sites:
+    if a.source in ("cdc", "crime") and a.sites:
         raise InputError(f"sites: --source {a.source} places sites at the shipped centroids")
-    if a.source != "csv":
+    if a.source in ("cdc", "crime"):
         if a.train_fraction and not 0 < a.train_fraction < 1:
             raise InputError(f"train-fraction: must be in (0, 1), got {a.train_fraction!r}")
         if a.max_per_class < 0:
@@ -194,35 +241,96 @@ def _data_spec(a):
         min_per_class=a.min_per_class,
         max_per_class=a.max_per_class,
         missing_levels=a.missing_levels,
+        test_path=os.path.abspath(a.test_data) if a.test_data else "",
+        holdout=a.holdout,
     )
+
+
+def _grid(a) -> tuning.Grid:
+    """The cross-validation grid of the options (each value checked)."""
+    from strategies.tuning import parse_grid
+
+    def given(name: str, default, minimum: float = 0.0):
+        text = getattr(a, name.replace("-", "_") + "_grid")
+        return parse_grid(text, f"{name}-grid", minimum) if text else default
+
+    rounds = given("rounds", tuning.ROUNDS_GRID, 1)
+    if any(r != int(r) for r in rounds):
+        raise InputError(f"rounds-grid: values must be integers >= 1, got {a.rounds_grid!r}")
+    return tuning.Grid(
+        lam=given("lam", ()),
+        w_dist=given("w-dist", tuning.W_DIST_GRID),
+        ridge=given("ridge", tuning.RIDGE_GRID),
+        fedavg_rounds=tuple(int(r) for r in rounds),
+    )
+
+
+def _check_tuning(a) -> None:
+    grids = ("lam_grid", "w_dist_grid", "ridge_grid", "rounds_grid")
+    if not a.tune:
+        for g in grids:
+            if getattr(a, g):
+                raise InputError(f"{g.replace('_', '-')}: grids need --tune cv")
+        return
+    if a.method == "pooled":
+        raise InputError("tune: cv is available for grauc, individual and fedavg")
+    tuned = {
+        "grauc": ("lam", "w_dist", "ridge"),
+        "individual": ("ridge",),
+        "fedavg": ("ridge", "fedavg_rounds"),
+    }[a.method]
+    for name in tuned:
+        if getattr(a, name, None) is not None:
+            key = name.replace("_", "-")
+            grid = "rounds" if name == "fedavg_rounds" else key
+            raise InputError(f"{key}: chosen by --tune cv; give --{grid}-grid to set its values")
+
+
+def _load(a, cfg: GrAUCConfig, spec):
+    """The sites (with their test rows, if any) and the feature names."""
+    from .sources import load_real_spec, load_sites
+
+    if a.source in ("csv", "simulated"):
+        sites, features = load_sites(spec)
+        if not sites:
+            raise InputError("data: no site of the data is in the sites file")
+        return list(sites), features
+    sites, table = load_real_spec(spec)
+    if not a.quiet:
+        for note in table.notes:
+            sys.stderr.write(f"note: {note}\n")
+        n_train = sum(len(s.y_train) for s in sites)
+        n_test = sum(len(s.y_test) for s in sites)
+        sys.stderr.write(
+            f"{a.source}: {len(sites)} sites, {len(table.features)} features, "
+            f"{n_train} training and {n_test} test rows\n"
+        )
+    return list(sites), table.features
 
 
 def cmd_fit(a) -> int:
     from . import federation as fed
-    from .data import load_csv
 
     cfg = config_from_args(a)
+    _check_tuning(a)
+    grid = _grid(a) if a.tune else None
     spec = _data_spec(a)
-    if a.source == "csv":
-        sites, features = load_csv(a.data, a.sites, cfg.missing_class == "borrow")
-        if not sites:
-            raise InputError("data: no site of the data is in the sites file")
-    else:
-        from .sources import load_real_spec
-
-        sites, table = load_real_spec(spec)
-        features = table.features
-        if not a.quiet:
-            for note in table.notes:
-                sys.stderr.write(f"note: {note}\n")
-            n_train = sum(len(s.y_train) for s in sites)
-            n_test = sum(len(s.y_test) for s in sites)
-            sys.stderr.write(
-                f"{a.source}: {len(sites)} sites, {len(features)} features, "
-                f"{n_train} training and {n_test} test rows\n"
-            )
+    sites, features = _load(a, cfg, spec)
     t0 = time.perf_counter()
+    extra: dict = {}
     with atomic_output_dir(a.out) as tmp:
+        if a.tune == "cv":
+            opts = cv_options(a, a.data_seed)
+            cfg, table, summary = tuning.tune(sites, cfg, a.method, grid, opts)
+            table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
+            extra = tuning_metrics(summary, tuning.PARAMS[a.method], "val_auc", True)
+            extra["cv"].update(folds=opts.folds, rule=opts.rule)
+            if not a.quiet:
+                chosen = ", ".join(f"{k} = {v:g}" for k, v in extra["tuned"].items())
+                sys.stderr.write(
+                    f"cv: chose {chosen} (mean validation AUC {extra['cv']['mean']:.4f} over "
+                    f"{opts.folds} folds); refitting on all training data\n"
+                )
         if a.engine == "inprocess":
             limit = cfg.fedavg_rounds if a.method == "fedavg" else cfg.max_rounds
             progress = Progress(a.method, limit, a.quiet)
@@ -264,20 +372,27 @@ def cmd_fit(a) -> int:
             n_sites=len(sites),
             seconds=round(time.perf_counter() - t0, 3),
             source=a.source,
-            data=os.path.abspath(a.data) if a.data else "(shipped copy)",
-            sites=os.path.abspath(a.sites) if a.sites else "(shipped centroids)",
+            data=os.path.abspath(a.data) if a.data else "(built in)",
+            sites=os.path.abspath(a.sites) if a.sites else "(built in)",
+            **extra,
         )
-        if a.source != "csv":
-            metrics["split"] = {
-                "train-fraction": spec.train_fraction,
-                "data-seed": spec.data_seed,
-                "n_train": sum(len(s.y_train) for s in sites),
-                "n_test": sum(len(s.y_test) for s in sites),
-            }
+        n_test = sum(len(s.y_test) for s in sites)
+        metrics["split"] = {
+            "test": "none"
+            if not n_test
+            else ("file" if a.test_data else "holdout" if a.holdout else "source"),
+            "holdout": a.holdout or None,
+            "train-fraction": spec.train_fraction if a.source in ("cdc", "crime") else None,
+            "data-seed": spec.data_seed,
+            "n_train": sum(len(s.y_train) for s in sites),
+            "n_test": n_test,
+        }
+        if n_test:
+            metrics["test"] = fed.write_test_table(tmp, metrics, [s.site for s in sites])
         with open(path, "w") as fh:
             json.dump(metrics, fh, indent=2)
     status = "converged" if metrics["converged"] else "stopped at the round limit"
-    what = "in-sample" if a.source == "csv" else "test"
+    what = "test" if n_test else "in-sample"
     print(
         f"{a.method}: {status} after {metrics['rounds']} rounds; objective "
         f"{metrics['objective']}; mean {what} AUC {metrics['mean_auc']}; wrote {a.out}"

@@ -156,27 +156,27 @@ def read_sites(path: str) -> pd.DataFrame:
     return df.drop_duplicates("site").reset_index(drop=True)[["site", "lat", "lon"]]
 
 
-def read_data(path: str) -> tuple[pd.DataFrame, list[str]]:
+def read_data(path: str, key: str = "data") -> tuple[pd.DataFrame, list[str]]:
     """Read ``DATA.csv`` (``site``, ``y`` and the features).  Returns the frame and the
-    feature names (every other column, in file order)."""
+    feature names (every other column, in file order).  Errors name ``key``."""
     import pandas as pd
 
-    df = read_table(path, "data", dtype={"site": str})
+    df = read_table(path, key, dtype={"site": str})
     for col in ("site", "y"):
         if col not in df.columns:
-            raise InputError(f"data: missing column {col!r} in {path}")
+            raise InputError(f"{key}: missing column {col!r} in {path}")
     features = [c for c in df.columns if c not in ("site", "y")]
     if not features:
-        raise InputError("data: no feature columns (every column but 'site' and 'y')")
+        raise InputError(f"{key}: no feature columns (every column but 'site' and 'y')")
     if df["site"].isna().any():
-        raise InputError("data: column 'site' has a missing value")
+        raise InputError(f"{key}: column 'site' has a missing value")
     y = pd.to_numeric(df["y"], errors="coerce")
     if y.isna().any():
         row = int(np.flatnonzero(y.isna().to_numpy())[0])
-        raise InputError(f"data: column 'y' has a missing or non-numeric value at row {row + 2}")
+        raise InputError(f"{key}: column 'y' has a missing or non-numeric value at row {row + 2}")
     if not np.isin(y.to_numpy(), (0, 1)).all():
         bad = y[~np.isin(y.to_numpy(), (0, 1))].iloc[0]
-        raise InputError(f"data: column 'y' must be 0 or 1, found {bad!r}")
+        raise InputError(f"{key}: column 'y' must be 0 or 1, found {bad!r}")
     df = df.assign(site=df["site"].astype(str).str.strip(), y=y.astype(np.int64))
     return df, features
 
@@ -232,6 +232,53 @@ def load_csv(data_path: str, sites_path: str, allow_missing_class: bool = False)
     sites = read_sites(sites_path)
     data, features = read_data(data_path)
     return sites_from_frames(data, features, sites, allow_missing_class), features
+
+
+def add_test_data(sites: list[SiteData], path: str) -> list[SiteData]:
+    """The sites with their test rows from ``path`` (the training file's columns, in any
+    order; ``site`` must be a training site).  A site without test rows keeps none."""
+    import dataclasses
+
+    df, features = read_data(path, "test-data")
+    trained = list(sites[0].feature_names) if sites else []
+    if sorted(features) != sorted(trained):
+        extra = sorted(set(features) - set(trained))
+        missing = sorted(set(trained) - set(features))
+        what = f"extra column {extra[0]!r}" if extra else f"missing feature {missing[0]!r}"
+        raise InputError(f"test-data: {what} (the columns must match the training data)")
+    known = {s.site for s in sites}
+    unknown = [s for s in dict.fromkeys(df["site"]) if s not in known]
+    if unknown:
+        raise InputError(f"test-data: site {unknown[0]!r} is not a site of the training data")
+    x = numeric_columns(df, trained, "test-data")
+    y = df["y"].to_numpy()
+    col = df["site"].to_numpy()
+    return [dataclasses.replace(s, x_test=x[col == s.site], y_test=y[col == s.site]) for s in sites]
+
+
+def hold_out(sites: list[SiteData], fraction: float, seed: int) -> list[SiteData]:
+    """A stratified test set inside each site: ``fraction`` of each class (rounded half up,
+    leaving one row of a class for training), drawn from the site's own seeded stream."""
+    from strategies.tuning import holdout_mask, site_rng
+
+    if not 0 < fraction < 1:
+        raise InputError(f"holdout: must be in (0, 1), got {fraction!r}")
+    out = []
+    for s in sites:
+        test = holdout_mask(s.y_train, len(s.y_train), fraction, site_rng(seed, s.site))
+        out.append(
+            SiteData(
+                s.site,
+                s.lat,
+                s.lon,
+                s.x_train[~test],
+                s.y_train[~test],
+                s.x_train[test],
+                s.y_train[test],
+                s.features,
+            )
+        )
+    return out
 
 
 def load_site_file(path: str, node_config) -> SiteData:

@@ -319,6 +319,45 @@ def write_result(
         json.dump(metrics, fh, indent=2, default=float)
 
 
+def write_test_table(out_dir: str, metrics: dict, order, level: float = 0.95) -> dict:
+    """``test.csv`` (``site, auc, auc_se, lower, upper, n_pos, n_neg``: each site's test AUC
+    with its DeLong interval at ``level``, sites in ``order``) from ``metrics.json``'s
+    per-site evaluation, and
+    the summary ``metrics.json`` keeps (mean over sites with a test AUC)."""
+    from .auc import auc_interval
+
+    rows = []
+    for site in order:
+        m = metrics["auc"].get(site, {})
+        if m.get("split") != "test":
+            continue
+        a = np.nan if m["auc"] is None else float(m["auc"])
+        se = np.nan if m["auc_se"] is None else float(m["auc_se"])
+        lower, upper = auc_interval(a, se, level)
+        rows.append(
+            {
+                "site": site,
+                "auc": a,
+                "auc_se": se,
+                "lower": lower,
+                "upper": upper,
+                "n_pos": m["n_pos"],
+                "n_neg": m["n_neg"],
+            }
+        )
+    table = pd.DataFrame(
+        rows, columns=["site", "auc", "auc_se", "lower", "upper", "n_pos", "n_neg"]
+    )
+    table.to_csv(os.path.join(out_dir, "test.csv"), index=False)
+    finite = table["auc"][np.isfinite(table["auc"].astype(float))]
+    return {
+        "mean_auc": float(finite.mean()) if len(finite) else None,
+        "level": level,
+        "sites": int(len(table)),
+        "sites_without_test_auc": sorted(set(metrics["auc"]) - set(table["site"][finite.index])),
+    }
+
+
 def history_rows(res: MethodResult) -> list[dict]:
     return list(res.history)
 

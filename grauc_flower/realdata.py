@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import functools
 import os
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from strategies.errors import InputError
+from strategies.tuning import site_rng
 
 from .data import SiteData
 
@@ -120,11 +120,6 @@ def n_train_of(n: int, fraction: float) -> int:
     return int(min(max(k, 1), max(n - 1, 1)))
 
 
-def _site_rng(seed: int, site: str) -> np.random.Generator:
-    """A site's own stream: its split does not depend on which other sites are selected."""
-    return np.random.default_rng([int(seed), zlib.crc32(site.encode())])
-
-
 def stratified_split(
     table: SiteTable, train_fraction: float, seed: int, max_per_class: int = 0
 ) -> list[SiteData]:
@@ -143,7 +138,7 @@ def stratified_split(
     out = []
     for z, site in enumerate(table.sites):
         x, y = table.x[z], table.y[z]
-        rng = _site_rng(seed, site)
+        rng = site_rng(seed, site)
         train, test = [], []
         for cls in (1, 0):
             idx = rng.permutation(np.flatnonzero(y == cls))

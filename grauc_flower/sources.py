@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config, parse_methods
 from strategies.errors import InputError
 
-from .data import SiteData, load_csv, simulate
+from .data import SiteData, add_test_data, hold_out, load_csv, simulate
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class DataSpec:
     min_per_class: int = 0  # institutions need this many of each class; 0 = the source's
     max_per_class: int = 5000  # at most this many rows per class and institution; 0 = all
     missing_levels: str = "level"  # cdc: Missing/Unknown covariates a level, or drop
+    # csv: a test set, from a file with the data's columns or held out of each site
+    test_path: str = ""
+    holdout: float = 0.0  # share of each class of each site held out (seeded by data_seed)
 
     @classmethod
     def from_run_config(cls, rc: dict) -> DataSpec:
@@ -82,6 +85,8 @@ DATA_KEYS = {
     "data.min-per-class": "min_per_class",
     "data.max-per-class": "max_per_class",
     "data.missing-levels": "missing_levels",
+    "data.test-path": "test_path",
+    "data.holdout": "holdout",
 }
 
 
@@ -104,11 +109,22 @@ def load_sites(spec: DataSpec) -> tuple[tuple[SiteData, ...], tuple[str, ...]]:
         if not spec.data_path or not spec.sites_path:
             raise InputError("data.path: the csv source needs data.path and data.sites-path")
         sites, features = load_csv(spec.data_path, spec.sites_path, spec.allow_missing_class)
-        return tuple(sites), tuple(features)
+        return tuple(with_test_set(sites, spec)), tuple(features)
     if spec.source in ("cdc", "crime"):
         sites, table = load_real_spec(spec)
         return tuple(sites), table.features
     raise InputError(f"data.source: must be simulated, csv, cdc or crime, got {spec.source!r}")
+
+
+def with_test_set(sites, spec: DataSpec) -> list[SiteData]:
+    """``sites`` with the test set ``spec`` asks for (``test_path`` or ``holdout``)."""
+    if spec.test_path and spec.holdout:
+        raise InputError("holdout: give a test file or a holdout share, not both")
+    if spec.test_path:
+        return add_test_data(list(sites), spec.test_path)
+    if spec.holdout:
+        return hold_out(list(sites), spec.holdout, spec.data_seed)
+    return list(sites)
 
 
 def load_real_spec(spec: DataSpec):

@@ -52,7 +52,6 @@ rest is the test set), and a replication is a new random split (the task's seed)
 from __future__ import annotations
 
 import logging
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,8 +67,12 @@ from strategies.experiments.design import (
     study_methods,
 )
 from strategies.experiments.runner import add_study_parser, run_study_args
+from strategies.tuning import RULES, CVOptions
+from strategies.tuning import choose as choose_setting
 
-from .data import LEVEL_SHIFT, SiteData, simulate
+from . import tuning as cv
+from .data import LEVEL_SHIFT, simulate
+from .tuning import Grid
 
 #: Design keys (and their types); the first four are required and lead the output columns.
 DESIGN_TYPES = {
@@ -102,7 +105,7 @@ REAL_DATA_DEFAULTS = {
     "num_counties": 18,
     "missing_levels": "level",
 }
-TUNING_KEYS = ("folds", "lam", "w_dist", "cv_tol", "cv_max_rounds")
+TUNING_KEYS = ("folds", "lam", "w_dist", "ridge", "rule", "cv_tol", "cv_max_rounds")
 TASK = "grauc_flower.study:run_task"
 
 
@@ -113,8 +116,10 @@ class Settings:
     methods: tuple[str, ...]
     data: dict
     folds: int
-    lam_grid: tuple[float, ...]  # descending
+    lam_grid: tuple[float, ...]  # descending; empty: automatic (from lam_max)
     w_dist_grid: tuple[float, ...]
+    ridge_grid: tuple[float, ...]
+    rule: str
     cv_tol: float
     cv_max_rounds: int
     cfg: GrAUCConfig
@@ -137,7 +142,10 @@ def _number_list(value, key: str, minimum: float = 0.0) -> tuple[float, ...]:
 
 
 def lam_grid(value) -> tuple[float, ...]:
-    """``[tuning] lam``: a list, or ``{max, min, num}`` (log-spaced); returned descending."""
+    """``[tuning] lam``: a list, ``{max, min, num}`` (log-spaced) or ``"auto"`` (from
+    ``lam_max``: returned empty); returned descending."""
+    if value == "auto":
+        return ()
     if isinstance(value, dict):
         unknown = set(value) - {"max", "min", "num"}
         if unknown or set(value) != {"max", "min", "num"}:
@@ -166,6 +174,9 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
         raise InputError(f"tuning.folds: must be an integer >= 2, got {folds!r}")
     lams = lam_grid(tuning.get("lam", {"max": 3.0, "min": 0.01, "num": 6}))
     w_dist = tuple(dict.fromkeys(_number_list(tuning.get("w_dist", [0.0, 2.0]), "tuning.w_dist")))
+    rule = tuning.get("rule", "best")
+    if rule not in RULES:
+        raise InputError(f"tuning.rule: must be one of {', '.join(RULES)}, got {rule!r}")
     cv_tol = tuning.get("cv_tol", 1e-3)
     if isinstance(cv_tol, bool) or not isinstance(cv_tol, (int, float)) or not cv_tol > 0:
         raise InputError(f"tuning.cv_tol: must be > 0, got {cv_tol!r}")
@@ -177,6 +188,9 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
         if key in rc:
             raise InputError(f"{key}: chosen by the study (tuning / per-task seed), not set here")
     cfg = from_run_config(GrAUCConfig, rc, "grauc")
+    if "ridge" in tuning and "grauc.ridge" in rc:
+        raise InputError("grauc.ridge: tuned by [tuning] ridge; set one or the other")
+    ridges = _number_list(tuning.get("ridge", [cfg.ridge]), "tuning.ridge")
     cell = figure_cell_setting(settings, keys)
     return Settings(
         tuple(methods),
@@ -184,6 +198,8 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
         folds,
         lams,
         w_dist,
+        tuple(dict.fromkeys(ridges)),
+        rule,
         float(cv_tol),
         cv_rounds,
         cfg,
@@ -314,95 +330,29 @@ def load(path: str) -> tuple[Study, Settings]:
 # ---------------------------------------------------------------------------------------
 # One task
 # ---------------------------------------------------------------------------------------
-def stratified_folds(y: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Fold index (``0 .. k-1``) per row: each class shuffled and dealt round-robin, the
-    negatives continuing where the positives stopped (so fold sizes differ by at most 1)."""
-    fold = np.empty(len(y), dtype=np.int64)
-    offset = 0
-    for cls in (1, 0):
-        idx = rng.permutation(np.flatnonzero(np.asarray(y) == cls))
-        fold[idx] = (np.arange(len(idx)) + offset) % k
-        offset += len(idx)
-    return fold
-
-
-def _fold_sites(sites, folds, k) -> list[SiteData]:
-    out = []
-    for s, f in zip(sites, folds, strict=True):
-        train, val = f != k, f == k
-        out.append(
-            SiteData(
-                s.site,
-                s.lat,
-                s.lon,
-                s.x_train[train],
-                s.y_train[train],
-                s.x_train[val],
-                s.y_train[val],
-                s.features,
-            )
-        )
-    return out
-
-
 def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataFrame:
-    """Validation AUC over the ``(w_dist, lam)`` grid, one row per fold and grid point.
-
-    Folds are stratified within each institution.  For each fold and ``w_dist`` the
-    ``lam`` path is fitted in descending order, each fit starting from the previous one's
-    coefficients (``beta0``; duals start at zero); the path of a later ``w_dist`` starts
-    from the first one's largest-``lam`` fit.  CV fits use ``cv_tol`` and ``cv_max_rounds``.
-    Columns: ``fold, w_dist, lam, val_auc, rounds, converged`` (``val_auc`` is the mean over
-    institutions whose validation fold holds both classes).
-    """
-    from strategies.registry import Registry
-    from strategies.runtime.engine import run_inprocess
-
-    from .client import GrAUCClient
-    from .federation import make_strategy, max_rounds_for
-
-    rng = np.random.default_rng([seed, 1])
-    folds = [stratified_folds(s.y_train, st.folds, rng) for s in sites]
-    rows = []
-    for k in range(st.folds):
-        fold_sites = _fold_sites(sites, folds, k)
-        clients = [GrAUCClient(s, cfg.ridge, index=z) for z, s in enumerate(fold_sites)]
-        registry = Registry()
-        start = None
-        for w in st.w_dist_grid:
-            beta0 = start
-            for lam in st.lam_grid:
-                point = cfg.replace(lam=lam, w_dist=w, tol=st.cv_tol, max_rounds=st.cv_max_rounds)
-                strategy = make_strategy("grauc", point, len(sites), registry, beta0=beta0)
-                run_inprocess(strategy, clients, max_rounds_for("grauc", point))
-                beta0 = strategy.coefficients_std()
-                if start is None:
-                    start = beta0
-                aucs = [m["auc"] for m in strategy.evaluation.values()]
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    val = float(np.nanmean(aucs)) if aucs else float("nan")
-                rows.append(
-                    {
-                        "fold": k,
-                        "w_dist": w,
-                        "lam": lam,
-                        "val_auc": val,
-                        "rounds": strategy.rounds,
-                        "converged": bool(strategy.converged),
-                    }
-                )
-    return pd.DataFrame(rows)
+    """The task's cross-validation table (:func:`grauc_flower.tuning.cross_validate` on the
+    config's grid, in this process: the study runs its tasks in parallel)."""
+    grid = Grid(lam=st.lam_grid, w_dist=st.w_dist_grid, ridge=st.ridge_grid)
+    opts = CVOptions(
+        folds=st.folds,
+        rule=st.rule,
+        tol=st.cv_tol,
+        max_rounds=st.cv_max_rounds,
+        jobs=1,
+        seed=seed,
+        quiet=True,
+    )
+    return cv.cross_validate(sites, cfg, "grauc", grid, opts)
 
 
-def choose(cv: pd.DataFrame) -> tuple[float, float]:
-    """``(lam, w_dist)`` with the highest mean validation AUC over folds (ties: the first in
-    grid order, i.e. the larger ``lam``)."""
-    mean = cv.groupby(["w_dist", "lam"], sort=False)["val_auc"].mean()
-    if not np.isfinite(mean.to_numpy()).any():
-        raise RuntimeError("tuning: no grid point has a validation AUC (a class is missing)")
-    w, lam = mean.index[int(np.nanargmax(mean.to_numpy()))]
-    return float(lam), float(w)
+def choose(table: pd.DataFrame, rule: str = "best") -> dict:
+    """``lam``, ``w_dist`` and ``ridge`` by :func:`strategies.tuning.choose` (mean
+    validation AUC over folds)."""
+    chosen, _ = choose_setting(
+        table, cv.PARAMS["grauc"], "val_auc", True, rule, cv.SIMPLEST["grauc"]
+    )
+    return chosen
 
 
 def _quiet() -> None:
@@ -438,16 +388,21 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
     cfg = st.cfg.replace(seed=seed)
     frames: dict[str, pd.DataFrame] = {}
     lam = w_dist = float("nan")
+    ridge = cfg.ridge
     if "grauc" in st.methods:
-        cv = cross_validate(sites, cfg, st, seed)
-        lam, w_dist = choose(cv)
-        cfg = cfg.replace(lam=lam, w_dist=w_dist)
-        frames["cv"] = cv
-    results = run_methods_inprocess(cfg, sites, list(st.methods))
+        table = cross_validate(sites, cfg, st, seed)
+        chosen = choose(table, st.rule)
+        lam, w_dist, ridge = chosen["lam"], chosen["w_dist"], chosen["ridge"]
+        frames["cv"] = table
+    results = {}
+    for method in st.methods:  # GrAUC-PFL at its tuned setting; the baselines at the config's
+        point = cfg.replace(lam=lam, w_dist=w_dist, ridge=ridge) if method == "grauc" else cfg
+        results.update(run_methods_inprocess(point, sites, [method]))
     table = auc_table(results)
     is_grauc = table["method"] == "grauc"
     table["lam"] = np.where(is_grauc, lam, np.nan)
     table["w_dist"] = np.where(is_grauc, w_dist, np.nan)
+    table["ridge"] = np.where(is_grauc, ridge, cfg.ridge)
     table["rounds"] = table["method"].map({m: r.rounds for m, r in results.items()})
     table["converged"] = table["method"].map({m: r.converged for m, r in results.items()})
     n_train = {s.site: (s.n_pos, s.n_neg) for s in sites}
@@ -501,5 +456,4 @@ __all__ = [
     "load",
     "parse_settings",
     "run_task",
-    "stratified_folds",
 ]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -29,15 +28,21 @@ from strategies.predict import add_predict_parser, cmd_predict, read_rowfed_mode
 from strategies.runtime.cli import (
     Parser,
     add_settings,
+    add_test_arguments,
+    add_tuning_arguments,
     atomic_output_dir,
+    cv_options,
     fail,
     project_dir,
     settings_from_args,
+    tuning_metrics,
 )
+from strategies.tuning import parse_grid
 
-#: ``--tune gic`` grids when ``--lam1-grid`` / ``--lam2-grid`` are not given.
-DEFAULT_LAM1_GRID = "0.5,0.2,0.1,0.05,0.02,0.01"
-DEFAULT_LAM2_GRID = "0.1,0.05,0.02,0.01,0.005"
+from . import tuning as grid_search
+
+DEFAULT_LAM1_GRID = ",".join(f"{v:g}" for v in grid_search.DEFAULT_LAM1_GRID)
+DEFAULT_LAM2_GRID = ",".join(f"{v:g}" for v in grid_search.DEFAULT_LAM2_GRID)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,9 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="inprocess: Flower's server in this process; flower: flwr run (default: inprocess)",
     )
     fit.add_argument("--client-column", default="client", help="(default: client)")
-    fit.add_argument("--tune", choices=("gic",), help="choose (lam1, lam2) by GIC")
-    fit.add_argument("--lam1-grid", help=f"GIC grid (default: {DEFAULT_LAM1_GRID})")
-    fit.add_argument("--lam2-grid", help=f"GIC grid (default: {DEFAULT_LAM2_GRID})")
+    add_test_arguments(fit)
+    fit.add_argument(
+        "--data-seed", type=int, default=0, help="the --holdout draw and the folds (default: 0)"
+    )
+    add_tuning_arguments(fit, ("gic", "cv"))
+    fit.add_argument("--lam1-grid", help=f"gic/cv: lam1 values (default: {DEFAULT_LAM1_GRID})")
+    fit.add_argument("--lam2-grid", help=f"gic/cv: lam2 values (default: {DEFAULT_LAM2_GRID})")
     add_settings(fit, RowFedConfig)
     fit.add_argument("--verbose", action="store_true", help="log every round")
     from .study import add_parser as _study_parser
@@ -70,20 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="lasso only, lower round limit")
     add_predict_parser(sub, "predicted responses")
     return parser
-
-
-def _grid(text: str, key: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise InputError(f"{key}: expected comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise InputError(f"{key}: give one or more values")
-    if not all(math.isfinite(v) for v in values):
-        raise InputError(f"{key}: values must be finite numbers, got {text!r}")
-    if min(values) < 0:
-        raise InputError(f"{key}: values must be >= 0, got {min(values)!r}")
-    return values
 
 
 def _config(args) -> RowFedConfig:
@@ -105,6 +100,9 @@ def _run_flower(cfg: RowFedConfig, args, data, tmp: str) -> None:
         "rowfed-data.responses": ",".join(data.responses),
         "rowfed-data.client-column": args.client_column,
         "rowfed-data.num-clients": len(data.clients),
+        "rowfed-data.test-path": os.path.abspath(args.test_data) if args.test_data else "",
+        "rowfed-data.holdout": args.holdout,
+        "rowfed-data.seed": args.data_seed,
     }
     flwr_run(project_dir(), rc, len(data.clients), echo=args.verbose)
     os.remove(os.path.join(tmp, "summary.csv"))
@@ -112,16 +110,30 @@ def _run_flower(cfg: RowFedConfig, args, data, tmp: str) -> None:
 
 def fit(args) -> int:
     cfg = _config(args)
-    if args.tune is None and (args.lam1_grid or args.lam2_grid):
-        raise InputError("lam1-grid: grids need --tune gic")
+    if args.tune is None and (args.lam1_grid is not None or args.lam2_grid is not None):
+        key = "lam1-grid" if args.lam1_grid is not None else "lam2-grid"
+        raise InputError(f"{key}: grids need --tune gic or --tune cv")
     if args.tune is not None and (args.lam1 is not None or args.lam2 is not None):
-        raise InputError("tune: --lam1/--lam2 are chosen by GIC; give --lam1-grid/--lam2-grid")
+        key = "lam1" if args.lam1 is not None else "lam2"
+        raise InputError(
+            f"{key}: chosen by --tune {args.tune}; give --{key}-grid to set its values"
+        )
     if args.tune is not None and args.method == "fedavg":
-        raise InputError("tune: gic is available for rowfed, perfl-lsma and nonfed")
-    if args.tune is not None and args.engine == "flower":
-        raise InputError("tune: gic with --engine flower is not yet available; use inprocess")
-    lam1_grid = _grid(DEFAULT_LAM1_GRID if args.lam1_grid is None else args.lam1_grid, "lam1-grid")
-    lam2_grid = _grid(DEFAULT_LAM2_GRID if args.lam2_grid is None else args.lam2_grid, "lam2-grid")
+        raise InputError(f"tune: {args.tune} is available for rowfed, perfl-lsma and nonfed")
+    if args.tune == "gic" and args.engine == "flower":
+        raise InputError("tune: gic refits every grid point; use --engine inprocess or --tune cv")
+    if args.test_data and args.holdout:
+        raise InputError("holdout: give --test-data or --holdout, not both")
+    if args.holdout and not 0 < args.holdout < 1:
+        raise InputError(f"holdout: must be in (0, 1), got {args.holdout!r}")
+    if args.test_data and not os.path.isfile(args.test_data):
+        raise InputError(f"test-data: file not found: {args.test_data}")
+    lam1_grid = parse_grid(
+        DEFAULT_LAM1_GRID if args.lam1_grid is None else args.lam1_grid, "lam1-grid"
+    )
+    lam2_grid = parse_grid(
+        DEFAULT_LAM2_GRID if args.lam2_grid is None else args.lam2_grid, "lam2-grid"
+    )
 
     from flwr.common.logger import FLOWER_LOGGER
 
@@ -132,6 +144,7 @@ def fit(args) -> int:
         FLOWER_LOGGER.setLevel(logging.WARNING)
 
     data = fed.read_fit_csv(args.data, args.responses, args.client_column)
+    data = fed.with_test_set(data, args.test_data, args.holdout, args.data_seed, args.client_column)
     read_graph(cfg.graph, data.sites)  # validates the graph file against the client ids
     if cfg.graph != "all-pairs":
         cfg = cfg.replace(graph=os.path.abspath(cfg.graph))
@@ -139,11 +152,25 @@ def fit(args) -> int:
     t0 = time.perf_counter()
     extra = {"engine": args.engine, "data": os.path.abspath(args.data)}
     with atomic_output_dir(args.out) as tmp:
+        if args.tune == "cv":
+            opts = cv_options(args, args.data_seed)
+            cfg, table, summary = grid_search.tune_cv(
+                cfg, data, args.method, lam1_grid, lam2_grid, opts
+            )
+            table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
+            extra.update(tuning_metrics(summary, grid_search.PARAMS, "val_mse", False))
+            extra["cv"].update(folds=opts.folds, rule=opts.rule)
+            print(
+                f"cv: chose lam1 = {cfg.lam1:g}, lam2 = {cfg.lam2:g} (mean validation MSE "
+                f"{extra['cv']['mean']:.6g} over {opts.folds} folds); refitting on all "
+                "training data",
+                file=sys.stderr,
+            )
         if args.engine == "flower":
             _run_flower(cfg, args, data, tmp)
         else:
             if args.tune == "gic":
-                res, table = fed.tune_gic(cfg, data, args.method, lam1_grid, lam2_grid)
+                res, table = grid_search.tune_gic(cfg, data, args.method, lam1_grid, lam2_grid)
                 cfg = cfg.replace(lam1=res.lam1, lam2=res.lam2)
                 table.to_csv(os.path.join(tmp, "gic.csv"), index=False)
                 extra["tuning"] = {
@@ -158,6 +185,15 @@ def fit(args) -> int:
         with open(path) as fh:
             metrics = json.load(fh)
         metrics.update(extra, seconds=round(time.perf_counter() - t0, 3))
+        n_test = sum(c.x_test.shape[0] for c in data.clients)
+        metrics["split"] = {
+            "test": "none" if not n_test else ("file" if args.test_data else "holdout"),
+            "holdout": args.holdout or None,
+            "n_train": sum(c.n for c in data.clients),
+            "n_test": n_test,
+        }
+        if n_test:
+            metrics["test"] = fed.write_test_table(tmp, metrics, data.responses)
         with open(path, "w") as fh:
             json.dump(metrics, fh, indent=2)
 
@@ -165,6 +201,10 @@ def fit(args) -> int:
     tuned = ""
     if "tuning" in metrics:
         tuned = f"; selected by GIC ({metrics['tuning']['selected']['gic']:.6g})"
+    elif "tuned" in metrics:
+        tuned = f"; selected by {metrics['cv']['folds']}-fold CV"
+    if "test" in metrics and metrics["test"]["mse"] is not None:
+        tuned += f"; test MSE {metrics['test']['mse']:.6g}"
     print(
         f"{metrics['method']}: {state} after {metrics['rounds']} rounds; objective "
         f"{metrics['objective']}; lam1 = {metrics['lam1']:g}, lam2 = {metrics['lam2']:g}"

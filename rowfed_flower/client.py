@@ -209,7 +209,8 @@ class RowFedClient(NumPyClient):
         raise ValueError(f"task: unknown task {task!r}")
 
     def evaluate(self, parameters, config):
-        """Prediction error of ``parameters[0]`` (working scale) and the training RSS."""
+        """Prediction error of ``parameters[0]`` (working scale): ``mse_pred`` over all
+        responses and ``mse:<k>`` for response ``k`` (0-based), and the training RSS."""
         self._check_site(config)
         (theta,) = parameters
         d = self.data
@@ -229,6 +230,8 @@ class RowFedClient(NumPyClient):
             "n_test": int(d.x_test.shape[0]),
             "split": split,
         }
+        for k, value in enumerate(np.mean(resid * resid, axis=0)):
+            metrics[f"mse:{k}"] = float(value)
         return mse, int(x.shape[0]), metrics
 
 

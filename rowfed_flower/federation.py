@@ -1,8 +1,9 @@
 """Glue shared by the Flower app, the in-process engine and the fit command: where the
-data come from, which strategy a method name means, GIC tuning, and the output files."""
+data come from, which strategy a method name means, and the output files."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -15,7 +16,6 @@ import pandas as pd
 from strategies.config import ROWFED_METHODS, RowFedConfig
 from strategies.datasets.tables import read_table
 from strategies.errors import InputError
-from strategies.problems import degrees_of_freedom
 from strategies.registry import Registry
 from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy, rowfed_registry
 from strategies.runtime.engine import run_inprocess
@@ -52,10 +52,19 @@ class RowFedDataSpec:
     path: str = ""  # [rowfed-data.path]
     responses: str = ""  # [rowfed-data.responses]
     client_column: str = "client"  # [rowfed-data.client-column]
+    test_path: str = ""  # [rowfed-data.test-path] csv: a test file with the data's columns
+    holdout: float = 0.0  # [rowfed-data.holdout] csv: share of each client's rows held out
 
     @classmethod
     def from_run_config(cls, rc: dict) -> RowFedDataSpec:
-        kinds = {"source": str, "path": str, "responses": str, "client_column": str}
+        kinds = {
+            "source": str,
+            "path": str,
+            "responses": str,
+            "client_column": str,
+            "test_path": str,
+            "holdout": float,
+        }
         kwargs = {}
         for key, value in rc.items():
             if not key.startswith(DATA_PREFIX + "."):
@@ -73,6 +82,8 @@ class RowFedDataSpec:
             raise InputError(
                 f"{DATA_PREFIX}.source: must be simulated, csv or deployment, got {spec.source!r}"
             )
+        if not 0 <= spec.holdout < 1:
+            raise InputError(f"{DATA_PREFIX}.holdout: must be in [0, 1), got {spec.holdout!r}")
         for name in ("num_clients", "n_train", "num_features", "num_responses"):
             if getattr(spec, name) < 1:
                 key = f"{DATA_PREFIX}.{name.replace('_', '-')}"
@@ -125,23 +136,27 @@ def simulated_data(spec: RowFedDataSpec) -> FederatedData:
     return FederatedData(clients, features, responses, d.theta, d.partitions)
 
 
-def _numeric_column(df: pd.DataFrame, col: str) -> np.ndarray:
+def _numeric_column(df: pd.DataFrame, col: str, key: str = "data") -> np.ndarray:
     raw = df[col].str.strip()
     missing = raw.eq("") | raw.str.upper().isin(["NA", "NAN", "?"])
     if missing.any():
         row = int(np.flatnonzero(missing.to_numpy())[0]) + 2
-        raise InputError(f"data: column {col!r} has missing values (line {row})")
+        raise InputError(f"{key}: column {col!r} has missing values (line {row})")
     values = pd.to_numeric(raw, errors="coerce")
     bad = values.isna() | ~np.isfinite(values.to_numpy(dtype=float))
     if bad.any():
         k = int(np.flatnonzero(bad.to_numpy())[0])
-        raise InputError(f"data: column {col!r} is not numeric (line {k + 2}: {df[col].iloc[k]!r})")
+        value = df[col].iloc[k]
+        raise InputError(f"{key}: column {col!r} is not numeric (line {k + 2}: {value!r})")
     return values.to_numpy(dtype=float)
 
 
-def read_fit_csv(path: str, responses, client_column: str = "client") -> FederatedData:
+def read_fit_csv(
+    path: str, responses, client_column: str = "client", key: str = "data", min_rows: int = 2
+) -> FederatedData:
     """The fit command's data: a ``client`` column, the response columns, predictors (every
-    other column).  Clients in order of first appearance; each needs at least 2 rows.
+    other column).  Clients in order of first appearance; each needs ``min_rows`` rows.
+    Errors name ``key``.
 
     Raises :class:`InputError` with a one-line message naming the column on bad input.
     """
@@ -152,10 +167,10 @@ def read_fit_csv(path: str, responses, client_column: str = "client") -> Federat
         raise InputError("responses: give one or more response columns")
     if len(set(responses)) != len(responses):
         raise InputError(f"responses: a column is named twice: {','.join(responses)}")
-    df = read_table(path, "data", dtype=str, keep_default_na=False, skipinitialspace=True)
+    df = read_table(path, key, dtype=str, keep_default_na=False, skipinitialspace=True)
     df.columns = [str(c).strip() for c in df.columns]
     if client_column not in df.columns:
-        raise InputError(f"data: no {client_column!r} column in {path!r}")
+        raise InputError(f"{key}: no {client_column!r} column in {path!r}")
     for r in responses:
         if r not in df.columns:
             raise InputError(f"responses: {r!r} is not a column of {path!r}")
@@ -163,20 +178,22 @@ def read_fit_csv(path: str, responses, client_column: str = "client") -> Federat
             raise InputError(f"responses: {r!r} is the client column")
     predictors = [c for c in df.columns if c != client_column and c not in responses]
     if not predictors:
-        raise InputError(f"data: {path!r} has no predictor columns")
+        raise InputError(f"{key}: {path!r} has no predictor columns")
     if len(df) == 0:
-        raise InputError(f"data: {path!r} has no rows")
+        raise InputError(f"{key}: {path!r} has no rows")
     client = df[client_column].str.strip()
     if client.eq("").any():
         row = int(np.flatnonzero(client.eq("").to_numpy())[0]) + 2
-        raise InputError(f"data: column {client_column!r} has missing values (line {row})")
-    y = np.column_stack([_numeric_column(df, c) for c in responses])
-    x = np.column_stack([_numeric_column(df, c) for c in predictors])
+        raise InputError(f"{key}: column {client_column!r} has missing values (line {row})")
+    y = np.column_stack([_numeric_column(df, c, key) for c in responses])
+    x = np.column_stack([_numeric_column(df, c, key) for c in predictors])
     order = list(dict.fromkeys(client))
     counts = client.value_counts()
     for c in order:
-        if counts[c] < 2:
-            raise InputError(f"data: client {c!r} has {counts[c]} row; each client needs >= 2")
+        if counts[c] < min_rows:
+            raise InputError(
+                f"{key}: client {c!r} has {counts[c]} row; each client needs >= {min_rows}"
+            )
     ids = client.to_numpy()
     clients = tuple(ClientSamples(c, x[ids == c], y[ids == c]) for c in order)
     return FederatedData(clients, tuple(predictors), tuple(responses))
@@ -189,7 +206,47 @@ def load_data(spec: RowFedDataSpec) -> FederatedData:
         return simulated_data(spec)
     if not spec.path or not spec.responses:
         raise InputError(f"{DATA_PREFIX}.path: the csv source needs path and responses")
-    return read_fit_csv(spec.path, spec.responses, spec.client_column)
+    data = read_fit_csv(spec.path, spec.responses, spec.client_column)
+    return with_test_set(data, spec.test_path, spec.holdout, spec.seed, spec.client_column)
+
+
+def with_test_set(
+    data: FederatedData, test_path: str, holdout: float, seed: int, client_column: str
+) -> FederatedData:
+    """``data`` with each client's test rows: from ``test_path`` (the data's columns, in any
+    order; only known clients) or a random ``holdout`` share of its rows (at least one row
+    kept for training; the client's own seeded stream)."""
+    from strategies.tuning import holdout_mask, site_rng
+
+    if test_path and holdout:
+        raise InputError("holdout: give a test file or a holdout share, not both")
+    if test_path:
+        test = read_fit_csv(test_path, data.responses, client_column, "test-data", 1)
+        if sorted(test.features) != sorted(data.features):
+            extra = sorted(set(test.features) - set(data.features))
+            missing = sorted(set(data.features) - set(test.features))
+            what = f"extra column {extra[0]!r}" if extra else f"missing predictor {missing[0]!r}"
+            raise InputError(f"test-data: {what} (the columns must match the training data)")
+        known = set(data.sites)
+        unknown = [c.site for c in test.clients if c.site not in known]
+        if unknown:
+            raise InputError(f"test-data: client {unknown[0]!r} is not a client of the data")
+        order = [test.features.index(f) for f in data.features]
+        rows = {c.site: c for c in test.clients}
+        clients = tuple(
+            ClientSamples(c.site, c.x, c.y, rows[c.site].x[:, order], rows[c.site].y)
+            if c.site in rows
+            else c
+            for c in data.clients
+        )
+        return dataclasses.replace(data, clients=clients)
+    if holdout:
+        clients = []
+        for c in data.clients:
+            mask = holdout_mask(None, c.n, holdout, site_rng(seed, c.site))
+            clients.append(ClientSamples(c.site, c.x[~mask], c.y[~mask], c.x[mask], c.y[mask]))
+        return dataclasses.replace(data, clients=tuple(clients))
+    return data
 
 
 # ----------------------------------------------------------------------------------------
@@ -289,68 +346,6 @@ def run_methods_inprocess(
     return out
 
 
-def tune_gic(
-    cfg: RowFedConfig,
-    data: FederatedData,
-    method: str,
-    lam1_grid,
-    lam2_grid,
-    progress=None,
-) -> tuple[MethodResult, pd.DataFrame]:
-    """GIC over a ``(lam1, lam2)`` grid with warm starts (docs/methods.md 2.5).
-
-    Grid order: ``lam1`` decreasing; ``lam2`` decreasing, then increasing, alternately (a
-    snake), each fit starting from the previous fit's ``Theta`` (duals reset).  Each client
-    uploads only its residual sum of squares (the evaluation round).  NonFed uses ``lam2``
-    only.  Returns the fit with the smallest GIC and the whole table (``lam1, lam2, gic,
-    rss, df, rounds, converged, objective, selected``).
-    """
-    if method not in ("rowfed", "perfl-lsma", "nonfed"):
-        raise InputError(f"tune: gic is available for rowfed, perfl-lsma and nonfed, not {method}")
-    lam1s = sorted({float(v) for v in lam1_grid}, reverse=True)
-    lam2s = sorted({float(v) for v in lam2_grid}, reverse=True)
-    for key, grid in (("lam1", lam1s), ("lam2", lam2s)):
-        if not grid:
-            raise InputError(f"{key}-grid: give one or more values")
-        if min(grid) < 0:
-            raise InputError(f"{key}-grid: values must be >= 0, got {min(grid)!r}")
-    if method == "nonfed":
-        lam1s = [cfg.lam1]
-    clients = data.make_clients()
-    registry = rowfed_registry()
-    rows, fits = [], []
-    theta0 = None
-    for i, lam1 in enumerate(lam1s):
-        for lam2 in lam2s if i % 2 == 0 else lam2s[::-1]:
-            point = cfg.replace(lam1=lam1, lam2=lam2)
-            strategy = make_strategy(method, point, len(clients), registry, theta0, progress)
-            run_inprocess(strategy, clients, max_rounds_for(method, point))
-            res = collect(method, strategy)
-            labels, support = strategy.structure()
-            rows.append(
-                {
-                    "lam1": lam1,
-                    "lam2": lam2,
-                    "gic": res.gic,
-                    "rss": strategy.rss(),
-                    "df": degrees_of_freedom(labels, support),
-                    "rounds": res.rounds,
-                    "converged": res.converged,
-                    "objective": res.objective,
-                }
-            )
-            fits.append(res)
-            if method != "nonfed":
-                theta0 = res.theta_work
-    table = pd.DataFrame(rows)
-    gics = table["gic"].to_numpy(dtype=float)
-    if not np.isfinite(gics).any():
-        raise InputError("tune: no grid point gave a finite GIC")
-    best = int(np.nanargmin(gics))
-    table["selected"] = np.arange(len(table)) == best
-    return fits[best], table
-
-
 # ----------------------------------------------------------------------------------------
 # Metrics and printing
 # ----------------------------------------------------------------------------------------
@@ -443,6 +438,32 @@ def clusters_frame(res: MethodResult, features) -> pd.DataFrame:
     return df
 
 
+def write_test_table(out_dir: str, metrics: dict, responses) -> dict:
+    """``test.csv`` (``client, response, mse, n_test``: each client's test MSE per response,
+    for the clients with test rows) from ``metrics.json``'s per-client evaluation, and the
+    summary ``metrics.json`` keeps: the mean over those clients of their MSE averaged over
+    responses, and the mean over them per response."""
+    rows, tested = [], []
+    for site, m in metrics["clients"].items():
+        if m.get("split") != "test":
+            continue
+        tested.append(site)
+        for k, name in enumerate(responses):
+            rows.append(
+                {"client": site, "response": name, "mse": m[f"mse:{k}"], "n_test": m["n_test"]}
+            )
+    table = pd.DataFrame(rows, columns=["client", "response", "mse", "n_test"])
+    table.to_csv(os.path.join(out_dir, "test.csv"), index=False)
+    by_response = table.groupby("response", sort=False)["mse"].mean()
+    clients = metrics["clients"]
+    return {
+        "mse": float(np.mean([clients[s]["mse_pred"] for s in tested])) if tested else None,
+        "mse_by_response": {r: float(v) for r, v in by_response.items()},
+        "clients": len(tested),
+        "clients_without_test_rows": [s for s in clients if s not in tested],
+    }
+
+
 def write_result(
     out_dir: str,
     res: MethodResult,
@@ -494,6 +515,7 @@ __all__ = [
     "run_methods_inprocess",
     "simulated_data",
     "summarize",
-    "tune_gic",
+    "with_test_set",
     "write_result",
+    "write_test_table",
 ]

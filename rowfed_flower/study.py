@@ -2,7 +2,7 @@
 
 One task = one (cell, replication): simulate the §2.8 federation with the task's seed, tune
 RowFed, PerFL-LSMA and NonFed by GIC over a ``(lam1, lam2)`` grid (the existing
-:func:`rowfed_flower.federation.tune_gic`, warm starts along the grid), fit FedAvg with
+:func:`rowfed_flower.tuning.tune_gic`, warm starts along the grid), fit FedAvg with
 NonFed's chosen ``lam2`` (both have only the sparsity penalty), and score every method:
 MSE-Est, MSE-Pred (test data) and RI (docs/methods.md 2.7).
 
@@ -68,6 +68,8 @@ from strategies.experiments.design import (
     study_methods,
 )
 from strategies.experiments.runner import add_study_parser, run_study_args
+
+from . import tuning as grid_search
 
 DESIGN_TYPES = {"M": int, "n_m": int, "p": int, "q": int}
 REQUIRED = ("M", "n_m", "p", "q")
@@ -298,7 +300,7 @@ def fit_methods(st: dict, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
         if method not in TUNED:
             continue
         lam1s, lam2s = st["grids"][method]
-        res, table = fed.tune_gic(cfg, data, method, lam1s, lam2s)
+        res, table = grid_search.tune_gic(cfg, data, method, lam1s, lam2s)
         table = table.assign(method=method)
         if st["criterion"] == "gic-nq":
             crit = gic_nq(table, n_total, p, q, m_clients)
@@ -307,7 +309,7 @@ def fit_methods(st: dict, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
             table["selected"] = np.arange(len(table)) == best
             lam1, lam2 = float(table["lam1"].iloc[best]), float(table["lam2"].iloc[best])
             if (lam1, lam2) != (res.lam1, res.lam2):  # refit the chosen point
-                res, _ = fed.tune_gic(cfg, data, method, [lam1], [lam2])
+                res, _ = grid_search.tune_gic(cfg, data, method, [lam1], [lam2])
         fits[method] = res
         tables.append(table)
     if "fedavg" in st["methods"]:

@@ -387,11 +387,11 @@ def test_bad_input_subprocess(tmp_path, kind, extra, message):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--engine", "flower", "--tune", "gic"], "tune: gic with --engine flower"),
+        (["--engine", "flower", "--tune", "gic"], "tune: gic refits every grid point"),
         (["--participation", "2"], "participation: must be in (0, 1]"),
         (["--graph", "/no/such/graph.csv"], "graph: no such file"),
         (["--lam1", "abc"], "--lam1"),
-        (["--tune", "gic", "--lam1", "0.1"], "tune:"),
+        (["--tune", "gic", "--lam1", "0.1"], "lam1: chosen by --tune gic"),
         (["--tune", "gic", "--lam1-grid", "0.1,x"], "lam1-grid"),
         (["--tune", "gic", "--lam1-grid=nan"], "lam1-grid: values must be finite"),
         (["--tune", "gic", "--lam2-grid", ""], "lam2-grid: give one or more values"),

@@ -292,7 +292,7 @@ def test_task_seed_depends_on_cell_and_rep_only():
 
 
 def test_stratified_folds_balance_classes():
-    from grauc_flower.study import stratified_folds
+    from strategies.tuning import stratified_folds
 
     y = np.array([1] * 7 + [0] * 23)
     fold = stratified_folds(y, 5, np.random.default_rng(0))

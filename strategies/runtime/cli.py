@@ -55,6 +55,86 @@ def settings_from_args(cls, args: argparse.Namespace):
     return cls(**given)
 
 
+def add_tuning_arguments(parser: argparse.ArgumentParser, tunes: tuple[str, ...]) -> None:
+    """``--tune`` and the cross-validation options both ``fit`` commands share."""
+    from ..tuning import RULES
+
+    parser.add_argument(
+        "--tune",
+        choices=tunes,
+        help="choose the penalty levels from the data: " + ", ".join(tunes),
+    )
+    parser.add_argument(
+        "--folds", type=int, default=5, metavar="K", help="cv: folds within each site (default: 5)"
+    )
+    parser.add_argument(
+        "--cv-rule",
+        choices=RULES,
+        default="best",
+        help="cv: the best mean validation score, or the most regularized setting within "
+        "one standard error of it (default: best)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cv: processes (default: one per core)",
+    )
+
+
+def cv_options(args: argparse.Namespace, seed: int):
+    """The :class:`~strategies.tuning.CVOptions` of a ``fit`` command's options."""
+    from ..tuning import CVOptions
+
+    return CVOptions(
+        folds=args.folds,
+        rule=args.cv_rule,
+        jobs=args.jobs,
+        seed=seed,
+        quiet=bool(getattr(args, "quiet", False)),
+    )
+
+
+def add_test_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--test-data`` and ``--holdout``: a test set for the fitted model, both methods."""
+    parser.add_argument(
+        "--test-data",
+        default="",
+        metavar="FILE",
+        help="a CSV with the data's columns: each site's model is scored on its own rows",
+    )
+    parser.add_argument(
+        "--holdout",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="hold out this share of each site's rows for testing (seeded; default: none)",
+    )
+
+
+def tuning_metrics(summary, params, score: str, maximize: bool) -> dict:
+    """What ``metrics.json`` records of a cross-validation: the chosen setting, its mean
+    validation score and standard error, the best mean of the grid, and the grid's size."""
+    row = summary[summary["chosen"]].iloc[0]
+    best = summary["mean"].max() if maximize else summary["mean"].min()
+    return {
+        "tuned": {p: _plain(row[p]) for p in params},
+        "cv": {
+            "score": score,
+            "mean": _plain(row["mean"]),
+            "se": _plain(row["se"]),
+            "best_mean": _plain(best),
+            "settings": int(len(summary)),
+        },
+    }
+
+
+def _plain(value):
+    value = value.item() if hasattr(value, "item") else value
+    return None if isinstance(value, float) and value != value else value
+
+
 def fail(message: str) -> int:
     sys.stderr.write(f"error: {message}\n")
     return 2

@@ -1,0 +1,295 @@
+"""Cross-validation of GrAUC-PFL and its baselines (docs/methods.md 4): ``fit --tune cv``
+and the studies.
+
+GrAUC-PFL: a grid over ``lam x w_dist x ridge``; for each ``(ridge, w_dist)`` the ``lam``
+path is fitted in descending order with warm starts.  By default the ``lam`` grid starts at
+``lam_max`` (:func:`lam_max_of`: the smallest level at which every site of a component has
+the same coefficients) and goes down to ``lam_max * 1e-3`` (12 values) and 0.  Individual
+fits: a grid over ``ridge``.  FedAvg: ``ridge x fedavg_rounds`` (the rounds path continues
+one run: FedAvg's next round depends only on the global model).  The criterion is the mean
+validation AUC over sites (sites whose validation fold lacks a class are left out).
+
+The pieces run in a process pool, one per ``(fold, ridge)``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from strategies import tuning
+from strategies.config import GrAUCConfig
+from strategies.errors import InputError
+from strategies.registry import Registry
+
+from .data import SiteData
+
+#: Default grids (``fit --tune cv``).
+W_DIST_GRID = (0.0, 1.0, 2.0)
+RIDGE_GRID = (1e-3, 1e-2, 0.1, 1.0)
+ROUNDS_GRID = (10, 25, 50, 100, 200)
+N_LAM = 12
+LAM_RATIO = 1e-3
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The settings tried.  ``lam = ()``: automatic from ``lam_max`` (per ``ridge`` and
+    ``w_dist``)."""
+
+    lam: tuple[float, ...] = ()
+    w_dist: tuple[float, ...] = W_DIST_GRID
+    ridge: tuple[float, ...] = RIDGE_GRID
+    fedavg_rounds: tuple[int, ...] = ROUNDS_GRID
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lam", tuple(sorted(set(self.lam), reverse=True)))
+        rounds = tuple(sorted({int(r) for r in self.fedavg_rounds}))
+        if not rounds or rounds[0] < 1:
+            raise InputError(f"rounds-grid: values must be integers >= 1, got {rounds!r}")
+        object.__setattr__(self, "fedavg_rounds", rounds)
+
+
+#: The columns naming a setting, per method (``cv.csv``; ``metrics.json: tuned``).
+PARAMS = {
+    "grauc": ("lam", "w_dist", "ridge"),
+    "individual": ("ridge",),
+    "fedavg": ("ridge", "fedavg_rounds"),
+}
+#: The most regularized first, for the ``1se`` rule.
+SIMPLEST = {
+    "grauc": ("lam", "ridge"),
+    "individual": ("ridge",),
+    "fedavg": ("ridge",),
+}
+
+
+def _clients(sites, ridge: float):
+    from .client import GrAUCClient
+
+    return [GrAUCClient(s, ridge, index=z) for z, s in enumerate(sites)]
+
+
+def lam_max_of(sites, cfg: GrAUCConfig) -> float:
+    """``lam_max`` at ``cfg``'s ridge, w_dist, q, graph and penalty (:func:`lam_maxes`)."""
+    return lam_maxes(sites, cfg, (cfg.ridge,), (cfg.w_dist,))[(cfg.ridge, cfg.w_dist)]
+
+
+def lam_maxes(sites, cfg: GrAUCConfig, ridges, w_dists) -> dict[tuple[float, float], float]:
+    """``lam_max`` per ``(ridge, w_dist)``, from the sites' own gradients at each graph
+    component's common fit (:func:`strategies.tuning.common_fit`, then
+    :func:`strategies.tuning.lam_max`).
+
+    The sites answer ``gradient`` instructions, as in a ``pqn`` round; the server sums them.
+    The common fit depends on the ridge only, so it is computed once per ridge (and
+    component).  On a tree the level is exact; for ``knn``/``complete`` graphs exact with the
+    L1 penalty and an upper bound with the group penalty."""
+    from .graph import build_graph
+
+    lat = np.array([s.lat for s in sites])
+    lon = np.array([s.lon for s in sites])
+    graph = build_graph(lat, lon, cfg.graph, cfg.knn_k)
+    p = sites[0].x_train.shape[1]
+    out = {}
+    for ridge in ridges:
+        clients = _clients(sites, ridge)
+        registry = Registry()
+        for z, c in enumerate(clients):
+            registry.register(str(z), c.get_properties({}))
+        if cfg.standardize == "federated":
+            registry.standardize()
+        work = registry.scaling_config()
+
+        def answers(members, b, clients=clients, work=work):
+            got = []
+            for z in members:
+                arrays, _, metrics = clients[z].fit(
+                    [b], {"task": "gradient", "site": sites[z].site, **work}
+                )
+                got.append((float(metrics["loss"]), arrays[0]))
+            return got
+
+        fitted: dict[tuple, np.ndarray] = {}  # component -> its sites' gradients
+        for w in w_dists:
+            weights = graph.weights(w, cfg.q)
+            labels = tuning.components(graph.edges, weights, len(sites))
+            grads = np.zeros((len(sites), p))
+            for c in np.unique(labels):
+                members = tuple(int(z) for z in np.flatnonzero(labels == c))
+                if len(members) < 2:
+                    continue
+                if members not in fitted:
+
+                    def oracle(b, members=members):
+                        got = answers(members, b)
+                        return sum(v for v, _ in got), np.sum([g for _, g in got], axis=0)
+
+                    b, _ = tuning.common_fit(oracle, p)
+                    fitted[members] = np.array([g for _, g in answers(members, b)])
+                grads[list(members)] = fitted[members]
+            level, _ = tuning.lam_max(graph.edges, weights, grads, cfg.penalty == "group")
+            out[(ridge, w)] = level
+    return out
+
+
+def lam_grids(sites, cfg: GrAUCConfig, grid: Grid) -> dict[tuple[float, float], tuple]:
+    """The ``lam`` values per ``(ridge, w_dist)``: ``grid.lam`` when given, else
+    :func:`strategies.tuning.log_path` below :func:`lam_maxes`."""
+    if grid.lam:
+        return {(r, w): grid.lam for r in grid.ridge for w in grid.w_dist}
+    tops = lam_maxes(sites, cfg, grid.ridge, grid.w_dist)
+    if not all(np.isfinite(v) for v in tops.values()):
+        raise InputError(
+            "lam-grid: no fusion level fuses the sites (an edge has weight 0: q = 0 and far "
+            "sites); give --lam-grid or q > 0"
+        )
+    return {key: tuning.log_path(top, N_LAM, LAM_RATIO) for key, top in tops.items()}
+
+
+def fold_sites(sites, folds, k: int) -> list[SiteData]:
+    """Each site's training rows outside fold ``k`` for training, fold ``k`` for validation."""
+    out = []
+    for s, f in zip(sites, folds, strict=True):
+        train, val = f != k, f == k
+        out.append(
+            SiteData(
+                s.site,
+                s.lat,
+                s.lon,
+                s.x_train[train],
+                s.y_train[train],
+                s.x_train[val],
+                s.y_train[val],
+                s.features,
+            )
+        )
+    return out
+
+
+def _mean_auc(strategy) -> float:
+    aucs = [m["auc"] for m in strategy.evaluation.values()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmean(aucs)) if aucs else float("nan")
+
+
+def _row(k, setting: dict, strategy) -> dict:
+    return {
+        "fold": k,
+        **setting,
+        "val_auc": _mean_auc(strategy),
+        "rounds": int(getattr(strategy, "rounds", 1)),
+        "converged": bool(getattr(strategy, "converged", True)),
+    }
+
+
+def cv_piece(piece) -> list[dict]:
+    """One ``(fold, ridge)`` piece: every fit of ``method`` on that fold at that ridge."""
+    from strategies.runtime.engine import run_inprocess
+
+    from .federation import make_strategy, max_rounds_for
+
+    method, k, sites, cfg, w_grid, lams, rounds_grid = piece
+    clients = _clients(sites, cfg.ridge)
+    registry = Registry()
+    rows = []
+    if method == "grauc":
+        start = None
+        for w in w_grid:
+            beta0 = start
+            for lam in lams[w]:
+                point = cfg.replace(lam=lam, w_dist=w)
+                strategy = make_strategy("grauc", point, len(sites), registry, beta0=beta0)
+                run_inprocess(strategy, clients, max_rounds_for("grauc", point))
+                beta0 = strategy.coefficients_std()
+                start = beta0 if start is None else start
+                rows.append(_row(k, {"lam": lam, "w_dist": w, "ridge": cfg.ridge}, strategy))
+    elif method == "individual":
+        strategy = make_strategy("individual", cfg, len(sites), registry)
+        run_inprocess(strategy, clients, max_rounds_for("individual", cfg))
+        rows.append(_row(k, {"ridge": cfg.ridge}, strategy))
+    elif method == "fedavg":
+        from strategies.grauc import GrAUCFedAvg
+
+        model, done = None, 0
+        for total in rounds_grid:  # one FedAvg run, evaluated at each round count
+            point = cfg.replace(fedavg_rounds=total - done)
+            strategy = GrAUCFedAvg(point, len(sites), registry, initial=model)
+            run_inprocess(strategy, clients, max_rounds_for("fedavg", point))
+            model, done = strategy.global_model, total
+            row = _row(k, {"ridge": cfg.ridge, "fedavg_rounds": total}, strategy)
+            row["rounds"] = total
+            rows.append(row)
+    else:
+        raise InputError(f"tune: cv is available for grauc, individual and fedavg, not {method}")
+    return rows
+
+
+def cross_validate(
+    sites,
+    cfg: GrAUCConfig,
+    method: str = "grauc",
+    grid: Grid | None = None,
+    opts: tuning.CVOptions | None = None,
+) -> pd.DataFrame:
+    """Validation AUC for every setting of ``grid`` and fold: one row per fold and setting
+    (columns ``fold``, the method's :data:`PARAMS`, ``val_auc, rounds, converged``).
+
+    Folds are stratified within each site (seeded by ``opts.seed``).  For GrAUC-PFL each
+    ``w_dist`` path after the first starts from the first one's largest-``lam`` fit (duals at
+    zero).  CV fits use ``opts.tol`` and ``opts.max_rounds``."""
+    grid = grid or Grid()
+    opts = opts or tuning.CVOptions()
+    if method not in PARAMS:
+        raise InputError(f"tune: cv is available for grauc, individual and fedavg, not {method}")
+    rng = np.random.default_rng([opts.seed, 1])
+    folds = [tuning.stratified_folds(s.y_train, opts.folds, rng) for s in sites]
+    lams = lam_grids(sites, cfg, grid) if method == "grauc" else {}
+    base = cfg.replace(tol=opts.tol, max_rounds=opts.max_rounds)
+    pieces = []
+    for k in range(opts.folds):
+        train = fold_sites(sites, folds, k)
+        for ridge in grid.ridge:
+            path = {w: lams[(ridge, w)] for w in grid.w_dist} if lams else {}
+            point = base.replace(ridge=ridge)
+            pieces.append((method, k, train, point, grid.w_dist, path, grid.fedavg_rounds))
+    progress = tuning.Progress(f"{method} cv", len(pieces), opts.quiet)
+    rows = tuning.run_items(cv_piece, pieces, opts.workers(len(pieces)), progress)
+    table = pd.DataFrame([r for piece in rows for r in piece])
+    order = ["fold", *PARAMS[method]]
+    return table.sort_values(order, kind="stable", ascending=[True] + [False] * (len(order) - 1))
+
+
+def tune(
+    sites,
+    cfg: GrAUCConfig,
+    method: str = "grauc",
+    grid: Grid | None = None,
+    opts: tuning.CVOptions | None = None,
+) -> tuple[GrAUCConfig, pd.DataFrame, pd.DataFrame]:
+    """Cross-validate and return the settings chosen (``cfg`` with the tuned values), the
+    per-fold table (``cv.csv``) and the per-setting summary (``mean, se, folds, chosen``)."""
+    opts = opts or tuning.CVOptions()
+    table = cross_validate(sites, cfg, method, grid, opts)
+    chosen, summary = tuning.choose(
+        table, PARAMS[method], "val_auc", True, opts.rule, SIMPLEST[method]
+    )
+    if "fedavg_rounds" in chosen:
+        chosen["fedavg_rounds"] = int(chosen["fedavg_rounds"])
+    return cfg.replace(**chosen), table, summary
+
+
+__all__ = [
+    "Grid",
+    "PARAMS",
+    "cross_validate",
+    "cv_piece",
+    "fold_sites",
+    "lam_grids",
+    "lam_max_of",
+    "lam_maxes",
+    "tune",
+]

@@ -1,0 +1,190 @@
+"""Choosing RowFed's levels ``(lam1, lam2)`` from the data (docs/methods.md 2.5, 4):
+``fit --tune gic`` and ``fit --tune cv``, and the studies.
+
+Both walk the same grid in the same order, with warm starts: ``lam1`` descending, ``lam2``
+descending then ascending alternately (a snake), each fit starting from the previous fit's
+``Theta`` (duals reset).  GIC needs one pass on all the data (each client uploads its
+residual sum of squares); cross-validation one pass per fold, the folds random within each
+client, the criterion the mean validation MSE over clients (each client's MSE averaged over
+its responses).  The folds run in a process pool.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from strategies import tuning
+from strategies.config import RowFedConfig
+from strategies.errors import InputError
+from strategies.problems import degrees_of_freedom
+from strategies.rowfed import rowfed_registry
+from strategies.runtime.engine import run_inprocess
+
+from . import federation as fed
+from .client import ClientSamples
+
+#: ``--tune`` grids when ``--lam1-grid`` / ``--lam2-grid`` are not given.
+DEFAULT_LAM1_GRID = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01)
+DEFAULT_LAM2_GRID = (0.1, 0.05, 0.02, 0.01, 0.005)
+PARAMS = ("lam1", "lam2")
+TUNABLE = ("rowfed", "perfl-lsma", "nonfed")
+
+
+def _levels(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid):
+    """The grid, checked, in walking order: ``[(lam1, lam2), ...]`` (NonFed: ``lam2`` only)."""
+    if method not in TUNABLE:
+        raise InputError(f"tune: available for {', '.join(TUNABLE)}, not {method}")
+    lam1s = sorted({float(v) for v in lam1_grid}, reverse=True)
+    lam2s = sorted({float(v) for v in lam2_grid}, reverse=True)
+    for key, grid in (("lam1", lam1s), ("lam2", lam2s)):
+        if not grid:
+            raise InputError(f"{key}-grid: give one or more values")
+        if min(grid) < 0:
+            raise InputError(f"{key}-grid: values must be >= 0, got {min(grid)!r}")
+    if method == "nonfed":
+        lam1s = [cfg.lam1]
+    return [
+        (lam1, lam2)
+        for i, lam1 in enumerate(lam1s)
+        for lam2 in (lam2s if i % 2 == 0 else lam2s[::-1])
+    ]
+
+
+def tune_gic(
+    cfg: RowFedConfig,
+    data: fed.FederatedData,
+    method: str,
+    lam1_grid,
+    lam2_grid,
+    progress=None,
+) -> tuple[fed.MethodResult, pd.DataFrame]:
+    """GIC over a ``(lam1, lam2)`` grid with warm starts (docs/methods.md 2.5).
+
+    Grid order: ``lam1`` decreasing; ``lam2`` decreasing, then increasing, alternately (a
+    snake), each fit starting from the previous fit's ``Theta`` (duals reset).  Each client
+    uploads only its residual sum of squares (the evaluation round).  NonFed uses ``lam2``
+    only.  Returns the fit with the smallest GIC and the whole table (``lam1, lam2, gic,
+    rss, df, rounds, converged, objective, selected``).
+    """
+    levels = _levels(method, cfg, lam1_grid, lam2_grid)
+    clients = data.make_clients()
+    registry = rowfed_registry()
+    rows, fits = [], []
+    theta0 = None
+    for lam1, lam2 in levels:
+        point = cfg.replace(lam1=lam1, lam2=lam2)
+        strategy = fed.make_strategy(method, point, len(clients), registry, theta0, progress)
+        run_inprocess(strategy, clients, fed.max_rounds_for(method, point))
+        res = fed.collect(method, strategy)
+        labels, support = strategy.structure()
+        rows.append(
+            {
+                "lam1": lam1,
+                "lam2": lam2,
+                "gic": res.gic,
+                "rss": strategy.rss(),
+                "df": degrees_of_freedom(labels, support),
+                "rounds": res.rounds,
+                "converged": res.converged,
+                "objective": res.objective,
+            }
+        )
+        fits.append(res)
+        if method != "nonfed":
+            theta0 = res.theta_work
+    table = pd.DataFrame(rows)
+    gics = table["gic"].to_numpy(dtype=float)
+    if not np.isfinite(gics).any():
+        raise InputError("tune: no grid point gave a finite GIC")
+    best = int(np.nanargmin(gics))
+    table["selected"] = np.arange(len(table)) == best
+    return fits[best], table
+
+
+def fold_data(data: fed.FederatedData, folds, k: int) -> fed.FederatedData:
+    """Each client's rows outside fold ``k`` for training, fold ``k`` as its test rows."""
+    clients = tuple(
+        ClientSamples(c.site, c.x[f != k], c.y[f != k], c.x[f == k], c.y[f == k])
+        for c, f in zip(data.clients, folds, strict=True)
+    )
+    return fed.FederatedData(clients, data.features, data.responses)
+
+
+def cv_piece(piece) -> list[dict]:
+    """One fold: the whole grid walked with warm starts; validation MSE per setting."""
+    method, k, data, cfg, levels = piece
+    clients = data.make_clients()
+    registry = rowfed_registry()
+    rows, theta0 = [], None
+    for lam1, lam2 in levels:
+        point = cfg.replace(lam1=lam1, lam2=lam2)
+        strategy = fed.make_strategy(method, point, len(clients), registry, theta0)
+        run_inprocess(strategy, clients, fed.max_rounds_for(method, point))
+        mse = [m["mse_pred"] for m in strategy.evaluation.values()]
+        rows.append(
+            {
+                "fold": k,
+                "lam1": lam1,
+                "lam2": lam2,
+                "val_mse": float(np.mean(mse)) if mse else float("nan"),
+                "rounds": int(strategy.rounds),
+                "converged": bool(strategy.converged),
+            }
+        )
+        if method != "nonfed":
+            theta0 = np.array(strategy.warm_start())
+    return rows
+
+
+def cross_validate(
+    cfg: RowFedConfig,
+    data: fed.FederatedData,
+    method: str,
+    lam1_grid,
+    lam2_grid,
+    opts: tuning.CVOptions | None = None,
+) -> pd.DataFrame:
+    """Validation MSE for every ``(lam1, lam2)`` and fold: ``fold, lam1, lam2, val_mse,
+    rounds, converged``.  CV fits use ``opts.tol`` and ``opts.max_rounds``."""
+    opts = opts or tuning.CVOptions()
+    levels = _levels(method, cfg, lam1_grid, lam2_grid)
+    small = [c.site for c in data.clients if c.n < opts.folds]
+    if small:
+        raise InputError(f"folds: client {small[0]!r} has fewer rows than the {opts.folds} folds")
+    rng = np.random.default_rng([opts.seed, 2])
+    folds = [tuning.row_folds(c.n, opts.folds, rng) for c in data.clients]
+    base = cfg.replace(tol=opts.tol, max_rounds=opts.max_rounds)
+    pieces = [(method, k, fold_data(data, folds, k), base, levels) for k in range(opts.folds)]
+    progress = tuning.Progress(f"{method} cv", len(pieces), opts.quiet)
+    rows = tuning.run_items(cv_piece, pieces, opts.workers(len(pieces)), progress)
+    return pd.DataFrame([r for piece in rows for r in piece])
+
+
+def tune_cv(
+    cfg: RowFedConfig,
+    data: fed.FederatedData,
+    method: str,
+    lam1_grid,
+    lam2_grid,
+    opts: tuning.CVOptions | None = None,
+) -> tuple[RowFedConfig, pd.DataFrame, pd.DataFrame]:
+    """Cross-validate; returns ``cfg`` at the chosen ``(lam1, lam2)`` (lowest mean validation
+    MSE, or the ``1se`` rule: the largest ``lam1``, then ``lam2``, within one standard
+    error), the per-fold table (``cv.csv``) and the per-setting summary."""
+    opts = opts or tuning.CVOptions()
+    table = cross_validate(cfg, data, method, lam1_grid, lam2_grid, opts)
+    chosen, summary = tuning.choose(table, PARAMS, "val_mse", False, opts.rule, PARAMS)
+    return cfg.replace(**chosen), table, summary
+
+
+__all__ = [
+    "DEFAULT_LAM1_GRID",
+    "DEFAULT_LAM2_GRID",
+    "PARAMS",
+    "cross_validate",
+    "cv_piece",
+    "fold_data",
+    "tune_cv",
+    "tune_gic",
+]

@@ -1,0 +1,389 @@
+"""Choosing the penalty levels from the data, the same way for both methods
+(docs/methods.md 4.1–4.3).
+
+- Folds inside each site: :func:`stratified_folds` (a binary outcome: each class dealt
+  round-robin) and :func:`row_folds` (any outcome).
+- The top of a fused-penalty path (docs/methods.md 4.2): :func:`common_fit`, the minimizer of
+  ``sum_z f_z(b)`` over one coefficient vector shared by the sites of a component of the
+  graph (a quasi-Newton loop on the sites' summed losses and gradients, what the sites send
+  in a ``gradient`` round); :func:`lam_max`, the smallest fusion level at which that common
+  fit solves the fused problem; :func:`log_path`, the grid below it.
+- :func:`choose`: the setting with the best mean validation score over folds, or (``1se``)
+  the most regularized one within one standard error of it.
+- :func:`run_items`: independent pieces of a cross-validation (one fold's paths each) in a
+  process pool, with a progress line.
+
+Flower-free: the method packages supply the fits and the validation scores.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import sys
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import scipy.optimize
+import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
+
+from .admm import incidence_matrix
+from .errors import InputError
+
+RULES = ("best", "1se")
+
+
+@dataclass(frozen=True)
+class CVOptions:
+    """How a cross-validation runs, for either method (``fit --tune cv``, the studies)."""
+
+    folds: int = 5  # K, stratified within each site (GrAUC) or random within each client
+    rule: str = "best"  # best | 1se
+    tol: float = 1e-3  # the CV fits' stopping tolerance (looser than a final fit's)
+    max_rounds: int = 100  # the CV fits' round limit
+    jobs: int = 0  # processes; 0: one per core, at most one per piece
+    seed: int = 0  # the folds
+    quiet: bool = False  # no progress lines
+
+    def __post_init__(self) -> None:
+        if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
+            raise InputError(f"folds: must be an integer >= 2, got {self.folds!r}")
+        if self.rule not in RULES:
+            raise InputError(f"cv-rule: must be one of {', '.join(RULES)}, got {self.rule!r}")
+        if not (isinstance(self.tol, (int, float)) and math.isfinite(self.tol) and self.tol > 0):
+            raise InputError(f"cv-tol: must be > 0, got {self.tol!r}")
+        if self.max_rounds < 1:
+            raise InputError(f"cv-max-rounds: must be >= 1, got {self.max_rounds!r}")
+        if self.jobs < 0:
+            raise InputError(f"jobs: must be >= 0, got {self.jobs!r}")
+
+    def workers(self, n_items: int) -> int:
+        return self.jobs if self.jobs > 0 else default_jobs(n_items)
+
+
+# ---------------------------------------------------------------------------------------
+# Folds
+# ---------------------------------------------------------------------------------------
+def stratified_folds(y: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Fold index (``0 .. k-1``) per row of a binary outcome: each class shuffled and dealt
+    round-robin, the negatives continuing where the positives stopped (so fold sizes differ
+    by at most 1 and each class is spread as evenly as its count allows)."""
+    fold = np.empty(len(y), dtype=np.int64)
+    offset = 0
+    for cls in (1, 0):
+        idx = rng.permutation(np.flatnonzero(np.asarray(y) == cls))
+        fold[idx] = (np.arange(len(idx)) + offset) % k
+        offset += len(idx)
+    return fold
+
+
+def row_folds(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Fold index per row: the rows shuffled and dealt round-robin (sizes differ by <= 1)."""
+    fold = np.empty(n, dtype=np.int64)
+    fold[rng.permutation(n)] = np.arange(n) % k
+    return fold
+
+
+def site_rng(seed: int, site: str) -> np.random.Generator:
+    """A site's own random stream: its draws do not depend on which other sites take part."""
+    return np.random.default_rng([int(seed), zlib.crc32(str(site).encode())])
+
+
+def holdout_mask(y: np.ndarray | None, n: int, fraction: float, rng) -> np.ndarray:
+    """Rows held out for testing: ``fraction`` of each class (binary ``y``) or of all rows
+    (``y`` is None), rounded half up and leaving at least one row of each class (or row)
+    for training when there are two or more."""
+    mask = np.zeros(n, dtype=bool)
+    groups = [np.arange(n)] if y is None else [np.flatnonzero(y == c) for c in (1, 0)]
+    for idx in groups:
+        take = int(math.floor(fraction * len(idx) + 0.5))
+        take = min(take, max(len(idx) - 1, 0))
+        mask[rng.permutation(idx)[:take]] = True
+    return mask
+
+
+# ---------------------------------------------------------------------------------------
+# The top of the path
+# ---------------------------------------------------------------------------------------
+def components(edges: np.ndarray, weights: np.ndarray, n_sites: int) -> np.ndarray:
+    """Component label per site of the graph's positive-weight edges (a zero-weight edge
+    carries no penalty, so it cannot fuse its ends)."""
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    keep = np.asarray(weights, dtype=float) > 0
+    e = edges[keep]
+    adj = sp.coo_matrix((np.ones(len(e)), (e[:, 0], e[:, 1])), shape=(n_sites, n_sites))
+    return connected_components(adj, directed=False)[1]
+
+
+def common_fit(
+    oracle: Callable[[np.ndarray], tuple[float, np.ndarray]],
+    p: int,
+    start: np.ndarray | None = None,
+    gtol: float = 1e-10,
+    max_rounds: int = 500,
+) -> tuple[np.ndarray, int]:
+    """``argmin_b sum_z f_z(b)`` by L-BFGS, where ``oracle(b)`` returns the sites' summed
+    loss and gradient at ``b`` (one gradient round per call).  Returns the minimizer and the
+    number of rounds.  ``gtol`` bounds the summed gradient's largest entry at the end."""
+    calls = [0]
+
+    def fun(b):
+        calls[0] += 1
+        value, grad = oracle(b)
+        return float(value), np.asarray(grad, dtype=float)
+
+    x0 = np.zeros(p) if start is None else np.asarray(start, dtype=float)
+    res = scipy.optimize.minimize(
+        fun,
+        x0,
+        jac=True,
+        method="L-BFGS-B",
+        options={"gtol": gtol, "ftol": 0.0, "maxiter": max_rounds, "maxcor": 20},
+    )
+    return np.asarray(res.x, dtype=float), calls[0]
+
+
+def lam_max(
+    edges: np.ndarray,
+    weights: np.ndarray,
+    grads: np.ndarray,
+    grouped: bool = False,
+) -> tuple[float, bool]:
+    """The smallest fusion level at which fused coefficients solve the fused problem.
+
+    ``grads`` ``(Z, p)``: each site's gradient of its own loss at its component's common fit
+    (:func:`common_fit`).  Fused coefficients are optimal at level ``lam`` when edge vectors
+    ``u_e`` exist with ``D' U = -G`` (``D`` the signed incidence matrix) and
+    ``||u_e|| <= lam w_e`` (the max-norm per coordinate for the L1 penalty, the Euclidean
+    norm for the group penalty).  So the level is ``min over U of max_e ||u_e|| / w_e``.
+
+    On a tree (each component) ``U`` is unique, the subtree sums of the gradients, and the
+    level is exact.  With cycles the L1 level is a linear program per coordinate (exact);
+    the group level is bounded above by the ``1/w_e²``-weighted least-norm ``U`` (fused at
+    it, possibly already below).  Returns ``(level, exact)``; ``inf`` when a zero-weight edge
+    would have to carry a gradient (never fused).
+    """
+    grads = np.asarray(grads, dtype=float)
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    weights = np.asarray(weights, dtype=float)
+    n_sites, p = grads.shape
+    keep = weights > 0
+    edges, weights = edges[keep], weights[keep]
+    labels = components(edges, np.ones(len(edges)), n_sites)
+    level, exact = 0.0, True
+    for c in np.unique(labels):
+        nodes = np.flatnonzero(labels == c)
+        if len(nodes) < 2:
+            continue
+        index = {int(v): k for k, v in enumerate(nodes)}
+        mine = np.isin(edges[:, 0], nodes)
+        e = np.array([[index[int(u)], index[int(v)]] for u, v in edges[mine]]).reshape(-1, 2)
+        w = weights[mine]
+        dt = incidence_matrix(e, len(nodes)).T.toarray()  # (Z_c, E_c)
+        g = grads[nodes]
+        if len(e) == len(nodes) - 1:  # a tree: D' has full column rank, U is unique
+            u = np.linalg.lstsq(dt, -g, rcond=None)[0]
+            norms = np.linalg.norm(u, axis=1) if grouped else np.abs(u).max(axis=1)
+            level = max(level, float(np.max(norms / w)))
+        elif not grouped:
+            level = max(level, max(_l1_level(dt, w, g[:, j]) for j in range(p)))
+        else:
+            winv = np.diag(w**2)  # least ||u_e||^2 / w_e^2 subject to D' U = -G
+            u = winv @ dt.T @ np.linalg.lstsq(dt @ winv @ dt.T, -g, rcond=None)[0]
+            level = max(level, float(np.max(np.linalg.norm(u, axis=1) / w)))
+            exact = False
+    return level, exact
+
+
+def _l1_level(dt: np.ndarray, w: np.ndarray, g: np.ndarray) -> float:
+    """``min t`` subject to ``D' u = -g`` and ``|u_e| <= t w_e`` (one coordinate)."""
+    n_edges = dt.shape[1]
+    c = np.zeros(n_edges + 1)
+    c[-1] = 1.0
+    eye = np.eye(n_edges)
+    a_ub = np.block([[eye, -w[:, None]], [-eye, -w[:, None]]])
+    a_eq = np.hstack([dt, np.zeros((dt.shape[0], 1))])
+    bounds = [(None, None)] * n_edges + [(0, None)]
+    res = scipy.optimize.linprog(
+        c, A_ub=a_ub, b_ub=np.zeros(2 * n_edges), A_eq=a_eq, b_eq=-g, bounds=bounds
+    )
+    if res.status != 0:
+        raise RuntimeError(f"lam_max: the linear program failed: {res.message}")
+    return float(res.x[-1])
+
+
+def log_path(top: float, num: int = 12, ratio: float = 1e-3, zero: bool = True) -> tuple:
+    """``num`` levels log-spaced from ``top`` down to ``top * ratio`` (descending), and 0."""
+    if not (math.isfinite(top) and top > 0):
+        return (0.0,) if zero else ()
+    grid = [float(v) for v in np.geomspace(top, top * ratio, num)] if num > 1 else [top]
+    return tuple(grid + ([0.0] if zero else []))
+
+
+# ---------------------------------------------------------------------------------------
+# Choosing
+# ---------------------------------------------------------------------------------------
+def summarize(table: pd.DataFrame, params: Sequence[str], score: str) -> pd.DataFrame:
+    """Mean and standard error of ``score`` over folds per setting (grid order kept):
+    columns ``params..., mean, se, folds`` (folds with a finite score)."""
+    rows = []
+    for key, grp in table.groupby(list(params), sort=False):
+        vals = grp[score].to_numpy(dtype=float)
+        vals = vals[np.isfinite(vals)]
+        k = len(vals)
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append(
+            {
+                **dict(zip(params, key, strict=True)),
+                "mean": float(vals.mean()) if k else float("nan"),
+                "se": float(vals.std(ddof=1) / math.sqrt(k)) if k > 1 else float("nan"),
+                "folds": k,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def choose(
+    table: pd.DataFrame,
+    params: Sequence[str],
+    score: str,
+    maximize: bool,
+    rule: str = "best",
+    simplest: Sequence[str] = (),
+) -> tuple[dict, pd.DataFrame]:
+    """The chosen setting (a dict of ``params``) and the summary (:func:`summarize`, with a
+    ``chosen`` column).
+
+    ``best``: the highest (``maximize``) or lowest mean score; ties go to the earlier
+    setting in grid order.  ``1se``: among the settings whose mean is within one standard
+    error (of the best setting) of the best mean, the most regularized: the largest values
+    of ``simplest`` (in that order of priority), then the best mean.
+    """
+    if rule not in RULES:
+        raise InputError(f"cv-rule: must be one of {', '.join(RULES)}, got {rule!r}")
+    summary = summarize(table, params, score)
+    mean = summary["mean"].to_numpy(dtype=float)
+    if not np.isfinite(mean).any():
+        raise InputError(f"tune: no setting has a finite validation {score}")
+    sign = 1.0 if maximize else -1.0
+    best = int(np.nanargmax(sign * mean))
+    pick = best
+    if rule == "1se":
+        se = summary["se"].iloc[best]
+        se = 0.0 if not np.isfinite(se) else float(se)
+        near = np.flatnonzero(np.isfinite(mean) & (sign * mean >= sign * mean[best] - se))
+        order = sorted(
+            near,
+            key=lambda i: tuple(-float(summary[c].iloc[i]) for c in simplest) + (-sign * mean[i],),
+        )
+        pick = int(order[0])
+    summary["chosen"] = np.arange(len(summary)) == pick
+    chosen = {c: summary[c].iloc[pick] for c in params}
+    chosen = {c: (v.item() if hasattr(v, "item") else v) for c, v in chosen.items()}
+    return chosen, summary
+
+
+# ---------------------------------------------------------------------------------------
+# Running the pieces
+# ---------------------------------------------------------------------------------------
+def default_jobs(n_items: int) -> int:
+    """Processes for ``n_items`` independent pieces: one per core, at most one per piece."""
+    return max(1, min(n_items, os.cpu_count() or 1))
+
+
+def _quiet_worker() -> None:
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    FLOWER_LOGGER.setLevel(logging.WARNING)
+
+
+class Progress:
+    """``label: 7/20 done, 35 s, about 60 s left`` on stderr, at most every 2 s (and at the
+    end), unless ``quiet``."""
+
+    def __init__(self, label: str, total: int, quiet: bool = False, stream=None) -> None:
+        self.label, self.total, self.quiet = label, total, quiet
+        self.stream = stream if stream is not None else sys.stderr
+        self.t0 = time.perf_counter()
+        self.last = -math.inf
+
+    def __call__(self, done: int) -> None:
+        now = time.perf_counter()
+        if self.quiet or (now - self.last < 2.0 and done < self.total):
+            return
+        self.last = now
+        elapsed = now - self.t0
+        left = ""
+        if 0 < done < self.total:
+            left = f", about {elapsed / done * (self.total - done):.0f} s left"
+        self.stream.write(f"{self.label}: {done}/{self.total} done, {elapsed:.0f} s{left}\n")
+        self.stream.flush()
+
+
+def run_items(
+    fn: Callable, items: Sequence, jobs: int = 1, progress: Progress | None = None
+) -> list:
+    """``[fn(item) for item in items]``, in ``jobs`` processes when ``jobs > 1`` (``fn`` and
+    the items must pickle); results in item order."""
+    out: list = [None] * len(items)
+    if jobs <= 1 or len(items) <= 1:
+        for i, item in enumerate(items):
+            out[i] = fn(item)
+            if progress is not None:
+                progress(i + 1)
+        return out
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
+    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_quiet_worker) as pool:
+        futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+        for done, fut in enumerate(as_completed(futures), start=1):
+            out[futures[fut]] = fut.result()
+            if progress is not None:
+                progress(done)
+    return out
+
+
+def parse_grid(text: str | Sequence[float], key: str, minimum: float = 0.0) -> tuple:
+    """Comma-separated numbers (or a sequence), each finite and ``>= minimum``."""
+    if isinstance(text, str):
+        try:
+            values = [float(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise InputError(f"{key}: expected comma-separated numbers, got {text!r}") from None
+    else:
+        values = [float(v) for v in text]
+    if not values:
+        raise InputError(f"{key}: give one or more values")
+    if not all(math.isfinite(v) for v in values):
+        raise InputError(f"{key}: values must be finite numbers, got {text!r}")
+    if min(values) < minimum:
+        raise InputError(f"{key}: values must be >= {minimum:g}, got {min(values)!r}")
+    return tuple(dict.fromkeys(values))
+
+
+__all__ = [
+    "CVOptions",
+    "Progress",
+    "RULES",
+    "choose",
+    "common_fit",
+    "components",
+    "default_jobs",
+    "holdout_mask",
+    "lam_max",
+    "log_path",
+    "parse_grid",
+    "row_folds",
+    "site_rng",
+    "run_items",
+    "stratified_folds",
+    "summarize",
+]

@@ -1,0 +1,385 @@
+"""``fit --tune cv`` and the held-out test sets of both methods, through the commands.
+
+What is checked against what: the chosen setting against the per-fold table's means
+(recomputed here), the refit against a plain fit at the chosen values, the test AUC and its
+DeLong interval against a brute-force computation from ``coefficients.csv`` and the test
+file, RowFed's test MSE against ``intercept + x Theta`` from ``coefficients.csv``, parallel
+folds against serial ones; every bad input: one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import write_grauc_csv
+
+from grauc_flower.data import simulate
+
+
+def _main(module: str, capsys, *args) -> tuple[int, str]:
+    import importlib
+
+    main = importlib.import_module(f"{module}.cli").main
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def _rejected(code, err, out, *words):
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert not os.path.exists(out)
+
+
+def _read(out, name):
+    return pd.read_csv(os.path.join(out, name))
+
+
+def _metrics(out):
+    with open(os.path.join(out, "metrics.json")) as fh:
+        return json.load(fh)
+
+
+# ---------------------------------------------------------------------------------------
+# GrAUC-PFL
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def grauc_files(tmp_path_factory):
+    """Four sites, three features; a test file with the features in another order."""
+    root = tmp_path_factory.mktemp("grauc_cv")
+    sites = simulate(1, 4, 3, 36, 60, 0.4, 3, seed=4242)
+    data, site_file = write_grauc_csv(str(root), sites)
+    rows = []
+    for s in sites:
+        frame = pd.DataFrame(s.x_test, columns=["f0", "f1", "f2"])
+        frame.insert(0, "y", s.y_test)
+        frame.insert(0, "site", s.site)
+        rows.append(frame)
+    test = os.path.join(root, "test.csv")
+    pd.concat(rows)[["site", "f2", "y", "f0", "f1"]].to_csv(test, index=False)
+    return sites, data, site_file, test, root
+
+
+def _grauc(capsys, files, out, *extra):
+    _, data, site_file, _, _ = files
+    return _main(
+        "grauc_flower", capsys, "fit", "--data", data, "--sites", site_file, "--out", out,
+        "--quiet", *extra,
+    )  # fmt: skip
+
+
+CV = ("--tune", "cv", "--folds", "3", "--w-dist-grid", "1", "--ridge-grid", "0.01,1")
+
+
+def _delong(scores, y):
+    """AUC and DeLong SE by brute force over all pairs."""
+    pos, neg = scores[y == 1], scores[y == 0]
+    psi = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
+    a = psi.mean()
+    v10, v01 = psi.mean(axis=1), psi.mean(axis=0)
+    var = v10.var(ddof=1) / len(pos) + v01.var(ddof=1) / len(neg)
+    return a, np.sqrt(var)
+
+
+def test_grauc_tune_cv_and_test_file(grauc_files, capsys, tmp_path):
+    sites, _, _, test_file, _ = grauc_files
+    out = str(tmp_path / "tuned")
+    code, err = _grauc(capsys, grauc_files, out, *CV, "--jobs", "1", "--test-data", test_file)
+    assert code == 0, err
+    cv = _read(out, "cv.csv")
+    assert list(cv.columns) == [
+        "fold", "lam", "w_dist", "ridge", "val_auc", "rounds", "converged",
+    ]  # fmt: skip
+    # 13 lam values (12 below lam_max and 0) per ridge, each in 3 folds
+    assert len(cv) == 3 * 2 * 13
+    for _, grp in cv.groupby("ridge"):
+        lams = np.sort(grp["lam"].unique())[::-1]
+        assert lams[-1] == 0.0 and len(lams) == 13
+        np.testing.assert_allclose(lams[1] / lams[0], 10 ** (-3 / 11), rtol=1e-12)
+    mean = cv.groupby(["lam", "w_dist", "ridge"])["val_auc"].mean()
+    best = max(mean.index[mean == mean.max()])  # ties: the most regularized
+    m = _metrics(out)
+    assert (m["tuned"]["lam"], m["tuned"]["w_dist"], m["tuned"]["ridge"]) == pytest.approx(best)
+    assert m["cv"]["mean"] == pytest.approx(mean.max())
+
+    # the refit equals a plain fit at the chosen values
+    plain = str(tmp_path / "plain")
+    code, err = _grauc(
+        capsys, grauc_files, plain,
+        "--lam", repr(float(best[0])), "--w-dist", repr(float(best[1])),
+        "--ridge", repr(float(best[2])),
+    )  # fmt: skip
+    assert code == 0, err
+    np.testing.assert_allclose(
+        _read(out, "coefficients.csv").iloc[:, 1:], _read(plain, "coefficients.csv").iloc[:, 1:],
+        atol=1e-10,
+    )  # fmt: skip
+
+    # test.csv: AUC and DeLong interval from coefficients.csv and the test file
+    coef = _read(out, "coefficients.csv").set_index("site")
+    test = pd.read_csv(test_file)
+    table = _read(out, "test.csv").set_index("site")
+    assert list(table.index) == [s.site for s in sites]
+    for site, row in table.iterrows():
+        rows = test[test["site"] == site]
+        scores = rows[coef.columns].to_numpy() @ coef.loc[site].to_numpy()
+        a, se = _delong(scores, rows["y"].to_numpy())
+        assert row["auc"] == pytest.approx(a, abs=1e-12)
+        assert row["auc_se"] == pytest.approx(se, rel=1e-9)
+        assert row["lower"] == pytest.approx(max(a - 1.959963984540054 * se, 0), rel=1e-9)
+        assert row["upper"] == pytest.approx(min(a + 1.959963984540054 * se, 1), rel=1e-9)
+        assert (row["n_pos"], row["n_neg"]) == (int(rows["y"].sum()), int((rows["y"] == 0).sum()))
+    assert m["test"]["mean_auc"] == pytest.approx(table["auc"].mean())
+    assert m["split"]["test"] == "file" and m["split"]["n_test"] == len(test)
+
+
+def test_grauc_parallel_folds_equal_serial_folds(grauc_files, capsys, tmp_path):
+    grid = ("--tune", "cv", "--folds", "2", "--lam-grid", "1,0.1,0", "--w-dist-grid", "0,2")
+    grid += ("--ridge-grid", "0.1,1")
+    tables = []
+    for jobs in ("1", "2"):
+        out = str(tmp_path / f"jobs{jobs}")
+        code, err = _grauc(capsys, grauc_files, out, *grid, "--jobs", jobs)
+        assert code == 0, err
+        tables.append(_read(out, "cv.csv"))
+    pd.testing.assert_frame_equal(tables[0], tables[1])
+    assert set(tables[0]["lam"]) == {1.0, 0.1, 0.0}
+
+
+def test_grauc_baselines_tune_their_ridge_and_rounds(grauc_files, capsys, tmp_path):
+    out = str(tmp_path / "fedavg")
+    extra = ("--method", "fedavg", "--tune", "cv", "--folds", "2", "--ridge-grid", "0.01,1")
+    code, err = _grauc(capsys, grauc_files, out, *extra, "--rounds-grid", "5,20", "--jobs", "1")
+    assert code == 0, err
+    cv = _read(out, "cv.csv")
+    assert list(cv.columns) == [
+        "fold", "ridge", "fedavg_rounds", "val_auc", "rounds", "converged",
+    ]  # fmt: skip
+    assert len(cv) == 2 * 2 * 2
+    m = _metrics(out)
+    mean = cv.groupby(["ridge", "fedavg_rounds"])["val_auc"].mean()
+    best = max(mean.index[mean == mean.max()])  # ties: the larger ridge, more rounds
+    assert (m["tuned"]["ridge"], m["tuned"]["fedavg_rounds"]) == pytest.approx(best)
+    assert m["rounds"] == best[1]
+
+
+def test_fedavg_rounds_path_continues_one_run(grauc_files):
+    """The CV's rounds path (5, then 15 more from the 5-round model) equals 20 rounds."""
+    from grauc_flower.tuning import cv_piece
+    from strategies.config import GrAUCConfig
+    from strategies.grauc import GrAUCFedAvg
+    from strategies.registry import Registry
+    from strategies.runtime.engine import run_inprocess
+
+    sites = grauc_files[0]
+    cfg = GrAUCConfig(ridge=0.1)
+    rows = cv_piece(("fedavg", 0, sites, cfg, (), {}, (5, 20)))
+    from grauc_flower.client import GrAUCClient
+
+    clients = [GrAUCClient(s, cfg.ridge, index=z) for z, s in enumerate(sites)]
+    strategy = GrAUCFedAvg(cfg.replace(fedavg_rounds=20), len(sites), Registry())
+    run_inprocess(strategy, clients, 21)
+    aucs = [m["auc"] for m in strategy.evaluation.values()]
+    assert rows[1]["val_auc"] == pytest.approx(np.mean(aucs), abs=1e-12)
+
+
+def test_grauc_holdout(grauc_files, capsys, tmp_path):
+    sites = grauc_files[0]
+    out = str(tmp_path / "holdout")
+    code, err = _grauc(capsys, grauc_files, out, "--holdout", "0.25", "--data-seed", "7")
+    assert code == 0, err
+    m = _metrics(out)
+    expected = 0
+    for s in sites:
+        for cls in (0, 1):
+            n = int(np.sum(s.y_train == cls))
+            expected += min(int(np.floor(0.25 * n + 0.5)), n - 1)
+    assert m["split"]["n_test"] == expected
+    assert m["split"]["n_train"] + expected == sum(len(s.y_train) for s in sites)
+    table = _read(out, "test.csv")
+    assert int(table["n_pos"].sum() + table["n_neg"].sum()) == expected
+    # the same seed draws the same rows; another seed others
+    again = str(tmp_path / "again")
+    assert _grauc(capsys, grauc_files, again, "--holdout", "0.25", "--data-seed", "7")[0] == 0
+    pd.testing.assert_frame_equal(table, _read(again, "test.csv"))
+    other = str(tmp_path / "other")
+    assert _grauc(capsys, grauc_files, other, "--holdout", "0.25", "--data-seed", "8")[0] == 0
+    assert not np.allclose(table["auc"], _read(other, "test.csv")["auc"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (("--holdout", "1.5"), ("holdout:", "(0, 1)")),
+        (("--holdout", "0.2", "--test-data", "TEST"), ("holdout:", "not both")),
+        (("--test-data", "/no/such.csv"), ("test-data:", "not found")),
+        (("--test-data", "UNKNOWN_SITE"), ("test-data:", "'zz'")),
+        (("--test-data", "MISSING_FEATURE"), ("test-data:", "'f1'")),
+        (("--tune", "cv", "--lam", "0.1"), ("lam:", "--lam-grid")),
+        (("--tune", "cv", "--ridge", "0.1"), ("ridge:", "--ridge-grid")),
+        (("--lam-grid", "1,0.1"), ("lam-grid:", "--tune cv")),
+        (("--tune", "cv", "--folds", "1"), ("folds:", ">= 2")),
+        (("--tune", "cv", "--lam-grid", "1,x"), ("lam-grid:",)),
+        (("--tune", "cv", "--method", "pooled"), ("tune:",)),
+        (("--tune", "cv", "--method", "fedavg", "--rounds-grid", "2.5"), ("rounds-grid:",)),
+    ],
+)
+def test_grauc_bad_tuning_and_test_input(grauc_files, capsys, tmp_path, extra, words):
+    _, _, _, test_file, root = grauc_files
+    test = pd.read_csv(test_file)
+    files = {
+        "TEST": test_file,
+        "UNKNOWN_SITE": test.assign(site="zz"),
+        "MISSING_FEATURE": test.drop(columns=["f1"]),
+    }
+    args = []
+    for a in extra:
+        if a in files and isinstance(files[a], pd.DataFrame):
+            path = str(tmp_path / f"{a}.csv")
+            files[a].to_csv(path, index=False)
+            a = path
+        elif a in files:
+            a = files[a]
+        args.append(a)
+    out = str(tmp_path / "never")
+    _rejected(*_grauc(capsys, grauc_files, out, *args), out, *words)
+
+
+def test_real_sources_keep_their_own_split(capsys, tmp_path):
+    out = str(tmp_path / "never")
+    code, err = _main(
+        "grauc_flower", capsys, "fit", "--source", "crime", "--holdout", "0.2", "--out", out
+    )
+    _rejected(code, err, out, "holdout:", "--train-fraction")
+
+
+# ---------------------------------------------------------------------------------------
+# RowFed
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rowfed_files(tmp_path_factory):
+    """Five clients, four predictors, two responses; clients 0-2 share a slope."""
+    root = tmp_path_factory.mktemp("rowfed_cv")
+    rng = np.random.default_rng(777)
+    frames, tests = [], []
+    for m in range(5):
+        theta = np.array([[1.0, -0.5], [0.0, 0.0], [0.5, 0.5], [0.0, 1.0]])
+        theta[0] += 0.8 * (m >= 3)
+        for n, sink in ((30, frames), (12, tests)):
+            x = rng.standard_normal((n, 4))
+            y = 0.3 * m + x @ theta + 0.4 * rng.standard_normal((n, 2))
+            frame = pd.DataFrame(x, columns=[f"x{j}" for j in range(4)])
+            frame.insert(0, "client", f"c{m}")
+            frame["Y1"], frame["Y2"] = y[:, 0], y[:, 1]
+            sink.append(frame)
+    data, test = os.path.join(root, "data.csv"), os.path.join(root, "test.csv")
+    pd.concat(frames).to_csv(data, index=False)
+    pd.concat(tests)[["Y2", "x3", "client", "x1", "x0", "Y1", "x2"]].to_csv(test, index=False)
+    return data, test
+
+
+def _rowfed(capsys, files, out, *extra):
+    return _main(
+        "rowfed_flower", capsys, "fit", "--data", files[0], "--responses", "Y1,Y2", "--out",
+        out, *extra,
+    )  # fmt: skip
+
+
+def test_rowfed_tune_cv_and_test_file(rowfed_files, capsys, tmp_path):
+    out = str(tmp_path / "tuned")
+    grids = ("--lam1-grid", "0.3,0.05,0.01", "--lam2-grid", "0.05,0.005")
+    code, err = _rowfed(
+        capsys, rowfed_files, out, "--tune", "cv", "--folds", "3", *grids, "--jobs", "1",
+        "--test-data", rowfed_files[1],
+    )  # fmt: skip
+    assert code == 0, err
+    cv = _read(out, "cv.csv")
+    assert list(cv.columns) == ["fold", "lam1", "lam2", "val_mse", "rounds", "converged"]
+    assert len(cv) == 3 * 3 * 2
+    mean = cv.groupby(["lam1", "lam2"])["val_mse"].mean()
+    m = _metrics(out)
+    assert (m["tuned"]["lam1"], m["tuned"]["lam2"]) == pytest.approx(mean.idxmin())
+    assert (m["lam1"], m["lam2"]) == pytest.approx(mean.idxmin())
+
+    coef = _read(out, "coefficients.csv")
+    test = pd.read_csv(rowfed_files[1])
+    table = _read(out, "test.csv")
+    assert len(table) == 5 * 2
+    for client, grp in coef.groupby("client"):
+        rows = test[test["client"] == client]
+        grp = grp.set_index("feature")
+        x = rows[[f"x{j}" for j in range(4)]].to_numpy()
+        pred = (
+            grp.loc["(intercept)", ["Y1", "Y2"]].to_numpy()
+            + x @ grp.loc[[f"x{j}" for j in range(4)], ["Y1", "Y2"]].to_numpy()
+        )
+        mse = ((rows[["Y1", "Y2"]].to_numpy() - pred) ** 2).mean(axis=0)
+        got = table[table["client"] == client].set_index("response")["mse"]
+        np.testing.assert_allclose(got[["Y1", "Y2"]].to_numpy(), mse, rtol=1e-9)
+    assert m["test"]["mse"] == pytest.approx(table["mse"].mean())
+
+
+def test_rowfed_one_se_rule_picks_no_less_regularization(rowfed_files, capsys, tmp_path):
+    grids = ("--lam1-grid", "0.3,0.05,0.01", "--lam2-grid", "0.05,0.005", "--folds", "3")
+    chosen = {}
+    for rule in ("best", "1se"):
+        out = str(tmp_path / rule)
+        code, err = _rowfed(
+            capsys, rowfed_files, out, "--tune", "cv", *grids, "--cv-rule", rule, "--jobs", "1"
+        )
+        assert code == 0, err
+        chosen[rule] = _metrics(out)["tuned"]
+    cv = _read(str(tmp_path / "1se"), "cv.csv")
+    stats = cv.groupby(["lam1", "lam2"])["val_mse"].agg(["mean", "std"])
+    best = stats["mean"].idxmin()
+    limit = stats.loc[best, "mean"] + stats.loc[best, "std"] / np.sqrt(3)
+    near = stats[stats["mean"] <= limit].index
+    assert (chosen["1se"]["lam1"], chosen["1se"]["lam2"]) == max(near)
+    assert chosen["1se"]["lam1"] >= chosen["best"]["lam1"]
+
+
+def test_rowfed_holdout(rowfed_files, capsys, tmp_path):
+    out = str(tmp_path / "holdout")
+    code, err = _rowfed(capsys, rowfed_files, out, "--holdout", "0.2")
+    assert code == 0, err
+    m = _metrics(out)
+    assert m["split"]["n_test"] == 5 * 6 and m["split"]["n_train"] == 5 * 24
+    assert set(_read(out, "test.csv")["client"]) == {f"c{m}" for m in range(5)}
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (("--holdout", "1.2"), ("holdout:",)),
+        (("--holdout", "0.2", "--test-data", "TEST"), ("holdout:", "not both")),
+        (("--test-data", "UNKNOWN"), ("test-data:", "'zz'")),
+        (("--test-data", "MISSING"), ("test-data:", "'x2'")),
+        (("--tune", "cv", "--lam2", "0.1"), ("lam2:", "--lam2-grid")),
+        (("--tune", "cv", "--folds", "1"), ("folds:",)),
+        (("--tune", "cv", "--folds", "31"), ("folds:", "'c0'")),
+        (("--lam2-grid", "0.1"), ("lam2-grid:", "--tune")),
+    ],
+)
+def test_rowfed_bad_tuning_and_test_input(rowfed_files, capsys, tmp_path, extra, words):
+    test = pd.read_csv(rowfed_files[1])
+    made = {"UNKNOWN": test.assign(client="zz"), "MISSING": test.drop(columns=["x2"])}
+    args = []
+    for a in extra:
+        if a == "TEST":
+            a = rowfed_files[1]
+        elif a in made:
+            path = str(tmp_path / f"{a}.csv")
+            made[a].to_csv(path, index=False)
+            a = path
+        args.append(a)
+    out = str(tmp_path / "never")
+    _rejected(*_rowfed(capsys, rowfed_files, out, *args), out, *words)
