@@ -6,7 +6,8 @@
   against an optimum from tight solves;
 - wall time per round in-process and through ``flwr run`` (20 simulated SuperNodes);
 - the surrogate's gradient: time and peak memory versus ``n m`` (chunked vs one pass);
-- graph building versus the number of sites ``Z``; the server step versus ``Z`` (p = 20).
+- graph building versus the number of sites ``Z``; the server step versus ``Z`` (p = 20);
+- ``fit --tune cv`` with the default grid and 5 folds on the 20 sites (folds in parallel).
 
 Ratios between variants are the figures to quote; absolute times depend on the machine.
 """
@@ -209,6 +210,31 @@ def server_step_table(zs, p: int = 20) -> list[dict]:
     return rows
 
 
+def tuning_time(quick: bool) -> dict:
+    """``fit --tune cv`` with the default grid (lam from lam_max, w_dist, ridge) and 5 folds
+    on the main job's 20 sites, folds in one process per core: wall time, fits, the chosen
+    setting and the refit's test AUC."""
+    from strategies.tuning import CVOptions
+
+    from . import tuning
+
+    sites, _ = fed.load_sites(fed.DataSpec())
+    grid = tuning.Grid(ridge=(0.1,), w_dist=(1.0,)) if quick else tuning.Grid()
+    t0 = time.perf_counter()
+    cfg, table, _ = tuning.tune(list(sites), GrAUCConfig(), "grauc", grid, CVOptions(quiet=True))
+    seconds = time.perf_counter() - t0
+    res = fed.run_methods_inprocess(cfg, list(sites), ["grauc"])["grauc"]
+    return {
+        "what": "tune cv",
+        "variant": "grauc, 5 folds, " + ("quick grid" if quick else "default grid"),
+        "fits": len(table),
+        "wall_seconds": seconds,
+        "seconds_per_fit": seconds / len(table),
+        "chosen": f"lam={cfg.lam:.4g} w_dist={cfg.w_dist:g} ridge={cfg.ridge:g}",
+        "test_auc": float(np.mean([m["auc"] for m in res.evaluation.values()])),
+    }
+
+
 def run(out: str, quick: bool = False, flower: bool = True) -> pd.DataFrame:
     check_out(out)
     rows = rounds_table(quick)
@@ -217,4 +243,5 @@ def run(out: str, quick: bool = False, flower: bool = True) -> pd.DataFrame:
     rows += gradient_table([(1000, 9000), (10000, 90000)] if not quick else [(1000, 9000)])
     rows += graph_table([100, 1000, 10000] if not quick else [100, 1000])
     rows += server_step_table([200, 2000])
+    rows.append(tuning_time(quick))
     return finish(rows, out)

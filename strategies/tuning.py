@@ -18,10 +18,13 @@ Flower-free: the method packages supply the fits and the validation scores.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -329,6 +332,24 @@ class Progress:
         self.stream.flush()
 
 
+@contextlib.contextmanager
+def _terminate_raises():
+    """SIGTERM raises KeyboardInterrupt in the main thread while the pool runs (so the
+    workers are stopped too); elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_items(
     fn: Callable, items: Sequence, jobs: int = 1, progress: Progress | None = None
 ) -> list:
@@ -342,12 +363,25 @@ def run_items(
                 progress(i + 1)
         return out
     ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
-    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_quiet_worker) as pool:
-        futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
-        for done, fut in enumerate(as_completed(futures), start=1):
-            out[futures[fut]] = fut.result()
-            if progress is not None:
-                progress(done)
+    pool = ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_quiet_worker)
+    workers = []
+    try:
+        with _terminate_raises():
+            futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+            workers = list(getattr(pool, "_processes", {}).values())
+            for done, fut in enumerate(as_completed(futures), start=1):
+                out[futures[fut]] = fut.result()
+                if progress is not None:
+                    progress(done)
+    except BaseException:
+        # an error, Ctrl-C or SIGTERM: stop the workers by their pids now, not after their
+        # current piece
+        workers = workers or list(getattr(pool, "_processes", {}).values())
+        for proc in workers:
+            proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return out
 
 

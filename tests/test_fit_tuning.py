@@ -383,3 +383,67 @@ def test_rowfed_bad_tuning_and_test_input(rowfed_files, capsys, tmp_path, extra,
         args.append(a)
     out = str(tmp_path / "never")
     _rejected(*_rowfed(capsys, rowfed_files, out, *args), out, *words)
+
+
+# ---------------------------------------------------------------------------------------
+# stopping
+# ---------------------------------------------------------------------------------------
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_cv_workers(tmp_path):
+    """A fit stopped while its folds run in worker processes: one line, exit 2, nothing
+    written, and no worker left running."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    out = str(tmp_path / "never")
+    cmd = [sys.executable, "-m", "grauc_flower", "fit", "--source", "simulated", "--tune", "cv"]
+    proc = subprocess.Popen(
+        [*cmd, "--jobs", "2", "--out", out], cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            workers = _children(proc.pid)
+        assert len(workers) >= 2, "the worker processes did not start"
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1]
+        assert proc.returncode == 2
+        assert err.strip().splitlines()[-1] == "error: interrupted"
+        assert "Traceback" not in err
+        time.sleep(1)
+        assert not [w for w in workers if _alive(w)]
+        assert not os.path.exists(out)
+    finally:
+        for pid in [proc.pid, *workers]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
