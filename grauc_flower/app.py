@@ -53,7 +53,7 @@ def run(grid: Grid, context: Context) -> dict:
             n_sites,
             registry,
             sites,
-            progress=round_logger(method),
+            progress=round_logger(method, 1, fed.round_limit(method, cfg)),
             checkpoint=checkpoint,
             timeout=timeout,
         ),

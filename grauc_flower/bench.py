@@ -100,7 +100,7 @@ def flower_round_time() -> dict:
     wall = time.perf_counter() - t0
     stamps = {
         int(k): float(t)
-        for k, t in re.findall(r"grauc round (\d+): objective .*?\(([\d.]+) s\)", out)
+        for k, t in re.findall(r"grauc round (\d+)(?:/\d+)?: objective .*?\(([\d.]+) s\)", out)
     }
     first, last = min(stamps), max(stamps)
     per_round = (stamps[last] - stamps[first]) / max(last - first, 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 
@@ -130,6 +131,7 @@ def _fit_parser(sub) -> None:
     p.add_argument("--checkpoint-every", type=int, default=10, metavar="K", help="(default: 10)")
     p.add_argument("--resume", default="", metavar="FILE", help="start from a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--verbose", action="store_true", help="--engine flower: Flower's own log")
 
 
 def _run_parser(sub) -> None:
@@ -361,7 +363,7 @@ def cmd_fit(a) -> int:
                 "checkpoint.every": a.checkpoint_every,
                 "checkpoint.resume": os.path.abspath(a.resume) if a.resume else "",
             }
-            flwr_run(project_dir(), rc, len(sites), echo=not a.quiet)
+            flwr_run(project_dir(), rc, len(sites), echo=_echo(a.quiet, a.verbose))
             os.remove(os.path.join(tmp, "auc.csv"))
         path = os.path.join(tmp, "metrics.json")
         with open(path) as fh:
@@ -400,6 +402,16 @@ def cmd_fit(a) -> int:
     return 0
 
 
+_LOG_LINE = re.compile(r"^\s*(DEBUG|INFO|WARNING)\s*:")
+
+
+def _echo(quiet: bool, verbose: bool):
+    """What of ``flwr run``'s stream a person sees: nothing, everything, or the progress."""
+    from strategies.runtime.launch import ProgressLines
+
+    return False if quiet else True if verbose else ProgressLines()
+
+
 def cmd_run(a) -> int:
     from strategies.runtime.simulation import flwr_run
 
@@ -420,11 +432,14 @@ def cmd_run(a) -> int:
             rc[key] = value
     if not a.verbose:
         sys.stderr.write(
-            f"Running {a.method} on Flower's simulation engine ({a.num_sites} SuperNodes)...\n"
+            f"Running {a.method} on Flower's simulation engine ({a.num_sites} SuperNodes); "
+            "starting Flower takes about half a minute...\n"
         )
-    out = flwr_run(project_dir(), rc, a.num_sites, echo=a.verbose)
+    out = flwr_run(project_dir(), rc, a.num_sites, echo=_echo(False, a.verbose))
     table = out[out.find("Per-institution") :] if "Per-institution" in out else out[-3000:]
-    print("\n".join(ln for ln in table.splitlines() if "ClientAppActor" not in ln).strip())
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", table).splitlines()
+    keep = [ln for ln in plain if "ClientAppActor" not in ln and not _LOG_LINE.match(ln)]
+    print("\n".join(keep).strip())
     return 0
 
 

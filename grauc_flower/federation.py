@@ -119,6 +119,11 @@ def checkpoint_settings(rc: dict) -> dict:
     return out
 
 
+def round_limit(method: str, cfg) -> int:
+    """The method's own round limit (what a progress line counts against)."""
+    return cfg.fedavg_rounds if method == "fedavg" else cfg.max_rounds
+
+
 def max_rounds_for(method: str, cfg: GrAUCConfig) -> int:
     """A round budget for Flower's server loop: the method's own rounds, and one for the
     evaluation after the last (the loop stops as soon as the method has finished)."""

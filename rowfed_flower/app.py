@@ -49,7 +49,7 @@ def run(grid: Grid, context: Context) -> dict:
             cfg,
             n_sites,
             registry,
-            progress=round_logger(method, LOG_EVERY),
+            progress=round_logger(method, LOG_EVERY, fed.round_limit(method, cfg)),
             timeout=timeout,
         ),
         lambda method: fed.max_rounds_for(method, cfg),

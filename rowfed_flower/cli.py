@@ -104,7 +104,9 @@ def _run_flower(cfg: RowFedConfig, args, data, tmp: str) -> None:
         "rowfed-data.holdout": args.holdout,
         "rowfed-data.seed": args.data_seed,
     }
-    flwr_run(project_dir(), rc, len(data.clients), echo=args.verbose)
+    from strategies.runtime.launch import ProgressLines
+
+    flwr_run(project_dir(), rc, len(data.clients), echo=True if args.verbose else ProgressLines())
     os.remove(os.path.join(tmp, "summary.csv"))
 
 

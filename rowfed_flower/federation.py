@@ -274,6 +274,11 @@ def make_strategy(
     raise InputError(f"method: must be one of {', '.join(ROWFED_METHODS)}, got {method!r}")
 
 
+def round_limit(method: str, cfg) -> int:
+    """The method's own round limit (what a progress line counts against)."""
+    return cfg.fedavg_rounds if method == "fedavg" else cfg.max_rounds
+
+
 def max_rounds_for(method: str, cfg: RowFedConfig) -> int:
     """A round budget for Flower's server loop: initialization, the method's own rounds and
     the evaluation after the last (the loop stops as soon as the method has finished)."""

@@ -54,6 +54,11 @@ def test_main_job_prints_auc_table(tmp_path):
     data, per-institution and mean test AUC; GrAUC-PFL's mean is the highest."""
     proc = run_module("grauc_flower", "run", "--out", str(tmp_path / "main"), timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # progress by default: each method's round lines, not Flower's own log
+    for method, limit in (("grauc", 300), ("fedavg", 100)):
+        assert re.search(rf"^{method}: round 1/{limit}, objective ", proc.stderr, re.M)
+    assert "configure_fit" not in proc.stderr and "[ROUND" not in proc.stderr
+    assert "INFO" not in proc.stdout
     lines = proc.stdout.splitlines()
     header = next(ln for ln in lines if ln.startswith("site"))
     assert header.split()[1:] == ["grauc", "fedavg", "individual"]

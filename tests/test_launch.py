@@ -164,3 +164,52 @@ def test_a_failed_simulation_run_exits_non_zero_with_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.splitlines()[-1] == "error: lam: must be >= 0, got -1.0"
     assert "Traceback" not in proc.stderr
+
+
+def test_progress_lines_keep_the_rounds_and_drop_flowers_log():
+    """The stream as Flower prints it (coloured level, the round logger's message): round
+    lines reformatted, the first of a method always, then at most one per interval."""
+    from strategies.runtime.launch import ProgressLines
+
+    def flower(level, msg):
+        return f"\x1b[92m{level} \x1b[0m:      {msg}\n"
+
+    keep = ProgressLines(every=3600)
+    assert keep(flower("INFO", "configure_fit: strategy sampled 4 clients (out of 4)")) is None
+    assert keep(flower("INFO", "[ROUND 2]")) is None
+    first = flower("INFO", "grauc round 1/300: objective 9.718, predicted decrease 17.4 (1.3 s)")
+    assert keep(first) == "grauc: round 1/300, objective 9.718, predicted decrease 17.4 (1.3 s)\n"
+    assert keep(flower("INFO", "grauc round 2/300: objective 1.7 (1.4 s)")) is None  # too soon
+    assert keep(flower("INFO", "perfl-lsma round 1/1000: objective 3 (0.1 s)")).startswith(
+        "perfl-lsma: round 1/1000"
+    )
+    line = "registration: 1 of 2 sites after 30 s (S1); waiting for S2"
+    assert keep(flower("INFO", line)) == line + "\n"
+    every = ProgressLines(every=0)
+    assert every(flower("INFO", "fedavg round 7/100: objective 1.5 (2.0 s)")) is not None
+    assert every(flower("INFO", "fedavg round 8/100: objective 1.4 (2.1 s)")) is not None
+
+
+def test_round_logger_lines_are_what_progress_reads(caplog):
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from strategies.runtime.engine import ROUND_LINE, round_logger
+
+    before = FLOWER_LOGGER.propagate
+    FLOWER_LOGGER.propagate = True
+    try:
+        with caplog.at_level(logging.INFO, logger=FLOWER_LOGGER.name):
+            round_logger("rowfed", every=5, limit=1000)(5, 1.25, None, 3.0)
+            round_logger("rowfed", every=5, limit=1000)(6, 1.0, None, 3.0)  # not every 5th
+    finally:
+        FLOWER_LOGGER.propagate = before
+    messages = [r.getMessage() for r in caplog.records if "round" in r.getMessage()]
+    assert messages == ["rowfed round 5/1000: objective 1.25 (3.0 s)"]
+    assert ROUND_LINE.search(messages[0]).groups() == (
+        "rowfed",
+        "5",
+        "1000",
+        "objective 1.25 (3.0 s)",
+    )

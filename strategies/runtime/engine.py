@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from logging import INFO
 
 from flwr.common import log
@@ -17,26 +18,30 @@ from flwr.server import Server
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
+#: A round line of :func:`round_logger` in a log: method, round, limit, the rest.
+ROUND_LINE = re.compile(r"([\w-]+) round (\d+)(?:/(\d+))?: (objective .*)$")
 
-def round_logger(method: str, every: int = 1):
-    """A ``progress`` callback for strategies: logs round, objective, residuals and elapsed
-    time every ``every`` rounds (and round 1)."""
+
+def round_logger(method: str, every: int = 1, limit: int | None = None):
+    """A ``progress`` callback for strategies: logs round (of at most ``limit``), objective,
+    residuals and elapsed time every ``every`` rounds (and round 1).  The lines have the
+    form ``<method> round <k>/<limit>: objective ...`` (:data:`ROUND_LINE` reads them)."""
+    of = "" if limit is None else f"/{int(limit)}"
 
     def report(rnd, objective, res, elapsed):
         if rnd % every and rnd > 1:
             return
-        if res is None:
-            log(INFO, "%s round %d: objective %.10g (%.1f s)", method, rnd, objective, elapsed)
-        else:
-            log(
-                INFO,
-                "%s round %d: objective %.10g, %s (%.1f s)",
-                method,
-                rnd,
-                objective,
-                res.describe(),
-                elapsed,
-            )
+        what = "" if res is None else f", {res.describe()}"
+        log(
+            INFO,
+            "%s round %d%s: objective %.10g%s (%.1f s)",
+            method,
+            rnd,
+            of,
+            objective,
+            what,
+            elapsed,
+        )
 
     return report
 

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from .simulation import _bin, stop_process
 
@@ -72,17 +73,49 @@ def failure_message(status: str, details: str, output: str) -> str:
     return f"run: {status}: {why}".splitlines()[0]
 
 
+class ProgressLines:
+    """A filter for ``flwr run``'s stream that keeps what a person waiting wants to see: each
+    method's round lines (``grauc: round 5/300, objective ...``; the first of each method,
+    then at most one every ``every`` seconds) and the server's lines about missing sites.
+    Flower's own INFO log is left out (``--verbose`` shows it)."""
+
+    KEEP = ("registration:", "no answer at the end", "failed:")
+
+    def __init__(self, every: float = 2.0) -> None:
+        self.every = every
+        self.last: dict[str, float] = {}
+
+    def __call__(self, line: str) -> str | None:
+        from .engine import ROUND_LINE
+
+        text = _ANSI.sub("", line).strip()
+        text = re.sub(r"^(INFO|WARNING|ERROR)\s*:\s*", "", text)
+        match = ROUND_LINE.search(text)
+        if match:
+            method, rnd, limit, rest = match.groups()
+            now = time.monotonic()
+            if method in self.last and now - self.last[method] < self.every:
+                return None
+            self.last[method] = now
+            of = f"/{limit}" if limit else ""
+            return f"{method}: round {rnd}{of}, {rest}\n"
+        if any(k in text for k in self.KEEP):
+            return text + "\n"
+        return None
+
+
 def flwr_run_checked(
     app_dir: str,
     connection: str,
     env: dict,
     args: tuple[str, ...] = (),
-    echo: bool = False,
+    echo: bool | Callable[[str], str | None] = False,
     timeout: float | None = None,
 ) -> str:
     """``flwr run APP_DIR CONNECTION --stream ARGS``; returns its output when the run's
     status is ``finished:completed``, else raises :class:`RunFailed` (one line).  With
-    ``echo`` the output is copied to stderr as it comes."""
+    ``echo`` the output is copied to stderr as it comes; with a callable (e.g.
+    :class:`ProgressLines`) what it returns for each line."""
     cmd = [_bin("flwr"), "run", app_dir, connection, "--stream", *args]
     proc = subprocess.Popen(
         cmd,
@@ -97,8 +130,10 @@ def flwr_run_checked(
         deadline = None if timeout is None else time.monotonic() + timeout
         for line in proc.stdout:
             lines.append(line)
-            if echo:
-                sys.stderr.write(line)
+            shown = echo(line) if callable(echo) else (line if echo else None)
+            if shown:
+                sys.stderr.write(shown)
+                sys.stderr.flush()
             if deadline is not None and time.monotonic() > deadline:
                 raise RunFailed(f"flwr run: did not finish within {timeout:.0f} s")
         proc.wait()

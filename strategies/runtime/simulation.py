@@ -123,12 +123,14 @@ def simulation_superlink(home: str):
 
 
 def flwr_run(
-    app_dir: str, run_config: dict, num_supernodes: int, timeout: float = 1800, echo: bool = False
+    app_dir: str, run_config: dict, num_supernodes: int, timeout: float = 1800, echo=False
 ) -> str:
     """``flwr run`` the app in ``app_dir`` on the simulation engine; returns its output.
 
     Raises :class:`~strategies.runtime.launch.RunFailed` (one line: the ServerApp's error,
-    or Flower's status) unless the run's status is ``finished:completed``.
+    or Flower's status) unless the run's status is ``finished:completed``.  ``echo``: what
+    of the stream to copy to stderr (``True``: all; a filter such as
+    :class:`~strategies.runtime.launch.ProgressLines`).
     """
     from .launch import flwr_run_checked
 
