@@ -227,6 +227,12 @@ def _cell_title(cell: dict) -> str:
 
 
 def fig_site_auc(results: pd.DataFrame, cell: dict, path: str) -> str:
+    """Test AUC per site and method: with one replication each AUC as a point with its DeLong
+    95% interval; with several, a box over the replications with the replications as dots."""
+    from matplotlib.lines import Line2D
+
+    from .auc import auc_interval
+
     plt = pyplot()
     sel = np.logical_and.reduce([results[k] == v for k, v in cell.items()])
     sub = results[sel]
@@ -236,15 +242,22 @@ def fig_site_auc(results: pd.DataFrame, cell: dict, path: str) -> str:
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(max(8.0, 0.16 * len(sites) * len(methods) + 2.0), 5.0))
     for k, m in enumerate(methods):
-        data = [
-            sub[(sub["method"] == m) & (sub["site"] == s)]["auc"].dropna().to_numpy() for s in sites
-        ]
+        color = COLORS.get(m, "gray")
+        data = [sub[(sub["method"] == m) & (sub["site"] == s)] for s in sites]
         pos = [x - 0.4 + width * (k + 0.5) for x in range(len(sites))]
-        keep = [(d, p) for d, p in zip(data, pos, strict=True) if len(d)]
+        keep = [(d, p) for d, p in zip(data, pos, strict=True) if d["auc"].notna().any()]
         if not keep:
             continue
+        if n_reps == 1:  # one AUC per site: a point and its interval
+            for d, p in keep:
+                a, se = float(d["auc"].iloc[0]), float(d["auc_se"].iloc[0])
+                lo, hi = auc_interval(a, se)
+                if np.isfinite(lo):
+                    ax.plot([p, p], [lo, hi], color=color, lw=1.6, solid_capstyle="butt")
+                ax.plot(p, a, "o", color=color, mec="black", mew=0.6, ms=5)
+            continue
         bp = ax.boxplot(
-            [d for d, _ in keep],
+            [d["auc"].dropna().to_numpy() for d, _ in keep],
             positions=[p for _, p in keep],
             widths=width * 0.85,
             patch_artist=True,
@@ -252,19 +265,29 @@ def fig_site_auc(results: pd.DataFrame, cell: dict, path: str) -> str:
             flierprops={"markersize": 2},
         )
         for box in bp["boxes"]:
-            box.set_facecolor(COLORS.get(m, "white"))
+            box.set_facecolor(color)
             box.set_alpha(0.75)
         for d, p in keep:  # the replications themselves
-            ax.plot(np.full(len(d), p), d, ".", color="black", ms=2.5, alpha=0.5)
+            vals = d["auc"].dropna().to_numpy()
+            ax.plot(np.full(len(vals), p), vals, ".", color="black", ms=2.5, alpha=0.5)
     ax.set_xticks(range(len(sites)))
     ax.set_xticklabels(sites, rotation=90 if len(sites) > 12 else 0)
     ax.set_xlim(-0.6, len(sites) - 0.4)
+    for x in range(len(sites) - 1):  # separate the sites
+        ax.axvline(x + 0.5, color="0.85", lw=0.6, zorder=0)
     ax.set_ylabel("test AUC")
     ax.set_xlabel("site")
     ax.grid(axis="y", alpha=0.3)
-    reps = f"{n_reps} replication{'s' if n_reps != 1 else ''}"
-    title = f"Test AUC of each site over {reps} ({_cell_title(cell)})"
-    return finish(fig, title, path, _patches(plt, methods), [LABELS.get(m, m) for m in methods])
+    labels = [LABELS.get(m, m) for m in methods]
+    if n_reps == 1:
+        handles = [
+            Line2D([], [], color=COLORS.get(m, "gray"), marker="o", mec="black", lw=1.6)
+            for m in methods
+        ]
+        title = f"Test AUC of each site with its DeLong 95% interval ({_cell_title(cell)})"
+        return finish(fig, title, path, handles, labels)
+    title = f"Test AUC of each site over {n_reps} replications ({_cell_title(cell)})"
+    return finish(fig, title, path, _patches(plt, methods), labels)
 
 
 def _linkage(coef: np.ndarray):
@@ -358,6 +381,63 @@ def geographic_groups(lat: np.ndarray, lon: np.ndarray, gap: float = 5.0) -> np.
     return fcluster(link, t=gap, criterion="distance") - 1
 
 
+def place_labels(ax, x, y, texts, fontsize: float = 8.0) -> list:
+    """Label points without overlap: each label tries eight positions around its point, at
+    growing distances (beyond the nearest with a leader line), and takes the first whose
+    drawn box overlaps no label placed before and no other point.  Needs the final layout
+    (call after ``fig.canvas.draw()``).  Returns the text artists."""
+    from matplotlib.transforms import Bbox
+
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    pts = ax.transData.transform(np.column_stack([x, y]))
+    r = 4.0 * fig.dpi / 72.0
+    dots = [Bbox([[px - r, py - r], [px + r, py + r]]) for px, py in pts]
+    placed: list = []
+    artists = []
+    directions = ((1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1))
+    for k in np.argsort(-pts[:, 1], kind="stable"):  # top first
+        text = ax.annotate(
+            str(texts[k]),
+            (x[k], y[k]),
+            xytext=(5, 4),
+            textcoords="offset points",
+            fontsize=fontsize,
+        )
+        fallback = None
+        for far in (1.0, 2.5, 4.0, 6.0, 8.5):
+            for dx, dy in directions:
+                text.set_position((dx * 5 * far, dy * 4 * far))
+                text.set_ha("left" if dx > 0 else "right" if dx < 0 else "center")
+                text.set_va("bottom" if dy > 0 else "top" if dy < 0 else "center")
+                box = text.get_window_extent(renderer).expanded(1.05, 1.1)
+                clear = not any(box.overlaps(b) for b in placed) and not any(
+                    box.overlaps(d) for j, d in enumerate(dots) if j != k
+                )
+                fallback = fallback or (far, dx, dy)
+                if clear:
+                    break
+            else:
+                continue
+            break
+        else:  # nowhere clear: the nearest position
+            far, dx, dy = fallback
+            text.set_position((dx * 5 * far, dy * 4 * far))
+            text.set_ha("left" if dx > 0 else "right" if dx < 0 else "center")
+            text.set_va("bottom" if dy > 0 else "top" if dy < 0 else "center")
+        if far > 1.0:
+            ax.annotate(
+                "",
+                (x[k], y[k]),
+                xytext=text.get_position(),
+                textcoords="offset points",
+                arrowprops={"arrowstyle": "-", "color": "0.45", "lw": 0.6, "shrinkB": 3},
+            )
+        placed.append(text.get_window_extent(renderer))
+        artists.append(text)
+    return artists
+
+
 def fig_site_map(
     coef: pd.DataFrame,
     clusters: pd.DataFrame | None,
@@ -370,6 +450,8 @@ def fig_site_map(
 ) -> str:
     """Sites and graph edges; when the sites form 2–4 far-apart clumps (the simulations' Los
     Angeles and New York groups) each clump also gets a zoomed panel."""
+    from matplotlib.ticker import MaxNLocator
+
     from .graph import build_graph
 
     plt = pyplot()
@@ -409,20 +491,16 @@ def fig_site_map(
             shade = cmap(fused[e]) if fused is not None else "gray"
             ax.plot([lon[u], lon[v]], [lat[u], lat[v]], color=shade, lw=2.4, zorder=1)
         ax.scatter(lon[keep], lat[keep], c=colors[keep], s=55, edgecolor="black", zorder=2)
-        if annotate:
-            for k in np.flatnonzero(keep):
-                ax.annotate(
-                    sites[k],
-                    (lon[k], lat[k]),
-                    xytext=(4, 3),
-                    textcoords="offset points",
-                    fontsize=8,
-                )
         ax.set_aspect(1.0 / np.cos(np.deg2rad(np.mean(lat[keep]))), adjustable=adjustable)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=5))
+        if annotate:
+            labelled.append((ax, np.flatnonzero(keep)))
         ax.grid(alpha=0.3)
         ax.set_xlabel("longitude")
         ax.set_ylabel("latitude")
 
+    labelled: list = []  # (axes, sites) whose labels are placed once the layout is fixed
     overview = fig.add_subplot(grid[0, :ncols])
     draw(overview, np.ones(len(sites), dtype=bool), annotate=not zoom)
     if zoom:
@@ -451,6 +529,9 @@ def fig_site_map(
         fontsize=12,
     )
     fig.subplots_adjust(top=1 - 0.95 / h, bottom=0.7 / h, left=0.08, right=0.92)
+    fig.canvas.draw()  # the final limits: labels are placed in display coordinates
+    for ax, idx in labelled:
+        place_labels(ax, lon[idx], lat[idx], [sites[k] for k in idx])
     fig.savefig(path)
     plt.close(fig)
     return path

@@ -415,3 +415,60 @@ def test_coefficient_figure_with_every_site_fused(tmp_path):
         warnings.simplefilter("error")
         path, labels = fig_coef_heatmap(coef, {"n_train": 50}, 0, str(tmp_path / "f.png"))
     assert os.path.getsize(path) > 0 and set(labels) == {1}
+
+
+def test_map_labels_do_not_overlap():
+    """Twelve sites a few km apart (a crowded city): every label's drawn box is clear of
+    every other label's."""
+    from grauc_flower.figures import place_labels
+    from strategies.experiments.plots import pyplot
+
+    plt = pyplot()
+    rng = np.random.default_rng(3)
+    lon = -118.3 + 0.08 * rng.standard_normal(12)
+    lat = 34.0 + 0.06 * rng.standard_normal(12)
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.scatter(lon, lat)
+    ax.set_xlim(lon.min() - 0.3, lon.max() + 0.3)
+    ax.set_ylim(lat.min() - 0.3, lat.max() + 0.3)
+    fig.canvas.draw()
+    texts = place_labels(ax, lon, lat, [f"S{k:02d}" for k in range(12)])
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in texts]
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            assert not boxes[i].overlaps(boxes[j]), (texts[i].get_text(), texts[j].get_text())
+    plt.close(fig)
+
+
+def test_one_replication_shows_points_with_intervals(tmp_path):
+    """With one replication the per-site figure draws each AUC as a point with its DeLong
+    interval (no boxes); with two, boxes."""
+    from grauc_flower import figures
+
+    drawn = {}
+    real_finish = figures.finish
+
+    def spy(fig, title, path, handles=None, labels=None):
+        ax = fig.axes[0]
+        drawn[path] = (len(ax.patches), len(ax.lines), title)
+        return real_finish(fig, title, path, handles, labels)
+
+    rows = []
+    for rep in (0, 1):
+        for site in ("A", "B"):
+            for m in ("grauc", "fedavg"):
+                rows.append({"rep": rep, "site": site, "method": m, "auc": 0.8, "auc_se": 0.05})
+    results = pd.DataFrame(rows).assign(level=1)
+    figures.finish = spy
+    try:
+        one = figures.fig_site_auc(
+            results[results["rep"] == 0], {"level": 1}, str(tmp_path / "1.png")
+        )
+        two = figures.fig_site_auc(results, {"level": 1}, str(tmp_path / "2.png"))
+    finally:
+        figures.finish = real_finish
+    patches, lines, title = drawn[one]
+    assert patches == 0 and "DeLong 95% interval" in title
+    assert lines >= 2 * 2 * 2  # an interval and a point per site and method
+    assert drawn[two][0] == 2 * 2  # a box per site and method
