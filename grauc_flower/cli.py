@@ -25,6 +25,7 @@ from strategies.runtime.cli import (
     add_test_arguments,
     add_tuning_arguments,
     atomic_output_dir,
+    check_test_arguments,
     cv_options,
     fail,
     project_dir,
@@ -216,12 +217,7 @@ def _data_spec(a):
         )
     if a.source == "simulated" and (a.data or a.sites):
         raise InputError("data: --source simulated takes no --data or --sites")
-    if a.holdout and not 0 < a.holdout < 1:
-        raise InputError(f"holdout: must be in (0, 1), got {a.holdout!r}")
-    if a.test_data and a.holdout:
-        raise InputError("holdout: give --test-data or --holdout, not both")
-    if a.test_data and not os.path.isfile(a.test_data):
-        raise InputError(f"test-data: file not found: {a.test_data}")
+    check_test_arguments(a)
     if a.source == "cdc" and not a.data:
         raise InputError("data: --source cdc needs --data (the CDC COVID-19 case file)")
     if a.source in ("cdc", "crime") and a.sites:
@@ -276,19 +272,14 @@ def _check_tuning(a) -> None:
         return
     if a.method == "pooled":
         raise InputError("tune: cv is available for grauc, individual and fedavg")
-    tuned = {
-        "grauc": ("lam", "w_dist", "ridge"),
-        "individual": ("ridge",),
-        "fedavg": ("ridge", "fedavg_rounds"),
-    }[a.method]
-    for name in tuned:
+    for name in tuning.PARAMS[a.method]:
         if getattr(a, name, None) is not None:
             key = name.replace("_", "-")
             grid = "rounds" if name == "fedavg_rounds" else key
             raise InputError(f"{key}: chosen by --tune cv; give --{grid}-grid to set its values")
 
 
-def _load(a, cfg: GrAUCConfig, spec):
+def _load(a, spec):
     """The sites (with their test rows, if any) and the feature names."""
     from .sources import load_real_spec, load_sites
 
@@ -311,13 +302,15 @@ def _load(a, cfg: GrAUCConfig, spec):
 
 
 def cmd_fit(a) -> int:
+    from strategies.runtime.launch import stream_echo
+
     from . import federation as fed
 
     cfg = config_from_args(a)
     _check_tuning(a)
     grid = _grid(a) if a.tune else None
     spec = _data_spec(a)
-    sites, features = _load(a, cfg, spec)
+    sites, features = _load(a, spec)
     t0 = time.perf_counter()
     extra: dict = {}
     with atomic_output_dir(a.out) as tmp:
@@ -325,8 +318,7 @@ def cmd_fit(a) -> int:
             opts = cv_options(a, a.data_seed)
             cfg, table, summary = tuning.tune(sites, cfg, a.method, grid, opts)
             table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
-            extra = tuning_metrics(summary, tuning.PARAMS[a.method], "val_auc", True)
-            extra["cv"].update(folds=opts.folds, rule=opts.rule)
+            extra = tuning_metrics(summary, tuning.PARAMS[a.method], "val_auc", True, opts)
             if not a.quiet:
                 chosen = ", ".join(f"{k} = {v:g}" for k, v in extra["tuned"].items())
                 sys.stderr.write(
@@ -363,7 +355,7 @@ def cmd_fit(a) -> int:
                 "checkpoint.every": a.checkpoint_every,
                 "checkpoint.resume": os.path.abspath(a.resume) if a.resume else "",
             }
-            flwr_run(project_dir(), rc, len(sites), echo=_echo(a.quiet, a.verbose))
+            flwr_run(project_dir(), rc, len(sites), echo=stream_echo(a.quiet, a.verbose))
             os.remove(os.path.join(tmp, "auc.csv"))
         path = os.path.join(tmp, "metrics.json")
         with open(path) as fh:
@@ -405,14 +397,8 @@ def cmd_fit(a) -> int:
 _LOG_LINE = re.compile(r"^\s*(DEBUG|INFO|WARNING)\s*:")
 
 
-def _echo(quiet: bool, verbose: bool):
-    """What of ``flwr run``'s stream a person sees: nothing, everything, or the progress."""
-    from strategies.runtime.launch import ProgressLines
-
-    return False if quiet else True if verbose else ProgressLines()
-
-
 def cmd_run(a) -> int:
+    from strategies.runtime.launch import stream_echo
     from strategies.runtime.simulation import flwr_run
 
     rc = {"method": a.method, "data.num-sites": a.num_sites}
@@ -435,7 +421,7 @@ def cmd_run(a) -> int:
             f"Running {a.method} on Flower's simulation engine ({a.num_sites} SuperNodes); "
             "starting Flower takes about half a minute...\n"
         )
-    out = flwr_run(project_dir(), rc, a.num_sites, echo=_echo(False, a.verbose))
+    out = flwr_run(project_dir(), rc, a.num_sites, echo=stream_echo(False, a.verbose))
     table = out[out.find("Per-institution") :] if "Per-institution" in out else out[-3000:]
     plain = re.sub(r"\x1b\[[0-9;]*m", "", table).splitlines()
     keep = [ln for ln in plain if "ClientAppActor" not in ln and not _LOG_LINE.match(ln)]

@@ -31,6 +31,7 @@ from strategies.runtime.cli import (
     add_test_arguments,
     add_tuning_arguments,
     atomic_output_dir,
+    check_test_arguments,
     cv_options,
     fail,
     project_dir,
@@ -104,9 +105,9 @@ def _run_flower(cfg: RowFedConfig, args, data, tmp: str) -> None:
         "rowfed-data.holdout": args.holdout,
         "rowfed-data.seed": args.data_seed,
     }
-    from strategies.runtime.launch import ProgressLines
+    from strategies.runtime.launch import stream_echo
 
-    flwr_run(project_dir(), rc, len(data.clients), echo=True if args.verbose else ProgressLines())
+    flwr_run(project_dir(), rc, len(data.clients), echo=stream_echo(False, args.verbose))
     os.remove(os.path.join(tmp, "summary.csv"))
 
 
@@ -124,12 +125,7 @@ def fit(args) -> int:
         raise InputError(f"tune: {args.tune} is available for rowfed, perfl-lsma and nonfed")
     if args.tune == "gic" and args.engine == "flower":
         raise InputError("tune: gic refits every grid point; use --engine inprocess or --tune cv")
-    if args.test_data and args.holdout:
-        raise InputError("holdout: give --test-data or --holdout, not both")
-    if args.holdout and not 0 < args.holdout < 1:
-        raise InputError(f"holdout: must be in (0, 1), got {args.holdout!r}")
-    if args.test_data and not os.path.isfile(args.test_data):
-        raise InputError(f"test-data: file not found: {args.test_data}")
+    check_test_arguments(args)
     lam1_grid = parse_grid(
         DEFAULT_LAM1_GRID if args.lam1_grid is None else args.lam1_grid, "lam1-grid"
     )
@@ -160,8 +156,7 @@ def fit(args) -> int:
                 cfg, data, args.method, lam1_grid, lam2_grid, opts
             )
             table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
-            extra.update(tuning_metrics(summary, grid_search.PARAMS, "val_mse", False))
-            extra["cv"].update(folds=opts.folds, rule=opts.rule)
+            extra.update(tuning_metrics(summary, grid_search.PARAMS, "val_mse", False, opts))
             print(
                 f"cv: chose lam1 = {cfg.lam1:g}, lam2 = {cfg.lam2:g} (mean validation MSE "
                 f"{extra['cv']['mean']:.6g} over {opts.folds} folds); refitting on all "

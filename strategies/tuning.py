@@ -170,8 +170,9 @@ def lam_max(
     On a tree (each component) ``U`` is unique, the subtree sums of the gradients, and the
     level is exact.  With cycles the L1 level is a linear program per coordinate (exact);
     the group level is bounded above by the ``1/w_e²``-weighted least-norm ``U`` (fused at
-    it, possibly already below).  Returns ``(level, exact)``; ``inf`` when a zero-weight edge
-    would have to carry a gradient (never fused).
+    it, possibly already below).  A zero-weight edge carries no penalty, so it splits the
+    graph: the level is the largest over the components, each fused on its own (``grads``
+    then come from each component's own common fit).  Returns ``(level, exact)``.
     """
     grads = np.asarray(grads, dtype=float)
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)

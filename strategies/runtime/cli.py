@@ -113,9 +113,20 @@ def add_test_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def tuning_metrics(summary, params, score: str, maximize: bool) -> dict:
+def check_test_arguments(args: argparse.Namespace) -> None:
+    """``--test-data`` and ``--holdout``: one of them, a share in (0, 1), a file there."""
+    if args.test_data and args.holdout:
+        raise InputError("holdout: give --test-data or --holdout, not both")
+    if args.holdout and not 0 < args.holdout < 1:
+        raise InputError(f"holdout: must be in (0, 1), got {args.holdout!r}")
+    if args.test_data and not os.path.isfile(args.test_data):
+        raise InputError(f"test-data: file not found: {args.test_data}")
+
+
+def tuning_metrics(summary, params, score: str, maximize: bool, opts) -> dict:
     """What ``metrics.json`` records of a cross-validation: the chosen setting, its mean
-    validation score and standard error, the best mean of the grid, and the grid's size."""
+    validation score and standard error, the best mean of the grid, the grid's size, and
+    the folds and rule of ``opts``."""
     row = summary[summary["chosen"]].iloc[0]
     best = summary["mean"].max() if maximize else summary["mean"].min()
     return {
@@ -126,6 +137,8 @@ def tuning_metrics(summary, params, score: str, maximize: bool) -> dict:
             "se": _plain(row["se"]),
             "best_mean": _plain(best),
             "settings": int(len(summary)),
+            "folds": opts.folds,
+            "rule": opts.rule,
         },
     }
 

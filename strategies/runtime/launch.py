@@ -104,6 +104,12 @@ class ProgressLines:
         return None
 
 
+def stream_echo(quiet: bool, verbose: bool):
+    """What of ``flwr run``'s stream a person sees: nothing (``quiet``), everything
+    (``verbose``), or the progress (:class:`ProgressLines`)."""
+    return False if quiet else True if verbose else ProgressLines()
+
+
 def flwr_run_checked(
     app_dir: str,
     connection: str,
