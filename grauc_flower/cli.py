@@ -1,7 +1,8 @@
 """Command line: ``python -m grauc_flower fit|run|study ...``.
 
-``fit``  fits one method on DATA.csv + SITES.csv and writes coefficients, history, metrics and
-         the graph (the contract documented in the README).
+``fit``  fits one method on DATA.csv + SITES.csv and writes coefficients, history, metrics,
+         the graph, the sites and ``report.html`` (the contract documented in the README).
+``report`` rebuilds a fit's ``report.html`` from its files.
 ``run``  runs the Flower app on Flower's simulation engine (what ``flwr run .`` does), with a
          private SuperLink that is stopped afterwards.
 ``study`` runs a simulation study from a TOML config (:mod:`grauc_flower.study`).
@@ -19,6 +20,7 @@ import time
 from strategies.config import GRAUC_METHODS, GrAUCConfig, to_run_config
 from strategies.errors import InputError
 from strategies.predict import add_predict_parser, cmd_predict, read_grauc_model
+from strategies.report import add_report_parser, cmd_report
 from strategies.runtime.cli import (
     Parser,
     add_settings,
@@ -156,6 +158,7 @@ def _bench_parser(sub) -> None:
     p.add_argument("--quick", action="store_true", help="smaller sizes and round limits")
     p.add_argument("--no-flower", action="store_true", help="skip the flwr run timing")
     add_predict_parser(sub, "risk scores")
+    add_report_parser(sub)
 
 
 def cmd_bench(a) -> int:
@@ -305,6 +308,7 @@ def cmd_fit(a) -> int:
     from strategies.runtime.launch import stream_echo
 
     from . import federation as fed
+    from .figures import fit_report
 
     cfg = config_from_args(a)
     _check_tuning(a)
@@ -385,6 +389,8 @@ def cmd_fit(a) -> int:
             metrics["test"] = fed.write_test_table(tmp, metrics, [s.site for s in sites])
         with open(path, "w") as fh:
             json.dump(metrics, fh, indent=2)
+        fed.sites_table(sites).to_csv(os.path.join(tmp, "sites.csv"), index=False)
+        fit_report(tmp)
     status = "converged" if metrics["converged"] else "stopped at the round limit"
     what = "test" if n_test else "in-sample"
     print(
@@ -441,6 +447,10 @@ def main(argv=None) -> int:
             return cmd_bench(args)
         if args.command == "predict":
             return cmd_predict(args, read_grauc_model, ignore_outputs=False)
+        if args.command == "report":
+            from .figures import fit_report
+
+            return cmd_report(args, fit_report)
         if args.command == "study":
             from .study import cmd_study
 

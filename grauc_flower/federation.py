@@ -324,6 +324,25 @@ def write_result(
         json.dump(metrics, fh, indent=2, default=float)
 
 
+def sites_table(sites) -> pd.DataFrame:
+    """``sites.csv``: each site's coordinates and its counts of training and test rows by
+    class (what the report's map and data summary show)."""
+    return pd.DataFrame(
+        [
+            {
+                "site": s.site,
+                "lat": s.lat,
+                "lon": s.lon,
+                "n_pos": int(np.sum(s.y_train == 1)),
+                "n_neg": int(np.sum(s.y_train == 0)),
+                "n_test_pos": int(np.sum(s.y_test == 1)),
+                "n_test_neg": int(np.sum(s.y_test == 0)),
+            }
+            for s in sites
+        ]
+    )
+
+
 def write_test_table(out_dir: str, metrics: dict, order, level: float = 0.95) -> dict:
     """``test.csv`` (``site, auc, auc_se, lower, upper, n_pos, n_neg``: each site's test AUC
     with its DeLong interval at ``level``, sites in ``order``) from ``metrics.json``'s

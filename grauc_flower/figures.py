@@ -22,6 +22,7 @@ the mean and its 95% interval), one panel per design cell, and the three one-cel
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 
 import numpy as np
@@ -298,19 +299,23 @@ def _linkage(coef: np.ndarray):
     return linkage(coef, method="average", metric="euclidean")
 
 
-def fig_coef_heatmap(coef: pd.DataFrame, cell: dict, rep: int, path: str) -> tuple[str, np.ndarray]:
-    """Returns the path and the sites' cluster labels (two main dendrogram clusters)."""
+def fig_coef_heatmap(
+    coef: pd.DataFrame, cell: dict, rep: int, path: str, method: str = "grauc", title: str = ""
+) -> tuple[str, np.ndarray]:
+    """``method``'s coefficients (sites x features, ``coef`` with a ``method`` column) with
+    a dendrogram of the sites, and the individual fits beside them when ``coef`` has them.
+    Returns the path and the sites' cluster labels (two main dendrogram clusters)."""
     from scipy.cluster.hierarchy import dendrogram, fcluster
 
     plt = pyplot()
     features = [c for c in coef.columns if c not in ("method", "site", "lat", "lon")]
-    g = coef[coef["method"] == "grauc"]
+    g = coef[coef["method"] == method]
     sites = list(g["site"])
     beta = g[features].to_numpy(dtype=float)
     link = _linkage(beta)
-    panels = [("grauc", beta)]
+    panels = [(method, beta)]
     ind = coef[coef["method"] == "individual"]
-    if len(ind):
+    if len(ind) and method != "individual":
         panels.append(("individual", ind.set_index("site").loc[sites, features].to_numpy(float)))
     p = len(features)
     cw = 0.55 if p <= 20 else max(0.13, 11.0 / p)  # inches per feature column
@@ -359,7 +364,7 @@ def fig_coef_heatmap(coef: pd.DataFrame, cell: dict, rep: int, path: str) -> tup
     fig.colorbar(im, cax=cax, label="coefficient")
     h = fig.get_figheight()
     fig.suptitle(
-        f"Coefficients (input scale), replication {rep} ({_cell_title(cell)})",
+        title or f"Coefficients (input scale), replication {rep} ({_cell_title(cell)})",
         y=1 - 0.1 / h,
         va="top",
         fontsize=12,
@@ -447,9 +452,14 @@ def fig_site_map(
     path: str,
     graph: str = "mst",
     knn_k: int = 3,
+    edges: np.ndarray | None = None,
+    title: str = "",
 ) -> str:
-    """Sites and graph edges; when the sites form 2–4 far-apart clumps (the simulations' Los
-    Angeles and New York groups) each clump also gets a zoomed panel."""
+    """Sites and graph edges (``edges``: index pairs into the sites; by default the graph
+    ``graph`` built from the coordinates); an edge's colour is the number of features on
+    which its two sites share a cluster in ``clusters``.  When the sites form 2–4 far-apart
+    clumps (the simulations' Los Angeles and New York groups) each clump also gets a zoomed
+    panel."""
     from matplotlib.ticker import MaxNLocator
 
     from .graph import build_graph
@@ -460,7 +470,8 @@ def fig_site_map(
     sites = list(g["site"])
     lat = g["lat"].to_numpy(float)
     lon = g["lon"].to_numpy(float)
-    edges = build_graph(lat, lon, graph, knn_k).edges
+    if edges is None:
+        edges = build_graph(lat, lon, graph, knn_k).edges
     n_feat = 1
     fused = None
     if clusters is not None:
@@ -522,7 +533,8 @@ def fig_site_map(
         bar.set_ticks(range(0, n_feat + 1, max(1, (n_feat + 1) // 6)))
     h = fig.get_figheight()
     fig.suptitle(
-        f"Sites and {graph.upper()} edges (colour of a site: its GrAUC-PFL coefficient "
+        title
+        or f"Sites and {graph.upper()} edges (colour of a site: its GrAUC-PFL coefficient "
         f"cluster)\nreplication {rep} ({_cell_title(cell)})",
         y=1 - 0.1 / h,
         va="top",
@@ -570,3 +582,155 @@ def make_figures(out: str, study, results: pd.DataFrame, store, cells) -> list[s
             )
         )
     return made
+
+
+# ---------------------------------------------------------------------------------------
+# report.html of a fit (strategies/report.py builds the page)
+
+
+def _map_section(out_dir: str, metrics: dict, coef: pd.DataFrame, labels):
+    from strategies import report
+
+    sites = report.read_csv(out_dir, "sites.csv")
+    edges = report.read_csv(out_dir, "edges.csv")
+    clusters = report.read_csv(out_dir, "clusters.csv")
+    title = "Map of the sites"
+    if sites is None or not {"lat", "lon"} <= set(sites.columns):
+        return report.Section("map", title, report.text("No site coordinates were given."))
+    frame = coef.merge(sites[["site", "lat", "lon"]], on="site")
+    index = {s: k for k, s in enumerate(frame["site"])}
+    method = metrics["method"]
+    if edges is not None and len(edges):
+        pairs = np.array(
+            [[index[u], index[v]] for u, v in zip(edges["site_u"], edges["site_v"], strict=True)]
+        )
+        what = f"the fusion graph's {len(pairs)} edges ({metrics['config'].get('graph', 'mst')})"
+    else:
+        pairs = np.zeros((0, 2), dtype=int)
+        what = "no fusion graph (a baseline fit)"
+    note = report.text(
+        f"Sites at their coordinates with {what}. An edge's colour is the number of features "
+        "on which its two sites ended with the same coefficient (fused); a site's colour is its "
+        "coefficient cluster (the dendrogram's two main clusters)."
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = fig_site_map(
+            frame.assign(method="grauc"),
+            clusters if len(pairs) else None,
+            labels,
+            {},
+            0,
+            os.path.join(tmp, "map.png"),
+            edges=pairs,
+            title=f"{LABELS.get(method, method)}: sites and graph",
+        )
+        return report.Section("map", title, note + report.image(path))
+
+
+def _accuracy_section(out_dir: str, metrics: dict):
+    from strategies import report
+
+    from .auc import auc_interval
+
+    test = report.read_csv(out_dir, "test.csv")
+    if test is not None and len(test):
+        frame, what = test, "test"
+    else:
+        rows = []
+        for site, m in metrics.get("auc", {}).items():
+            a = np.nan if m.get("auc") is None else float(m["auc"])
+            se = np.nan if m.get("auc_se") is None else float(m["auc_se"])
+            lo, hi = auc_interval(a, se)
+            rows.append(
+                {
+                    "site": site,
+                    "auc": a,
+                    "lower": lo,
+                    "upper": hi,
+                    "n_pos": m.get("n_pos"),
+                    "n_neg": m.get("n_neg"),
+                }
+            )
+        frame, what = pd.DataFrame(rows), "in-sample (no test rows: --test-data or --holdout)"
+    title = "Accuracy per site"
+    if frame.empty:
+        return report.Section("accuracy", title, report.text("No site has an AUC."))
+    mean = float(np.nanmean(frame["auc"].to_numpy(float)))
+    note = report.text(
+        f"Each site's {what} AUC with its DeLong 95% interval; the dashed line is the mean over "
+        f"sites ({mean:.4f})."
+    )
+    fig = report.fig_forest(frame, "site", "auc", None, "AUC")
+    return report.Section("accuracy", title, note + report.image(fig) + report.table(frame))
+
+
+def fit_report(out_dir: str) -> str:
+    """Write ``out_dir/report.html`` from a GrAUC-PFL (or baseline) fit's files."""
+    import json
+
+    from strategies import report
+
+    from .tuning import PARAMS
+
+    with open(os.path.join(out_dir, "metrics.json")) as fh:
+        metrics = json.load(fh)
+    method = metrics["method"]
+    coef = report.read_csv(out_dir, "coefficients.csv")
+    with tempfile.TemporaryDirectory() as tmp:
+        path, labels = fig_coef_heatmap(
+            coef.assign(method=method),
+            {},
+            0,
+            os.path.join(tmp, "heatmap.png"),
+            method=method,
+            title=f"{LABELS.get(method, method)} coefficients (input scale), sites clustered",
+        )
+        heat = report.Section(
+            "coefficients",
+            "Coefficients",
+            report.text(
+                "Each site's coefficients on the input scale (coefficients.csv); the sites are "
+                "ordered by average-linkage clustering of their coefficient vectors, so fused "
+                "sites sit together with a dendrogram merge at distance 0."
+            )
+            + report.image(path),
+        )
+    split = metrics.get("split", {})
+    test = metrics.get("test") or {}
+    summary = [
+        ("method", LABELS.get(method, method)),
+        ("engine", metrics.get("engine")),
+        ("data", metrics.get("source")),
+        ("sites", metrics.get("n_sites")),
+        ("features", len(metrics.get("features", []))),
+        ("training rows", split.get("n_train")),
+        ("test rows", split.get("n_test")),
+        ("rounds", metrics.get("rounds")),
+        ("converged", metrics.get("converged")),
+        ("objective", metrics.get("objective")),
+        ("mean in-sample AUC" if not test else "mean in-sample/test AUC", metrics.get("mean_auc")),
+        ("mean test AUC", test.get("mean_auc")),
+        ("tuned", metrics.get("tuned")),
+        ("seconds", metrics.get("seconds")),
+    ]
+    summary = [(k, v) for k, v in summary if v is not None]
+    sites = report.read_csv(out_dir, "sites.csv")
+    data = report.text("No sites.csv in this directory.")
+    if sites is not None:
+        counts = sites.drop(columns=[c for c in ("lat", "lon") if c in sites.columns])
+        rows = counts["n_pos"] + counts["n_neg"]
+        prevalence = counts["n_pos"] / rows
+        data = report.text(
+            f"{len(sites)} sites; training rows per site {int(rows.min())}–{int(rows.max())}, "
+            "prevalence "
+            f"{prevalence.min():.2f}–{prevalence.max():.2f} (sites.csv)."
+        ) + report.table(counts.assign(prevalence=prevalence), 200)
+    sections = {
+        "data": report.Section("data", "Data", data),
+        "map": _map_section(out_dir, metrics, coef, labels),
+        "coefficients": heat,
+        "accuracy": _accuracy_section(out_dir, metrics),
+    }
+    return report.fit_report(
+        out_dir, "GrAUC-PFL fit report", summary, sections, PARAMS.get(method, ())
+    )

@@ -5,8 +5,10 @@
 the predictors (every other column).  Writes ``DIR/coefficients.csv`` (``client, feature,
 <response>...``, input scale, an ``(intercept)`` row per client when fitted),
 ``DIR/history.csv`` (``round, objective, primal_residual, dual_residual, rho``),
-``DIR/clusters.csv`` (per predictor: the client groups), ``DIR/metrics.json`` and, with
-``--tune gic``, ``DIR/gic.csv``.
+``DIR/clusters.csv`` (per predictor: the client groups), ``DIR/metrics.json``,
+``DIR/report.html`` (the figures and tables of the fit on one page; ``report --model DIR``
+rebuilds it), ``DIR/edges.csv`` when ``--graph`` is a file, ``DIR/test.csv`` with test rows,
+and ``DIR/gic.csv`` or ``DIR/cv.csv`` when tuned.
 
 Bad input gives one line ``error: ...`` on stderr and exit code 2; nothing is written to
 ``--out`` then (outputs are written to a temporary directory and moved at the end).
@@ -22,9 +24,12 @@ import os
 import sys
 import time
 
+import pandas as pd
+
 from strategies.config import ROWFED_METHODS, RowFedConfig, rowfed_run_config
 from strategies.errors import InputError
 from strategies.predict import add_predict_parser, cmd_predict, read_rowfed_model
+from strategies.report import add_report_parser, cmd_report
 from strategies.runtime.cli import (
     Parser,
     add_settings,
@@ -79,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="", help="directory for bench.csv")
     bench.add_argument("--quick", action="store_true", help="lasso only, lower round limit")
     add_predict_parser(sub, "predicted responses")
+    add_report_parser(sub)
     return parser
 
 
@@ -137,13 +143,14 @@ def fit(args) -> int:
 
     from . import federation as fed
     from .data import read_graph
+    from .figures import fit_report
 
     if not args.verbose:  # after flwr's import, which sets its own level
         FLOWER_LOGGER.setLevel(logging.WARNING)
 
     data = fed.read_fit_csv(args.data, args.responses, args.client_column)
     data = fed.with_test_set(data, args.test_data, args.holdout, args.data_seed, args.client_column)
-    read_graph(cfg.graph, data.sites)  # validates the graph file against the client ids
+    edges, weights = read_graph(cfg.graph, data.sites)  # validates it against the client ids
     if cfg.graph != "all-pairs":
         cfg = cfg.replace(graph=os.path.abspath(cfg.graph))
 
@@ -193,6 +200,15 @@ def fit(args) -> int:
             metrics["test"] = fed.write_test_table(tmp, metrics, data.responses)
         with open(path, "w") as fh:
             json.dump(metrics, fh, indent=2)
+        if edges is not None:
+            pd.DataFrame(
+                {
+                    "client_u": [data.sites[u] for u in edges[:, 0]],
+                    "client_v": [data.sites[v] for v in edges[:, 1]],
+                    "weight": weights if weights is not None else 1.0,
+                }
+            ).to_csv(os.path.join(tmp, "edges.csv"), index=False)
+        fit_report(tmp)
 
     state = "converged" if metrics["converged"] else "did NOT converge"
     tuned = ""
@@ -224,6 +240,10 @@ def main(argv=None) -> int:
             return cmd_study(args)
         if args.command == "predict":
             return cmd_predict(args, read_rowfed_model, ignore_outputs=True)
+        if args.command == "report":
+            from .figures import fit_report
+
+            return cmd_report(args, fit_report)
         if args.command == "bench":
             from . import bench
 

@@ -210,7 +210,9 @@ class RowFedClient(NumPyClient):
 
     def evaluate(self, parameters, config):
         """Prediction error of ``parameters[0]`` (working scale): ``mse_pred`` over all
-        responses and ``mse:<k>`` for response ``k`` (0-based), and the training RSS."""
+        responses, ``mse:<k>`` for response ``k`` (0-based) with ``mse_se:<k>``, the standard
+        error of that mean of squared errors (their SD over the rows / sqrt(rows); NaN with
+        one row), and the training RSS."""
         self._check_site(config)
         (theta,) = parameters
         d = self.data
@@ -230,8 +232,14 @@ class RowFedClient(NumPyClient):
             "n_test": int(d.x_test.shape[0]),
             "split": split,
         }
-        for k, value in enumerate(np.mean(resid * resid, axis=0)):
+        sq = resid * resid
+        n_rows = sq.shape[0]
+        se = (
+            sq.std(axis=0, ddof=1) / np.sqrt(n_rows) if n_rows > 1 else np.full(sq.shape[1], np.nan)
+        )
+        for k, value in enumerate(np.mean(sq, axis=0)):
             metrics[f"mse:{k}"] = float(value)
+            metrics[f"mse_se:{k}"] = float(se[k])
         return mse, int(x.shape[0]), metrics
 
 

@@ -443,27 +443,51 @@ def clusters_frame(res: MethodResult, features) -> pd.DataFrame:
     return df
 
 
-def write_test_table(out_dir: str, metrics: dict, responses) -> dict:
-    """``test.csv`` (``client, response, mse, n_test``: each client's test MSE per response,
-    for the clients with test rows) from ``metrics.json``'s per-client evaluation, and the
-    summary ``metrics.json`` keeps: the mean over those clients of their MSE averaged over
-    responses, and the mean over them per response."""
+def mse_interval(mse: float, se, level: float = 0.95) -> tuple[float, float]:
+    """Wald interval ``mse ± z·se`` for a client's expected squared prediction error, the
+    lower end clipped at 0 (NaN, NaN without a standard error)."""
+    from scipy.stats import norm
+
+    if se is None or not math.isfinite(float(se)):
+        return float("nan"), float("nan")
+    half = float(norm.ppf(0.5 + level / 2)) * float(se)
+    return max(0.0, mse - half), mse + half
+
+
+def write_test_table(out_dir: str, metrics: dict, responses, level: float = 0.95) -> dict:
+    """``test.csv`` (``client, response, mse, mse_se, lower, upper, n_test``: each client's
+    test MSE per response with its Wald interval at ``level``, for the clients with test
+    rows) from ``metrics.json``'s per-client evaluation, and the summary ``metrics.json``
+    keeps: the mean over those clients of their MSE averaged over responses, and the mean
+    over them per response."""
     rows, tested = [], []
     for site, m in metrics["clients"].items():
         if m.get("split") != "test":
             continue
         tested.append(site)
         for k, name in enumerate(responses):
+            mse, se = float(m[f"mse:{k}"]), m.get(f"mse_se:{k}")
+            lower, upper = mse_interval(mse, se, level)
             rows.append(
-                {"client": site, "response": name, "mse": m[f"mse:{k}"], "n_test": m["n_test"]}
+                {
+                    "client": site,
+                    "response": name,
+                    "mse": mse,
+                    "mse_se": float("nan") if se is None else float(se),
+                    "lower": lower,
+                    "upper": upper,
+                    "n_test": m["n_test"],
+                }
             )
-    table = pd.DataFrame(rows, columns=["client", "response", "mse", "n_test"])
+    columns = ["client", "response", "mse", "mse_se", "lower", "upper", "n_test"]
+    table = pd.DataFrame(rows, columns=columns)
     table.to_csv(os.path.join(out_dir, "test.csv"), index=False)
     by_response = table.groupby("response", sort=False)["mse"].mean()
     clients = metrics["clients"]
     return {
         "mse": float(np.mean([clients[s]["mse_pred"] for s in tested])) if tested else None,
         "mse_by_response": {r: float(v) for r, v in by_response.items()},
+        "level": level,
         "clients": len(tested),
         "clients_without_test_rows": [s for s in clients if s not in tested],
     }

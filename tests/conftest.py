@@ -58,3 +58,63 @@ def run_module(module: str, *args: str, timeout: float = 600):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+def parse_page(path: str) -> dict:
+    """Read a report page with the standard library's HTML parser: its section ids in
+    order, its images' ``src`` and every ``src``/``href`` attribute, the tags used, and the
+    text of each table cell.  Asserts nothing; the tests do."""
+    from html.parser import HTMLParser
+
+    class Page(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.sections, self.images, self.links, self.tags, self.cells = [], [], [], set(), []
+            self._cell = None
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            self.tags.add(tag)
+            if tag == "section":
+                self.sections.append(attrs.get("id"))
+            if tag == "img":
+                self.images.append((self.sections[-1] if self.sections else None, attrs["src"]))
+            self.links += [v for k, v in attrs.items() if k in ("src", "href") and v]
+            if tag == "td":
+                self._cell = ""
+
+        def handle_endtag(self, tag):
+            if tag == "td" and self._cell is not None:
+                self.cells.append((self.sections[-1] if self.sections else None, self._cell))
+                self._cell = None
+
+        def handle_data(self, data):
+            if self._cell is not None:
+                self._cell += data
+
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    page = Page()
+    page.feed(text)
+    return {
+        "sections": page.sections,
+        "images": page.images,
+        "links": page.links,
+        "tags": page.tags,
+        "cells": page.cells,
+        "text": text,
+    }
+
+
+def assert_self_contained(page: dict) -> None:
+    """Every image a PNG inside the page; no script, style sheet link, frame or URL out."""
+    import base64
+
+    assert page["images"], "no image"
+    for _, src in page["images"]:
+        assert src.startswith("data:image/png;base64,"), src[:60]
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    for link in page["links"]:
+        assert link.startswith(("data:", "#")), link[:60]
+    assert not page["tags"] & {"script", "link", "iframe", "object", "embed"}
+    assert "http://" not in page["text"] and "https://" not in page["text"]

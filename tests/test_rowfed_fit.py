@@ -210,6 +210,7 @@ def test_output_files(data_csv, tmp_path, capsys):
         "coefficients.csv",
         "history.csv",
         "metrics.json",
+        "report.html",
     ]
     coef = pd.read_csv(out / "coefficients.csv")
     assert len(coef) == len(SIZES) * (P + 1)

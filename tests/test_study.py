@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,6 +17,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import assert_self_contained, parse_page
 
 from grauc_flower.cli import main as grauc_main
 from rowfed_flower.cli import main as rowfed_main
@@ -101,6 +103,20 @@ def _mtimes(out) -> dict[str, float]:
     }
 
 
+def _check_study_page(out: str) -> None:
+    """report.html: the summary table's cells and one embedded image per figure file."""
+    from strategies.report import STUDY_SECTIONS
+
+    page = parse_page(os.path.join(out, "report.html"))
+    assert page["sections"] == list(STUDY_SECTIONS)
+    assert_self_contained(page)
+    figures = sorted(f for f in os.listdir(out) if f.startswith("fig_") and f.endswith(".png"))
+    assert sorted(re.findall(r'<img alt="([^"]+)"', page["text"])) == figures
+    table = pd.read_csv(os.path.join(out, "summary_table.csv"))
+    shown = [c for s, c in page["cells"] if s == "summary"]
+    assert len(shown) == table.size
+
+
 def test_grauc_study_outputs_and_resume(tmp_path, capsys):
     cfg = _config(tmp_path, GRAUC_TOML)
     out = str(tmp_path / "out")
@@ -154,6 +170,7 @@ def test_grauc_study_outputs_and_resume(tmp_path, capsys):
         "fig_site_map.png",
     ):
         assert os.path.getsize(os.path.join(out, name)) > 10_000, name
+    _check_study_page(out)
 
     # a rerun of the finished study recomputes nothing
     code, err = _run(grauc_main, capsys, *args, "--reps", "2", "--no-figures", quiet=False)
@@ -192,6 +209,7 @@ def test_rowfed_study_two_cells_in_parallel(tmp_path, capsys):
     assert {"mse_est_mean", "mse_est_sd", "mse_pred_mean", "ri_mean"} <= set(summary.columns)
     for name in ("fig_errors.png", "fig_clusters.png"):
         assert os.path.getsize(os.path.join(out, name)) > 10_000, name
+    _check_study_page(out)
 
 
 @pytest.mark.parametrize(

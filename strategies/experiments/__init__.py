@@ -20,6 +20,8 @@ Files under ``--out``::
     summary_table.csv           the same as ``mean (sd)``, one row per cell, one column per
                                 method (the papers' layout)
     fig_*.png                   the method's figures
+    report.html                 one self-contained page: the summary table, every figure,
+                                the design and settings (:func:`strategies.report.study_report`)
     errors.log                  tasks that raised (they are retried by a rerun)
 
 Seeds: task ``(cell, rep)`` gets :func:`task_seed` of the config's ``seed``, the cell's

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 
 from ..errors import InputError
+from ..report import study_report
 from ..runtime.cli import check_output_dir
 from .design import Study, cell_label, select_cells, task_seed
 from .executors import check_reachable, run_local, run_ray
@@ -133,14 +134,22 @@ def run_study(
     results = _rebuild(store, study, results_path)
     summary = summarize(results, study.keys, metrics)
     atomic_csv(summary, os.path.join(out, "summary.csv"))
-    atomic_csv(summary_table(summary, study.keys, metrics), os.path.join(out, "summary_table.csv"))
+    table = summary_table(summary, study.keys, metrics)
+    atomic_csv(table, os.path.join(out, "summary_table.csv"))
     code = 0
+    made: list[str] = []
     if figures is not None and not results.empty:
         try:
             made = figures(out, study, results, store, cells)
             progress.say(f"figures: {', '.join(os.path.basename(p) for p in made)}")
         except Exception as exc:
             progress.say(f"error: figures: {type(exc).__name__}: {exc}")
+            code = 1
+    if not results.empty:
+        try:
+            progress.say(f"report: {study_report(out, study, results, table, made)}")
+        except Exception as exc:
+            progress.say(f"error: report: {type(exc).__name__}: {exc}")
             code = 1
     if errors:
         progress.say(

@@ -1,0 +1,142 @@
+"""report.html of a fit (both methods), read back with an HTML parser: every section there,
+every image embedded, nothing fetched from outside, and the numbers it shows are the ones in
+the fit's files.  Also the test MSE intervals RowFed writes, recomputed by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import assert_self_contained, parse_page
+from scipy.stats import norm
+
+from grauc_flower.cli import main as grauc_main
+from rowfed_flower.cli import main as rowfed_main
+from strategies.report import FIT_SECTIONS
+
+
+def _section_table(page: dict, section: str, columns: int) -> np.ndarray:
+    cells = [c for s, c in page["cells"] if s == section]
+    assert len(cells) % columns == 0
+    return np.array(cells, dtype=object).reshape(-1, columns)
+
+
+def _images(page: dict) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for section, _ in page["images"]:
+        counts[section] = counts.get(section, 0) + 1
+    return counts
+
+
+def _grauc_fit(small_federation, out, *extra) -> dict:
+    """Fit the small federation into ``out``; return its parsed page."""
+    _, data, site_file = small_federation
+    argv = ["fit", "--data", data, "--sites", site_file, "--out", str(out), "--quiet", *extra]
+    assert grauc_main(argv) == 0
+    return parse_page(str(out / "report.html"))
+
+
+def test_grauc_fit_report(small_federation, tmp_path, capsys):
+    out = tmp_path / "out"
+    page = _grauc_fit(small_federation, out, "--holdout", "0.3")
+    assert page["sections"] == list(FIT_SECTIONS)
+    assert_self_contained(page)
+    images = _images(page)
+    for section in ("map", "coefficients", "accuracy", "convergence"):
+        assert images.get(section, 0) >= 1, section
+    assert "cv" not in images  # not tuned: a sentence, no curve
+    assert "not tuned" in page["text"]
+
+    test = pd.read_csv(out / "test.csv", dtype={"site": str})
+    shown = _section_table(page, "accuracy", len(test.columns))
+    assert list(shown[:, 0]) == list(test["site"])
+    np.testing.assert_allclose(shown[:, 1].astype(float), test["auc"], rtol=1e-3)
+    np.testing.assert_allclose(shown[:, 3].astype(float), test["lower"], rtol=1e-3)
+    sites = pd.read_csv(out / "sites.csv", dtype={"site": str})
+    assert list(sites["site"]) == list(test["site"])
+    assert (sites["n_test_pos"] + sites["n_test_neg"] == test["n_pos"] + test["n_neg"]).all()
+
+    # the page is rebuilt from the files alone
+    os.remove(out / "report.html")
+    capsys.readouterr()
+    assert grauc_main(["report", "--model", str(out)]) == 0
+    again = parse_page(str(out / "report.html"))
+    assert again["sections"] == page["sections"] and len(again["images"]) == len(page["images"])
+
+
+def test_grauc_report_without_test_rows_shows_in_sample_auc(small_federation, tmp_path):
+    out = tmp_path / "out"
+    page = _grauc_fit(small_federation, out, "--method", "individual")
+    assert page["sections"] == list(FIT_SECTIONS)
+    assert "in-sample" in page["text"]
+    assert "one round" in page["text"]  # no convergence history for a one-round method
+    metrics = json.loads((out / "metrics.json").read_text())
+    shown = _section_table(page, "accuracy", 6)  # site, auc, lower, upper, n_pos, n_neg
+    for site, auc in zip(shown[:, 0], shown[:, 1].astype(float), strict=True):
+        assert auc == pytest.approx(metrics["auc"][site]["auc"], rel=1e-3)
+
+
+def test_report_of_a_directory_that_is_no_fit(tmp_path, capsys):
+    code = rowfed_main(["report", "--model", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: model:")
+    assert not os.path.exists(tmp_path / "report.html")
+
+
+def _rowfed_frames(seed: int = 7):
+    """Five clients, three predictors, two responses; a test file of new rows."""
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for k in range(5):
+        theta = np.array([[1.0, -0.5], [0.5 if k < 3 else -0.5, 0.0], [0.0, 0.0]])
+        for rows, frames in ((40, train), (15, test)):
+            x = rng.normal(size=(rows, 3))
+            y = x @ theta + 0.5 * k + rng.normal(scale=0.6, size=(rows, 2))
+            df = pd.DataFrame(x, columns=["a", "b", "c"])
+            df.insert(0, "Y2", y[:, 1])
+            df.insert(0, "Y1", y[:, 0])
+            df.insert(0, "client", f"k{k}")
+            frames.append(df)
+    return pd.concat(train, ignore_index=True), pd.concat(test, ignore_index=True)
+
+
+def test_rowfed_tuned_fit_report_and_test_intervals(tmp_path, capsys):
+    train, test = _rowfed_frames()
+    train_csv, test_csv = tmp_path / "train.csv", tmp_path / "test.csv"
+    train.to_csv(train_csv, index=False)
+    test.to_csv(test_csv, index=False)
+    out = tmp_path / "out"
+    argv = ["fit", "--data", str(train_csv), "--responses", "Y1,Y2", "--out", str(out)]
+    grid = ["--tune", "cv", "--folds", "2", "--lam1-grid", "0.02,0.3", "--lam2-grid", "0.01,0.1"]
+    assert rowfed_main([*argv, *grid, "--test-data", str(test_csv), "--jobs", "1"]) == 0
+    page = parse_page(str(out / "report.html"))
+    assert page["sections"] == list(FIT_SECTIONS)
+    assert_self_contained(page)
+    images = _images(page)
+    for section in ("map", "coefficients", "cv", "accuracy", "convergence"):
+        assert images.get(section, 0) >= 1, section
+    metrics = json.loads((out / "metrics.json").read_text())
+    tuned = metrics["tuned"]
+    assert f"chose lam1 = {tuned['lam1']:g}, lam2 = {tuned['lam2']:g}" in page["text"]
+
+    # test.csv against predictions made here from coefficients.csv
+    coef = pd.read_csv(out / "coefficients.csv")
+    table = pd.read_csv(out / "test.csv")
+    z = norm.ppf(0.975)
+    for client, rows in test.groupby("client"):
+        c = coef[coef["client"] == client].set_index("feature")
+        pred = rows[["a", "b", "c"]].to_numpy() @ c.loc[["a", "b", "c"], ["Y1", "Y2"]].to_numpy()
+        pred = pred + c.loc["(intercept)", ["Y1", "Y2"]].to_numpy(float)
+        sq = (rows[["Y1", "Y2"]].to_numpy() - pred) ** 2
+        for k, name in enumerate(("Y1", "Y2")):
+            got = table[(table["client"] == client) & (table["response"] == name)].iloc[0]
+            mse, se = sq[:, k].mean(), sq[:, k].std(ddof=1) / np.sqrt(len(sq))
+            assert got["mse"] == pytest.approx(mse, rel=1e-8)
+            assert got["mse_se"] == pytest.approx(se, rel=1e-8)
+            assert got["lower"] == pytest.approx(max(0.0, mse - z * se), rel=1e-8, abs=1e-12)
+            assert got["upper"] == pytest.approx(mse + z * se, rel=1e-8)
+    shown = _section_table(page, "accuracy", len(table.columns))
+    np.testing.assert_allclose(shown[:, 2].astype(float), table["mse"], rtol=1e-3)
