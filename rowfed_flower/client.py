@@ -240,6 +240,10 @@ class RowFedClient(NumPyClient):
         for k, value in enumerate(np.mean(sq, axis=0)):
             metrics[f"mse:{k}"] = float(value)
             metrics[f"mse_se:{k}"] = float(se[k])
+        if config.get("moments"):  # inference = oracle: the training data's moments
+            from .inference import client_moments
+
+            metrics.update(client_moments(d.x, d.y, bool(config.get("intercept", True))))
         return mse, int(x.shape[0]), metrics
 
 

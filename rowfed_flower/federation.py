@@ -310,17 +310,39 @@ class MethodResult:
     extra: dict = field(default_factory=dict)
 
 
+def oracle_inference(strategy, theta: np.ndarray, clusters: np.ndarray):
+    """With ``inference = oracle``: the refit on the fit's structure from the moments in
+    the clients' evaluation answers (:mod:`rowfed_flower.inference`); ``None`` otherwise or
+    when a client's moments are missing."""
+    from .inference import oracle_refit, read_moments
+
+    if strategy.cfg.inference != "oracle":
+        return None
+    m, p, q = theta.shape
+    moments = [read_moments(strategy.evaluation.get(s, {}), p, q) for s in strategy.sites]
+    if any(mo is None for mo in moments):
+        return None
+    return oracle_refit(clusters, theta != 0.0, moments, bool(strategy.cfg.intercept))
+
+
 def collect(method: str, strategy) -> MethodResult:
     """What a finished strategy produced (coefficients on the input scale)."""
+    from .inference import without_moments
+
     rounds = strategy.rounds
+    theta, clusters = strategy.coefficients(), strategy.clusters()
+    extra = {"missing": strategy.unanswered()}
+    inference = oracle_inference(strategy, theta, clusters)
+    if inference is not None:
+        extra["inference"] = inference
     return MethodResult(
         method=method,
         sites=list(strategy.sites),
-        theta=strategy.coefficients(),
+        theta=theta,
         intercept=strategy.intercepts(),
-        clusters=strategy.clusters(),
+        clusters=clusters,
         history=list(strategy.history.rows),
-        evaluation=dict(strategy.evaluation),
+        evaluation={s: without_moments(v) for s, v in strategy.evaluation.items()},
         converged=bool(strategy.converged),
         rounds=int(rounds),
         objective=float(strategy.objective()),
@@ -328,7 +350,7 @@ def collect(method: str, strategy) -> MethodResult:
         lam1=float(strategy.cfg.lam1),
         lam2=float(strategy.cfg.lam2),
         theta_work=np.array(strategy.warm_start()),
-        extra={"missing": strategy.unanswered()},
+        extra=extra,
     )
 
 
@@ -507,6 +529,22 @@ def write_result(
     )
     history_frame(res).to_csv(os.path.join(out_dir, "history.csv"), index=False)
     clusters_frame(res, data.features).to_csv(os.path.join(out_dir, "clusters.csv"), index=False)
+    inference = None
+    if "inference" in res.extra:
+        from .inference import inference_table
+
+        fit = res.extra["inference"]
+        inference_table(fit, res.sites, data.features, data.responses, cfg.level).to_csv(
+            os.path.join(out_dir, "inference.csv"), index=False
+        )
+        inference = {
+            "method": "oracle",
+            "level": cfg.level,
+            "sigma2": dict(zip(data.responses, fit.sigma2.tolist(), strict=True)),
+            "df": dict(zip(data.responses, fit.df.tolist(), strict=True)),
+        }
+    elif cfg.inference == "oracle":
+        inference = {"method": "oracle", "error": "a client sent no moments; no intervals"}
     summary = summarize({res.method: res}, data).iloc[0]
     metrics = {
         "method": res.method,
@@ -525,6 +563,7 @@ def write_result(
         "clients": {s: res.evaluation.get(s, {}) for s in res.sites},
         "missing_sites": list(res.extra.get("missing", [])),
         "config": {k.replace("_", "-"): v for k, v in vars(cfg).items()},
+        **({"inference": inference} if inference else {}),
         **(extra_metrics or {}),
     }
     with open(os.path.join(out_dir, "metrics.json"), "w") as fh:

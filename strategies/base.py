@@ -42,6 +42,11 @@ class EvaluatedOnce:
         """The method is done and its evaluation is in."""
         return self.done and self.evaluated
 
+    def evaluate_config(self) -> dict:
+        """What the final evaluation asks of each site: its working scale
+        (``work_config``), and whatever else a method's evaluation needs."""
+        return self.work_config()
+
     def unanswered(self) -> list[str]:
         """The sites without a result at the end: not answering when the method ended, not
         evaluated, or never registered (absent when a quorum started the run)."""
@@ -223,7 +228,7 @@ class SiteStrategy(EvaluatedOnce, Strategy):
             if site is None or site not in self.site_index:
                 continue
             params = ndarrays_to_parameters([coef[self.site_index[site]]])
-            ins.append((proxy, EvaluateIns(params, {"site": site, **self.work_config()})))
+            ins.append((proxy, EvaluateIns(params, {"site": site, **self.evaluate_config()})))
         return ins
 
     def evaluate(

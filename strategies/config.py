@@ -286,9 +286,17 @@ class RowFedConfig:
         "prox-gradient", "1/L_m per client"
     )
     seed: int = setting(0, "participation draws")
+    inference: str = setting(
+        "none",
+        "intervals: none, or least squares on the identified structure (clients send X'X, "
+        "X'Y, Y'Y)",
+        ("none", "oracle"),
+    )
+    level: float = setting(0.95, "confidence level of the intervals, in (0, 1)", above=0)
 
     def __post_init__(self) -> None:
         _check_fields(self)
+        _check(self.level < 1, "level", "must be in (0, 1)", self.level)
         _check(
             isinstance(self.graph, str) and self.graph != "",
             "graph",

@@ -88,7 +88,7 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
             min_evaluate_clients=n_sites,
             min_available_clients=n_sites,
             on_fit_config_fn=lambda rnd: {**self.local_config(), **self.work_config()},
-            on_evaluate_config_fn=lambda rnd: self.work_config(),
+            on_evaluate_config_fn=lambda rnd: self.evaluate_config(),
             initial_parameters=None if initial is None else ndarrays_to_parameters([initial]),
             accept_failures=True,
             fit_metrics_aggregation_fn=_no_metrics,

@@ -267,10 +267,17 @@ def fig_cv_curve(summary: pd.DataFrame, params: Sequence[str], chosen: dict, lab
     return fig
 
 
-def fig_forest(frame: pd.DataFrame, label: str, estimate: str, panel: str | None, xlabel: str):
+def fig_forest(
+    frame: pd.DataFrame,
+    label: str,
+    estimate: str,
+    panel: str | None,
+    xlabel: str,
+    reference: float | None = None,
+):
     """A forest plot: one row per ``label``, the estimate with its ``lower``-``upper``
-    interval (when the frame has them), the mean as a dashed line; one panel per value of
-    ``panel``."""
+    interval (when the frame has them), a dashed line at ``reference`` (default: the mean
+    of the estimates); one panel per value of ``panel``."""
     plt = pyplot()
     panels = list(dict.fromkeys(frame[panel])) if panel else [None]
     rows = list(dict.fromkeys(frame[label]))
@@ -291,7 +298,9 @@ def fig_forest(frame: pd.DataFrame, label: str, estimate: str, panel: str | None
             ok = np.isfinite(lo) & np.isfinite(hi)
             ax.hlines(y[ok], lo[ok], hi[ok], color="#20324a", lw=1.4)
         ax.plot(est, y, "s", color="#d62728", ms=5, mec="black", mew=0.5)
-        if np.isfinite(est).any():
+        if reference is not None:
+            ax.axvline(reference, color="0.4", ls="--", lw=0.9)
+        elif np.isfinite(est).any():
             ax.axvline(np.nanmean(est), color="0.4", ls="--", lw=0.9)
         ax.set_yticks(y)
         ax.set_yticklabels(rows, fontsize=8 if len(rows) > 25 else 9)

@@ -68,6 +68,14 @@ class _RowFedOutputs:
 
     eval_metric = "mse_pred"
 
+    def evaluate_config(self) -> dict:
+        """The working scale; with ``inference = oracle`` also ask each client for its
+        sufficient statistics (:func:`rowfed_flower.inference.client_moments`)."""
+        config = self.work_config()
+        if self.cfg.inference == "oracle":
+            config["moments"] = True
+        return config
+
     def intercepts(self) -> np.ndarray | None:
         """``b_m = ybar_m - xbar_m^T Theta_m`` (input scale) ``(M, q)``, or ``None``."""
         if not self.cfg.intercept:

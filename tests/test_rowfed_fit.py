@@ -472,6 +472,8 @@ def test_flower_engine_equals_inprocess(data_csv, tmp_path):
             "1e-8",
             "--max-rounds",
             "40",  # the engines agree round by round; reaching cvxpy: test_fit_reaches_cvxpy
+            "--inference",
+            "oracle",  # the moments travel in the evaluation answers of both engines
         )
         assert code == 0
         outs[engine] = out
@@ -483,3 +485,9 @@ def test_flower_engine_equals_inprocess(data_csv, tmp_path):
     hb = pd.read_csv(outs["flower"] / "history.csv")
     assert_allclose(hb.to_numpy(), ha.to_numpy(), rtol=1e-12)
     assert len(hb) == 40
+    ia = pd.read_csv(outs["inprocess"] / "inference.csv")
+    ib = pd.read_csv(outs["flower"] / "inference.csv")
+    assert ia[["client", "feature", "response", "kind"]].equals(
+        ib[["client", "feature", "response", "kind"]]
+    )
+    assert_allclose(ib[["estimate", "se"]], ia[["estimate", "se"]], rtol=1e-10)
