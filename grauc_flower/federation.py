@@ -343,35 +343,32 @@ def sites_table(sites) -> pd.DataFrame:
     )
 
 
-def write_test_table(out_dir: str, metrics: dict, order, level: float = 0.95) -> dict:
-    """``test.csv`` (``site, auc, auc_se, lower, upper, n_pos, n_neg``: each site's test AUC
-    with its DeLong interval at ``level``, sites in ``order``) from ``metrics.json``'s
-    per-site evaluation, and
-    the summary ``metrics.json`` keeps (mean over sites with a test AUC)."""
+AUC_COLUMNS = ["site", "auc", "auc_se", "lower", "upper", "n_pos", "n_neg"]
+
+
+def auc_frame(metrics: dict, order, split: str = "test", level: float = 0.95) -> pd.DataFrame:
+    """Each site's AUC evaluated on ``split`` rows (``test`` or ``train``) with its DeLong
+    interval at ``level`` (columns :data:`AUC_COLUMNS`, sites in ``order``), from
+    ``metrics.json``'s per-site evaluation."""
     from .auc import auc_interval
 
     rows = []
     for site in order:
         m = metrics["auc"].get(site, {})
-        if m.get("split") != "test":
+        if m.get("split") != split:
             continue
         a = np.nan if m["auc"] is None else float(m["auc"])
         se = np.nan if m["auc_se"] is None else float(m["auc_se"])
         lower, upper = auc_interval(a, se, level)
-        rows.append(
-            {
-                "site": site,
-                "auc": a,
-                "auc_se": se,
-                "lower": lower,
-                "upper": upper,
-                "n_pos": m["n_pos"],
-                "n_neg": m["n_neg"],
-            }
-        )
-    table = pd.DataFrame(
-        rows, columns=["site", "auc", "auc_se", "lower", "upper", "n_pos", "n_neg"]
-    )
+        values = [site, a, se, lower, upper, m["n_pos"], m["n_neg"]]
+        rows.append(dict(zip(AUC_COLUMNS, values, strict=True)))
+    return pd.DataFrame(rows, columns=AUC_COLUMNS)
+
+
+def write_test_table(out_dir: str, metrics: dict, order, level: float = 0.95) -> dict:
+    """``test.csv`` (:func:`auc_frame` of the test rows) and the summary ``metrics.json``
+    keeps (mean over sites with a test AUC)."""
+    table = auc_frame(metrics, order, "test", level)
     table.to_csv(os.path.join(out_dir, "test.csv"), index=False)
     finite = table["auc"][np.isfinite(table["auc"].astype(float))]
     return {

@@ -630,28 +630,14 @@ def _map_section(out_dir: str, metrics: dict, coef: pd.DataFrame, labels):
 def _accuracy_section(out_dir: str, metrics: dict):
     from strategies import report
 
-    from .auc import auc_interval
+    from .federation import auc_frame
 
     test = report.read_csv(out_dir, "test.csv")
     if test is not None and len(test):
         frame, what = test, "test"
     else:
-        rows = []
-        for site, m in metrics.get("auc", {}).items():
-            a = np.nan if m.get("auc") is None else float(m["auc"])
-            se = np.nan if m.get("auc_se") is None else float(m["auc_se"])
-            lo, hi = auc_interval(a, se)
-            rows.append(
-                {
-                    "site": site,
-                    "auc": a,
-                    "lower": lo,
-                    "upper": hi,
-                    "n_pos": m.get("n_pos"),
-                    "n_neg": m.get("n_neg"),
-                }
-            )
-        frame, what = pd.DataFrame(rows), "in-sample (no test rows: --test-data or --holdout)"
+        frame = auc_frame(metrics, list(metrics.get("auc", {})), "train")
+        what = "in-sample (no test rows: --test-data or --holdout)"
     title = "Accuracy per site"
     if frame.empty:
         return report.Section("accuracy", title, report.text("No site has an AUC."))
@@ -666,14 +652,11 @@ def _accuracy_section(out_dir: str, metrics: dict):
 
 def fit_report(out_dir: str) -> str:
     """Write ``out_dir/report.html`` from a GrAUC-PFL (or baseline) fit's files."""
-    import json
-
     from strategies import report
 
     from .tuning import PARAMS
 
-    with open(os.path.join(out_dir, "metrics.json")) as fh:
-        metrics = json.load(fh)
+    metrics = report.read_metrics(out_dir)
     method = metrics["method"]
     coef = report.read_csv(out_dir, "coefficients.csv")
     with tempfile.TemporaryDirectory() as tmp:
@@ -708,8 +691,7 @@ def fit_report(out_dir: str) -> str:
         ("rounds", metrics.get("rounds")),
         ("converged", metrics.get("converged")),
         ("objective", metrics.get("objective")),
-        ("mean in-sample AUC" if not test else "mean in-sample/test AUC", metrics.get("mean_auc")),
-        ("mean test AUC", test.get("mean_auc")),
+        ("mean test AUC" if test else "mean in-sample AUC", metrics.get("mean_auc")),
         ("tuned", metrics.get("tuned")),
         ("seconds", metrics.get("seconds")),
     ]
@@ -732,5 +714,5 @@ def fit_report(out_dir: str) -> str:
         "accuracy": _accuracy_section(out_dir, metrics),
     }
     return report.fit_report(
-        out_dir, "GrAUC-PFL fit report", summary, sections, PARAMS.get(method, ())
+        out_dir, metrics, "GrAUC-PFL fit report", summary, sections, PARAMS.get(method, ())
     )

@@ -476,33 +476,32 @@ def mse_interval(mse: float, se, level: float = 0.95) -> tuple[float, float]:
     return max(0.0, mse - half), mse + half
 
 
-def write_test_table(out_dir: str, metrics: dict, responses, level: float = 0.95) -> dict:
-    """``test.csv`` (``client, response, mse, mse_se, lower, upper, n_test``: each client's
-    test MSE per response with its Wald interval at ``level``, for the clients with test
-    rows) from ``metrics.json``'s per-client evaluation, and the summary ``metrics.json``
-    keeps: the mean over those clients of their MSE averaged over responses, and the mean
-    over them per response."""
-    rows, tested = [], []
+MSE_COLUMNS = ["client", "response", "mse", "mse_se", "lower", "upper", "n_test"]
+
+
+def mse_frame(metrics: dict, responses, split: str = "test", level: float = 0.95) -> pd.DataFrame:
+    """Each client's MSE per response on its ``split`` rows (``test`` or ``train``) with its
+    Wald interval at ``level`` (columns :data:`MSE_COLUMNS`), from ``metrics.json``'s
+    per-client evaluation."""
+    rows = []
     for site, m in metrics["clients"].items():
-        if m.get("split") != "test":
+        if m.get("split") != split:
             continue
-        tested.append(site)
         for k, name in enumerate(responses):
             mse, se = float(m[f"mse:{k}"]), m.get(f"mse_se:{k}")
+            se = float("nan") if se is None else float(se)
             lower, upper = mse_interval(mse, se, level)
-            rows.append(
-                {
-                    "client": site,
-                    "response": name,
-                    "mse": mse,
-                    "mse_se": float("nan") if se is None else float(se),
-                    "lower": lower,
-                    "upper": upper,
-                    "n_test": m["n_test"],
-                }
-            )
-    columns = ["client", "response", "mse", "mse_se", "lower", "upper", "n_test"]
-    table = pd.DataFrame(rows, columns=columns)
+            values = [site, name, mse, se, lower, upper, m["n_test"]]
+            rows.append(dict(zip(MSE_COLUMNS, values, strict=True)))
+    return pd.DataFrame(rows, columns=MSE_COLUMNS)
+
+
+def write_test_table(out_dir: str, metrics: dict, responses, level: float = 0.95) -> dict:
+    """``test.csv`` (:func:`mse_frame` of the test rows, the clients that have them) and
+    the summary ``metrics.json`` keeps: the mean over those clients of their MSE averaged
+    over responses, and the mean over them per response."""
+    table = mse_frame(metrics, responses, "test", level)
+    tested = list(dict.fromkeys(table["client"]))
     table.to_csv(os.path.join(out_dir, "test.csv"), index=False)
     by_response = table.groupby("response", sort=False)["mse"].mean()
     clients = metrics["clients"]

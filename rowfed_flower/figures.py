@@ -329,14 +329,11 @@ def fig_coefficients(coef: pd.DataFrame, responses, order: list[int]):
 
 def fit_report(out_dir: str) -> str:
     """Write ``out_dir/report.html`` from a RowFed (or baseline) fit's files."""
-    import json
-
     from strategies import report
 
     from .tuning import PARAMS
 
-    with open(os.path.join(out_dir, "metrics.json")) as fh:
-        metrics = json.load(fh)
+    metrics = report.read_metrics(out_dir)
     method = metrics["method"]
     coef = report.read_csv(out_dir, "coefficients.csv")
     clusters = report.read_csv(out_dir, "clusters.csv")
@@ -432,7 +429,7 @@ def fit_report(out_dir: str) -> str:
         ("seconds", metrics.get("seconds")),
     ]
     summary = [(k, v) for k, v in summary if v is not None]
-    return report.fit_report(out_dir, "RowFed fit report", summary, sections, PARAMS)
+    return report.fit_report(out_dir, metrics, "RowFed fit report", summary, sections, PARAMS)
 
 
 #: At most this many intervals in the report's forest plot of the oracle refit.
@@ -491,23 +488,14 @@ def _inference_block(out_dir: str, metrics: dict) -> str:
 def _accuracy_section(out_dir: str, metrics: dict, responses):
     from strategies import report
 
-    from .federation import mse_interval
+    from .federation import mse_frame
 
     test = report.read_csv(out_dir, "test.csv")
     if test is not None and len(test):
         frame, what = test, "test"
     else:
-        rows = []
-        for client, m in metrics["clients"].items():
-            for k, name in enumerate(responses):
-                if m.get(f"mse:{k}") is None:
-                    continue
-                mse = float(m[f"mse:{k}"])
-                lo, hi = mse_interval(mse, m.get(f"mse_se:{k}"))
-                rows.append(
-                    {"client": client, "response": name, "mse": mse, "lower": lo, "upper": hi}
-                )
-        frame, what = pd.DataFrame(rows), "in-sample (no test rows: --test-data or --holdout)"
+        frame = mse_frame(metrics, responses, "train")
+        what = "in-sample (no test rows: --test-data or --holdout)"
     title = "Accuracy per client"
     if frame.empty:
         return report.Section("accuracy", title, report.text("No client has an MSE."))

@@ -373,18 +373,24 @@ def settings_section(metrics: dict) -> Section:
     return Section("settings", "Settings", pairs(run + items))
 
 
+def read_metrics(out_dir: str) -> dict:
+    """A fit's ``metrics.json``."""
+    with open(os.path.join(out_dir, "metrics.json")) as fh:
+        return json.load(fh)
+
+
 def fit_report(
     out_dir: str,
+    metrics: dict,
     title: str,
     summary: Sequence[tuple[str, object]],
     method_sections: dict[str, Section],
     params: Sequence[str],
 ) -> str:
-    """Write ``out_dir/report.html`` for a fit: ``summary`` (name, value pairs), the
-    method's ``map``, ``coefficients`` and ``accuracy`` sections, and the shared CV curve
-    (``params``: the tuned settings' names), convergence and settings."""
-    with open(os.path.join(out_dir, "metrics.json")) as fh:
-        metrics = json.load(fh)
+    """Write ``out_dir/report.html`` for a fit (``metrics``: its :func:`read_metrics`):
+    ``summary`` (name, value pairs), the method's ``data``, ``map``, ``coefficients`` and
+    ``accuracy`` sections, and the shared CV curve (``params``: the tuned settings'
+    names), convergence and settings."""
     sections = {
         "summary": Section("summary", "Summary", pairs(summary)),
         **method_sections,

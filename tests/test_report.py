@@ -74,7 +74,7 @@ def test_grauc_report_without_test_rows_shows_in_sample_auc(small_federation, tm
     assert "in-sample" in page["text"]
     assert "one round" in page["text"]  # no convergence history for a one-round method
     metrics = json.loads((out / "metrics.json").read_text())
-    shown = _section_table(page, "accuracy", 6)  # site, auc, lower, upper, n_pos, n_neg
+    shown = _section_table(page, "accuracy", 7)  # site, auc, auc_se, lower, upper, n_pos, n_neg
     for site, auc in zip(shown[:, 0], shown[:, 1].astype(float), strict=True):
         assert auc == pytest.approx(metrics["auc"][site]["auc"], rel=1e-3)
 
