@@ -33,6 +33,7 @@ from strategies.runtime.cli import (
     project_dir,
     settings_from_args,
     tuning_metrics,
+    warn_no_intervals,
 )
 
 from . import tuning
@@ -397,6 +398,7 @@ def cmd_fit(a) -> int:
         f"{a.method}: {status} after {metrics['rounds']} rounds; objective "
         f"{metrics['objective']}; mean {what} AUC {metrics['mean_auc']}; wrote {a.out}"
     )
+    warn_no_intervals(metrics)
     return 0
 
 

@@ -16,9 +16,13 @@ features`` and the packed per-feature sums ``sum_x, sum_x2`` (for standardizatio
                  ``curvature`` is true, the Lipschitz bound ``mu_z`` of the gradient, a
                  scalar): the proximal quasi-Newton algorithm (what a FedSGD client sends).
 ``local``     -> the individual fit ``argmin f_z`` -> ``[beta_z]``.
+``newton``    <- ``[beta_z]`` -> ``[[grad f_z(beta_z)]; Hessian]`` (one ``(p + 1) x p`` array),
+                 metrics ``site, loss``: a round of the oracle refit (inference = oracle).
 ``fedavg``    <- ``[beta]``: ``fedavg-local-steps`` gradient steps of size ``fedavg-lr`` (or
                  ``1/mu_z``) -> ``[beta]``, metrics ``site, loss`` (at the received beta).
 Every task may carry ``center``/``scale`` bytes: the site standardizes ``(x - center)/scale``.
+With inference = oracle the evaluation carries ``sandwich-at`` (the refitted coefficients) and
+the site adds the ``p x p`` covariance of its gradient there (:mod:`grauc_flower.inference`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from strategies.wire import unpack
 
 from .auc import PairwiseLogistic, delong, split_by_class
 from .data import SiteData
+from .inference import newton_answer, sandwich_metrics
 from .local import local_fit
 
 
@@ -103,6 +108,10 @@ class GrAUCClient(NumPyClient):
             if config.get("curvature"):
                 metrics["curvature"] = float(f.lipschitz())
             return [grad], n, metrics
+        if task == "newton":
+            (beta,) = parameters
+            answer, loss = newton_answer(f, beta)
+            return [answer], n, {"task": "newton", "site": self.data.site, "loss": loss}
         if task == "local":
             new = local_fit(f)
             return [new], n, {"task": "local", "site": self.data.site, "loss": f.value(new)}
@@ -139,4 +148,7 @@ class GrAUCClient(NumPyClient):
         }
         x_pos, x_neg = split_by_class(self._transform(x, config), y)
         loss = PairwiseLogistic(x_pos, x_neg).value(beta) if n_pos and n_neg else 0.0
+        if config.get("sandwich-at") is not None:  # inference = oracle, on the training data
+            at = unpack(config["sandwich-at"], self.data.n_features)
+            metrics.update(sandwich_metrics(self._datafit(config), at))
         return float(loss), int(y.shape[0]), metrics

@@ -19,12 +19,14 @@ from strategies.grauc import (
     GrAUCStrategy,
     IndividualStrategy,
 )
+from strategies.inference import REFIT_ROUNDS
 from strategies.registry import Registry, pooled_scaling
 from strategies.runtime.engine import run_inprocess
 
 from .auc import PairwiseLogistic, split_by_class
 from .client import GrAUCClient
 from .graph import build_graph
+from .inference import OracleFit, inference_table, oracle_fit, read_sandwich, without_sandwich
 from .local import local_fit
 from .sources import DataSpec, grauc_config, grauc_methods, load_sites  # noqa: F401
 
@@ -130,7 +132,7 @@ def max_rounds_for(method: str, cfg: GrAUCConfig) -> int:
     if method == "fedavg":
         return cfg.fedavg_rounds + 1
     if method == "grauc":
-        return cfg.max_rounds + 1
+        return cfg.max_rounds + 1 + (REFIT_ROUNDS if cfg.inference == "oracle" else 0)
     return 2
 
 
@@ -170,6 +172,8 @@ def collect(method: str, strategy) -> MethodResult:
         }
         history = strategy.history.rows
         rounds = strategy.rounds
+        if strategy.refit is not None:
+            extra["inference"] = oracle_inference(strategy)
     else:
         history, rounds = [], 1
         if method == "pooled":
@@ -180,11 +184,24 @@ def collect(method: str, strategy) -> MethodResult:
         list(strategy.sites),
         strategy.coefficients(),
         history,
-        strategy.evaluation,
+        {s: without_sandwich(m) for s, m in strategy.evaluation.items()},
         bool(getattr(strategy, "converged", True)),
         rounds,
         extra,
     )
+
+
+def oracle_inference(strategy: GrAUCStrategy) -> OracleFit | str:
+    """With inference = oracle: the refit and its sandwich errors from the sites' answers
+    (:mod:`grauc_flower.inference`), or why there are none."""
+    refit = strategy.refit
+    if not refit.converged:
+        return f"the refit did not converge in {refit.rounds} rounds (separable data? ridge > 0)"
+    p = strategy.n_features
+    meats = [read_sandwich(strategy.evaluation.get(s, {}), p) for s in strategy.sites]
+    if any(m is None for m in meats):
+        return "a site sent no gradient covariance; no intervals"
+    return oracle_fit(refit, strategy.refit_labels, meats, strategy.registry.scale)
 
 
 def run_methods_inprocess(
@@ -275,7 +292,8 @@ def write_result(
     out_dir: str, res: MethodResult, features, cfg: GrAUCConfig, extra_metrics: dict | None = None
 ) -> None:
     """Write ``coefficients.csv``, ``history.csv``, ``metrics.json`` and (GrAUC-PFL)
-    ``edges.csv`` and ``clusters.csv`` into ``out_dir``."""
+    ``edges.csv``, ``clusters.csv`` and, with inference = oracle, ``inference.csv`` into
+    ``out_dir``."""
     os.makedirs(out_dir, exist_ok=True)
     coef = pd.DataFrame(res.coefficients, columns=list(features))
     coef.insert(0, "site", res.sites)
@@ -298,6 +316,16 @@ def write_result(
         clusters = pd.DataFrame(res.extra["clusters"], columns=list(features))
         clusters.insert(0, "site", res.sites)
         clusters.to_csv(os.path.join(out_dir, "clusters.csv"), index=False)
+    inference = None
+    if "inference" in res.extra:
+        fit = res.extra["inference"]
+        inference = {"method": "oracle", "level": cfg.level, "interval": "normal (sandwich)"}
+        if isinstance(fit, str):
+            inference["error"] = fit
+        else:
+            table = inference_table(fit, res.sites, features, cfg.level)
+            table.to_csv(os.path.join(out_dir, "inference.csv"), index=False)
+            inference.update(refit_rounds=fit.rounds, refit_objective=fit.objective)
     aucs = {s: m for s, m in res.evaluation.items()}
     finite = [m["auc"] for m in aucs.values() if np.isfinite(m["auc"])]
     metrics = {
@@ -318,6 +346,7 @@ def write_result(
         "missing_sites": list(res.extra.get("missing", [])),
         "sites_without_auc": sorted(s for s, m in aucs.items() if not np.isfinite(m["auc"])),
         "config": {k.replace("_", "-"): v for k, v in vars(cfg).items()},
+        **({"inference": inference} if inference else {}),
         **(extra_metrics or {}),
     }
     with open(os.path.join(out_dir, "metrics.json"), "w") as fh:

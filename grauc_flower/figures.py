@@ -676,7 +676,14 @@ def fit_report(out_dir: str) -> str:
                 "ordered by average-linkage clustering of their coefficient vectors, so fused "
                 "sites sit together with a dendrogram merge at distance 0."
             )
-            + report.image(path),
+            + report.image(path)
+            + report.inference_block(
+                out_dir,
+                metrics,
+                "site",
+                "the surrogate refitted on the fused groups (one coefficient per feature and "
+                "group, ridge as fitted), normal intervals with sandwich standard errors",
+            ),
         )
     split = metrics.get("split", {})
     test = metrics.get("test") or {}

@@ -1,4 +1,4 @@
-"""Cross-validation of GrAUC-PFL and its baselines (docs/methods.md 4): ``fit --tune cv``
+"""Cross-validation of GrAUC-PFL and its baselines (docs/methods.md 3.4): ``fit --tune cv``
 and the studies.
 
 GrAUC-PFL: a grid over ``lam x w_dist x ridge``; for each ``(ridge, w_dist)`` the ``lam``
@@ -242,7 +242,7 @@ def cross_validate(
     rng = np.random.default_rng([opts.seed, 1])
     folds = [tuning.stratified_folds(s.y_train, opts.folds, rng) for s in sites]
     lams = lam_grids(sites, cfg, grid) if method == "grauc" else {}
-    base = cfg.replace(tol=opts.tol, max_rounds=opts.max_rounds)
+    base = opts.fit_config(cfg)
     pieces = []
     for k in range(opts.folds):
         train = fold_sites(sites, folds, k)

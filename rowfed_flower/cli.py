@@ -42,6 +42,7 @@ from strategies.runtime.cli import (
     project_dir,
     settings_from_args,
     tuning_metrics,
+    warn_no_intervals,
 )
 from strategies.tuning import parse_grid
 
@@ -223,6 +224,7 @@ def fit(args) -> int:
         f"{metrics['objective']}; lam1 = {metrics['lam1']:g}, lam2 = {metrics['lam2']:g}"
         f"{tuned}; wrote {os.path.abspath(args.out)}"
     )
+    warn_no_intervals(metrics)
     if not metrics["converged"]:
         print("warning: stopped at the round limit; see history.csv", file=sys.stderr)
     return 0

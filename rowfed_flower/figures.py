@@ -400,7 +400,13 @@ def fit_report(out_dir: str) -> str:
             )
             + report.image(fig_coefficients(coef, responses, order))
             + report.image(path)
-            + _inference_block(out_dir, metrics),
+            + report.inference_block(
+                out_dir,
+                metrics,
+                "client",
+                "least squares on the identified structure, t intervals with the refit's "
+                "degrees of freedom",
+            ),
         )
     sections["accuracy"] = _accuracy_section(out_dir, metrics, responses)
     data = pd.DataFrame(
@@ -430,59 +436,6 @@ def fit_report(out_dir: str) -> str:
     ]
     summary = [(k, v) for k, v in summary if v is not None]
     return report.fit_report(out_dir, metrics, "RowFed fit report", summary, sections, PARAMS)
-
-
-#: At most this many intervals in the report's forest plot of the oracle refit.
-MAX_INTERVALS = 60
-
-
-def _inference_block(out_dir: str, metrics: dict) -> str:
-    """With ``--inference oracle``: a forest plot of the refit's distinct coefficients (one
-    row per predictor, response and group of clients), and the table's head."""
-    from strategies import report
-
-    table = report.read_csv(out_dir, "inference.csv")
-    if table is None:
-        return ""
-    info = metrics.get("inference", {})
-    shown = table[table["kind"] != "zero"]
-    key = ["feature", "response", "estimate"]
-    groups = (
-        shown.groupby(key, sort=False)
-        .agg(clients=("client", list), lower=("lower", "first"), upper=("upper", "first"))
-        .reset_index()
-    )
-
-    def who(clients: list) -> str:
-        if len(clients) <= 3:
-            return ", ".join(map(str, clients))
-        return f"{len(clients)} clients ({clients[0]} ... {clients[-1]})"
-
-    rank = {f: k for k, f in enumerate(dict.fromkeys(table["feature"]))}
-    rank_r = {r: k for k, r in enumerate(dict.fromkeys(table["response"]))}
-    groups = groups.assign(
-        _f=groups["feature"].map(rank), _r=groups["response"].map(rank_r)
-    ).sort_values(["_f", "_r"], kind="stable")
-    groups["label"] = [
-        f"{f} / {r}: {who(c)}"
-        for f, r, c in zip(groups["feature"], groups["response"], groups["clients"], strict=True)
-    ]
-    more = max(0, len(groups) - MAX_INTERVALS)
-    level = info.get("level", 0.95)
-    body = report.text(
-        f"Oracle inference: least squares on the identified structure, {100 * level:g}% "
-        "t intervals (inference.csv). One row per predictor, response and group of clients "
-        "sharing that row; zeros are not shown; the dashed line is 0. These are "
-        "post-selection intervals, valid "
-        "when the structure is right."
-        + (f" The first {MAX_INTERVALS} of {len(groups)} rows are shown." if more else "")
-    )
-    if groups.empty:
-        return body + report.text("Every coefficient is zero.", note=True)
-    fig = report.fig_forest(
-        groups.head(MAX_INTERVALS), "label", "estimate", None, "coefficient", reference=0.0
-    )
-    return body + report.image(fig)
 
 
 def _accuracy_section(out_dir: str, metrics: dict, responses):

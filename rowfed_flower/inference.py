@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from strategies import inference as oracle
 from strategies.wire import pack, unpack
 
 #: The keys of a client's moments in its evaluation metrics.
@@ -102,32 +103,12 @@ def oracle_refit(
     se = np.full((m, p, q), np.nan)
     sigma2 = np.full(q, np.nan)
     df = np.zeros(q, dtype=int)
-    group_size = np.array(
-        [[np.sum(labels[:, j] == labels[c, j]) for j in range(p)] for c in range(m)]
-    )
     used = np.zeros((m, p, q), dtype=bool)
     for k in range(q):
-        index = {}  # (j, label) -> parameter
-        for j in range(p):
-            for g in dict.fromkeys(labels[:, j]):
-                members = labels[:, j] == g
-                if support[members, j, k].any():
-                    index[(j, g)] = len(index)
-        n_par = len(index)
-        cols = np.full((m, p), -1)
-        for c in range(m):
-            for j in range(p):
-                cols[c, j] = index.get((j, labels[c, j]), -1)
-        gram = np.zeros((n_par, n_par))
-        rhs = np.zeros(n_par)
-        yty = 0.0
-        for c, mo in enumerate(moments):
-            a = np.zeros((p, n_par))  # the 0/1 map from the parameters to client c's row
-            on = cols[c] >= 0
-            a[np.flatnonzero(on), cols[c][on]] = 1.0
-            gram += a.T @ mo.xtx @ a
-            rhs += a.T @ mo.xty[:, k]
-            yty += float(mo.yty[k])
+        cols, n_par = oracle.parameter_map(labels, support[:, :, k])
+        gram = oracle.gather_matrix(cols, [mo.xtx for mo in moments], n_par)
+        rhs = oracle.gather(cols, np.stack([mo.xty[:, k] for mo in moments]), n_par)
+        yty = float(sum(mo.yty[k] for mo in moments))
         df[k] = n_total - (m if intercept else 0) - n_par
         if n_par:
             beta, *_ = np.linalg.lstsq(gram, rhs, rcond=None)
@@ -137,52 +118,33 @@ def oracle_refit(
         rss = max(yty - float(beta @ rhs), 0.0)
         if df[k] > 0:
             sigma2[k] = rss / df[k]
-        cov_ok = rank == n_par and df[k] > 0
-        cov = sigma2[k] * np.linalg.inv(gram) if cov_ok and n_par else None
-        for c in range(m):
-            for j in range(p):
-                t = cols[c, j]
-                if t < 0:
-                    continue
-                used[c, j, k] = True
-                estimate[c, j, k] = beta[t]
-                if cov is not None:
-                    se[c, j, k] = float(np.sqrt(max(cov[t, t], 0.0)))
-    return OracleFit(estimate, se, sigma2, df, group_size, used)
+        on = cols >= 0
+        used[:, :, k] = on
+        estimate[:, :, k] = oracle.lift(cols, beta)
+        if rank == n_par and df[k] > 0 and n_par:
+            var = sigma2[k] * np.diag(np.linalg.inv(gram))
+            se[:, :, k][on] = np.sqrt(np.maximum(var, 0.0))[cols[on]]
+    return OracleFit(estimate, se, sigma2, df, oracle.group_sizes(labels), used)
 
 
 def inference_table(fit: OracleFit, clients, features, responses, level: float) -> pd.DataFrame:
     """``inference.csv``: ``client, feature, response, kind, group_size, estimate, se,
     lower, upper`` (kind: ``fused`` -- a row shared with other clients, ``unique``, or
-    ``zero``; zeros have no interval)."""
-    from scipy.stats import t as student
-
-    rows = []
-    for c, client in enumerate(clients):
-        for j, feature in enumerate(features):
-            for k, response in enumerate(responses):
-                est, s = fit.estimate[c, j, k], fit.se[c, j, k]
-                if not fit.support[c, j, k]:
-                    kind = "zero"
-                else:
-                    kind = "fused" if fit.group_size[c, j] > 1 else "unique"
-                half = (
-                    float(student.ppf(0.5 + level / 2, fit.df[k])) * s if np.isfinite(s) else np.nan
-                )
-                rows.append(
-                    {
-                        "client": client,
-                        "feature": feature,
-                        "response": response,
-                        "kind": kind,
-                        "group_size": int(fit.group_size[c, j]),
-                        "estimate": est,
-                        "se": s,
-                        "lower": est - half,
-                        "upper": est + half,
-                    }
-                )
-    return pd.DataFrame(rows)
+    ``zero``; zeros have no interval); t intervals with the refit's degrees of freedom."""
+    shared = (fit.group_size > 1)[:, :, None]
+    kind = np.where(~fit.support, "zero", np.where(shared, "fused", "unique"))
+    return oracle.interval_frame(
+        "client",
+        clients,
+        features,
+        fit.estimate,
+        fit.se,
+        kind,
+        fit.group_size,
+        level,
+        df=fit.df,
+        responses=responses,
+    )
 
 
 __all__ = [

@@ -154,7 +154,7 @@ def cross_validate(
         raise InputError(f"folds: client {small[0]!r} has fewer rows than the {opts.folds} folds")
     rng = np.random.default_rng([opts.seed, 2])
     folds = [tuning.row_folds(c.n, opts.folds, rng) for c in data.clients]
-    base = cfg.replace(tol=opts.tol, max_rounds=opts.max_rounds)
+    base = opts.fit_config(cfg)
     pieces = [(method, k, fold_data(data, folds, k), base, levels) for k in range(opts.folds)]
     progress = tuning.Progress(f"{method} cv", len(pieces), opts.quiet)
     rows = tuning.run_items(cv_piece, pieces, opts.workers(len(pieces)), progress)

@@ -42,9 +42,9 @@ class EvaluatedOnce:
         """The method is done and its evaluation is in."""
         return self.done and self.evaluated
 
-    def evaluate_config(self) -> dict:
-        """What the final evaluation asks of each site: its working scale
-        (``work_config``), and whatever else a method's evaluation needs."""
+    def evaluate_config(self, site: str | None = None) -> dict:
+        """What the final evaluation asks of ``site`` (of every site when ``None``): its
+        working scale (``work_config``), and whatever else a method's evaluation needs."""
         return self.work_config()
 
     def unanswered(self) -> list[str]:
@@ -228,7 +228,7 @@ class SiteStrategy(EvaluatedOnce, Strategy):
             if site is None or site not in self.site_index:
                 continue
             params = ndarrays_to_parameters([coef[self.site_index[site]]])
-            ins.append((proxy, EvaluateIns(params, {"site": site, **self.evaluate_config()})))
+            ins.append((proxy, EvaluateIns(params, {"site": site, **self.evaluate_config(site)})))
         return ins
 
     def evaluate(

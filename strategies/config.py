@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from .errors import InputError
+from .inference import INFERENCE_CHOICES
 from .penalties import DEFAULT_CONCAVITY, KINDS, Penalty
 
 GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled")
@@ -25,32 +26,38 @@ def setting(
     at_least: float | None = None,
     above: float | None = None,
     at_most: float | None = None,
+    below: float | None = None,
 ):
     """A settings field: its default, a one-line help, for a choice the values allowed, and
-    for a number its range (``at_least``/``above`` a lower bound, closed/open; ``at_most`` a
-    closed upper bound).  The run config, the command line and validation are derived from
-    these."""
-    bounds = {"at_least": at_least, "above": above, "at_most": at_most}
+    for a number its range (``at_least``/``above`` a lower bound, closed/open;
+    ``at_most``/``below`` an upper bound, closed/open).  The run config, the command line
+    and validation are derived from these."""
+    bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
     return field(default=default, metadata={"help": help, "choices": choices, **bounds})
 
 
 def _range(meta) -> tuple[object, str] | None:
     """``(test, message)`` of a field's declared range, or ``None``."""
-    lo, lo_open, hi = meta.get("at_least"), meta.get("above"), meta.get("at_most")
+    lo, lo_open = meta.get("at_least"), meta.get("above")
+    hi, hi_open = meta.get("at_most"), meta.get("below")
     low = lo_open if lo_open is not None else lo
-    if low is None and hi is None:
+    high = hi_open if hi_open is not None else hi
+    if low is None and high is None:
         return None
 
     def test(v) -> bool:
         ok = lo is None or v >= lo
         ok = ok and (lo_open is None or v > lo_open)
-        return ok and (hi is None or v <= hi)
+        ok = ok and (hi is None or v <= hi)
+        return ok and (hi_open is None or v < hi_open)
 
-    if hi is None:
+    if high is None:
         return test, f"must be {'>' if lo_open is not None else '>='} {low:g}"
     if low is None:
-        return test, f"must be <= {hi:g}"
-    return test, f"must be in {'(' if lo_open is not None else '['}{low:g}, {hi:g}]"
+        return test, f"must be {'<' if hi_open is not None else '<='} {high:g}"
+    left = "(" if lo_open is not None else "["
+    right = ")" if hi_open is not None else "]"
+    return test, f"must be in {left}{low:g}, {high:g}{right}"
 
 
 def _check(cond: bool, key: str, msg: str, value) -> None:
@@ -84,6 +91,15 @@ def fedavg_settings(step: str, default_lr: str) -> tuple:
         setting(100, "FedAvg rounds >= 1", at_least=1),
         setting(5, f"local {step} steps >= 1", at_least=1),
         setting(0.0, f"local step size; 0 = {default_lr}", at_least=0),
+    )
+
+
+def inference_settings(refit: str) -> tuple:
+    """``inference`` (none, or oracle: ``refit``) and ``level``, the same for both methods
+    (:mod:`strategies.inference`)."""
+    return (
+        setting("none", f"intervals: none, or oracle: {refit}", INFERENCE_CHOICES),
+        setting(0.95, "confidence level of the intervals, in (0, 1)", above=0, below=1),
     )
 
 
@@ -126,6 +142,12 @@ class GrAUCConfig:
     fedavg_lr: float
     fedavg_rounds, fedavg_local_steps, fedavg_lr = fedavg_settings("gradient", "1/mu_z per site")
     seed: int = setting(0, "random seed (initial coefficients)")
+    inference: str
+    level: float
+    inference, level = inference_settings(
+        "the surrogate refitted on the fused groups, sandwich errors (sites send p x p "
+        "Hessians and gradient covariances)"
+    )
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -286,17 +308,14 @@ class RowFedConfig:
         "prox-gradient", "1/L_m per client"
     )
     seed: int = setting(0, "participation draws")
-    inference: str = setting(
-        "none",
-        "intervals: none, or least squares on the identified structure (clients send X'X, "
-        "X'Y, Y'Y)",
-        ("none", "oracle"),
+    inference: str
+    level: float
+    inference, level = inference_settings(
+        "least squares on the identified structure (clients send X'X, X'Y, Y'Y)"
     )
-    level: float = setting(0.95, "confidence level of the intervals, in (0, 1)", above=0)
 
     def __post_init__(self) -> None:
         _check_fields(self)
-        _check(self.level < 1, "level", "must be in (0, 1)", self.level)
         _check(
             isinstance(self.graph, str) and self.graph != "",
             "graph",

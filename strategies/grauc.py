@@ -5,19 +5,20 @@ id.  The geographic graph is handed in (``graph_builder``), not imported."""
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 
 import numpy as np
-from flwr.common import FitIns, Parameters, log
+from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
-from . import admm
+from . import admm, inference
 from .base import LocalOnlyStrategy, SiteStrategy
 from .config import GrAUCConfig
 from .fedavg import RegisteringFedAvg
 from .fused import FusedSiteStrategy
 from .problems import grauc_problem
 from .registry import EMPTY, Registry
+from .wire import pack
 
 
 def initial_beta(n_sites: int, p: int, cfg: GrAUCConfig) -> np.ndarray:
@@ -98,6 +99,7 @@ class GrAUCStrategy(FusedSiteStrategy):
         self.graph_edges = graph_edges
         self.graph_builder = graph_builder
         self.beta0 = beta0
+        self.refit: inference.NewtonRefit | None = None
 
     def _setup(self) -> None:
         cfg = self.cfg
@@ -122,11 +124,28 @@ class GrAUCStrategy(FusedSiteStrategy):
         )
 
     def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
+        if self.refit is not None:
+            point = self.refit.point()
+            common = {"task": "newton", **self.work_config()}
+            ins = []
+            for c in clients:
+                site = self.registry.cid_to_site[c.cid]
+                params = ndarrays_to_parameters([point[self.site_index[site]]])
+                ins.append((c, FitIns(params, {**common, "site": site})))
+            return ins
         if len(self.graph.edges) == 0:  # no edges: each site's model is its own fit
             return _local_instructions(self.registry, clients, self.work_config())
         return super()._instructions(clients)
 
     def _aggregate(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
+        if self.refit is not None:
+            return EMPTY, self._refit_round(server_round, answered)
+        out = self._fit_round(server_round, answered)
+        if self.done and self.cfg.inference == "oracle":
+            self._start_refit()
+        return out
+
+    def _fit_round(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
         if len(self.graph.edges) > 0:
             return super()._aggregate(server_round, answered)
         beta = self.state.beta.copy()
@@ -147,6 +166,58 @@ class GrAUCStrategy(FusedSiteStrategy):
         )
         self.done = self.converged = len(answered) == len(self.sites)
         return EMPTY, {}
+
+    # -- oracle inference (docs/methods.md 1.10) -------------------------------------------
+    def _start_refit(self) -> None:
+        """After the fit: the Newton refit on its fused groups (:mod:`strategies.inference`).
+        A group whose sites all lack a class has no data: its coefficients stay as fitted."""
+        meta = [self.registry.sites[s].meta for s in self.sites]
+        has_data = np.array([int(m["n_pos"]) > 0 and int(m["n_neg"]) > 0 for m in meta])
+        support = np.repeat(has_data[:, None], self.n_features, axis=1)
+        self.refit_labels = self.clusters()
+        self.refit = inference.start_refit(self.refit_labels, self.coefficients_std(), support)
+        self.done = self.refit.done
+        log(INFO, "oracle refit: %d parameters on the fused groups", self.refit.n_par)
+
+    def _refit_round(self, server_round: int, answered: dict) -> dict:
+        """One Newton round of the refit; a round without every site is asked again."""
+        refit = self.refit
+        if len(answered) < len(self.sites):
+            refit.rounds += 1
+            log(WARNING, "oracle refit: round %s lacks sites; asked again", server_round)
+        else:
+            p = self.n_features
+            answers = np.stack([self.updates[s] for s in self.sites])
+            loss = np.array([float(answered[s][1].metrics["loss"]) for s in self.sites])
+            inference.newton_round(
+                refit, loss, answers[:, 0, :], answers[:, 1:, :].reshape(-1, p, p)
+            )
+            log(
+                INFO,
+                "oracle refit: round %d, objective %.10g, step %g",
+                refit.rounds,
+                refit.value,
+                refit.step,
+            )
+        if not refit.done and refit.rounds >= inference.REFIT_ROUNDS:
+            refit.done = True
+            log(WARNING, "oracle refit: no convergence in %d rounds", refit.rounds)
+        self.done = refit.done
+        return {"refit_objective": float(refit.value)}
+
+    def evaluate_config(self, site: str | None = None) -> dict:
+        """With inference = oracle: each site's refitted coefficients, at which it adds the
+        covariance of its gradient (the sandwich's meat)."""
+        config = super().evaluate_config(site)
+        if self.refit is not None and self.refit.converged and site is not None:
+            config["sandwich-at"] = pack(self.refit.estimate()[self.site_index[site]])
+        return config
+
+    def update_shape(self) -> tuple[int, ...] | None:
+        """A Newton answer during the refit: ``[gradient; Hessian]``, ``(p + 1, p)``."""
+        if self.refit is not None:
+            return (self.n_features + 1, self.n_features)
+        return super().update_shape()
 
     def clusters(self) -> np.ndarray:
         """Fused groups per coordinate, ``(Z, p)`` labels, read off ``delta`` (for ``pqn``:

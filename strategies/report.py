@@ -364,6 +364,57 @@ def convergence_section(out_dir: str, metrics: dict) -> Section:
     return Section("convergence", title, body + image(fig_convergence(history)))
 
 
+#: At most this many intervals in a report's forest plot of the oracle refit.
+MAX_INTERVALS = 60
+
+
+def inference_block(out_dir: str, metrics: dict, entity: str, refit: str) -> str:
+    """With ``--inference oracle`` (either method): a forest plot of the refit's distinct
+    coefficients from ``inference.csv`` -- one row per feature (and response) and group of
+    ``entity`` values sharing it, ordered by feature -- under a sentence naming the ``refit``
+    and its intervals; '' without the file, the reason when the refit gave none."""
+    info = metrics.get("inference") or {}
+    table = read_csv(out_dir, "inference.csv")
+    if table is None:
+        return text(f"No intervals: {info['error']}.", note=True) if "error" in info else ""
+    keys = ["feature"] + (["response"] if "response" in table.columns else [])
+    shown = table[np.isfinite(table["se"].astype(float))]
+    groups = (
+        shown.groupby([*keys, "estimate"], sort=False)
+        .agg(members=(entity, list), lower=("lower", "first"), upper=("upper", "first"))
+        .reset_index()
+    )
+    for key in keys:  # the table's own order of features (and responses)
+        rank = {v: k for k, v in enumerate(dict.fromkeys(table[key]))}
+        groups[f"_{key}"] = groups[key].map(rank)
+    groups = groups.sort_values([f"_{key}" for key in keys], kind="stable")
+
+    def who(members: list) -> str:
+        if len(members) <= 3:
+            return ", ".join(map(str, members))
+        return f"{len(members)} {entity}s ({members[0]} ... {members[-1]})"
+
+    groups["label"] = [
+        " / ".join(str(row[k]) for k in keys) + f": {who(row['members'])}"
+        for _, row in groups.iterrows()
+    ]
+    level = info.get("level", 0.95)
+    more = len(groups) > MAX_INTERVALS
+    body = text(
+        f"Oracle inference: {refit}; {100 * level:g}% intervals (inference.csv). One row per "
+        f"{' and '.join(keys)} and group of {entity}s sharing that coefficient; coefficients "
+        "without an interval (zeros, groups without data) are not shown; the dashed line is "
+        "0. These are post-selection intervals, valid when the structure is right."
+        + (f" The first {MAX_INTERVALS} of {len(groups)} rows are shown." if more else "")
+    )
+    if groups.empty:
+        return body + text("No coefficient has an interval.", note=True)
+    fig = fig_forest(
+        groups.head(MAX_INTERVALS), "label", "estimate", None, "coefficient", reference=0.0
+    )
+    return body + image(fig)
+
+
 def settings_section(metrics: dict) -> Section:
     skip = {"config"}
     items = [("config." + k, v) for k, v in sorted(metrics.get("config", {}).items())]

@@ -68,7 +68,7 @@ class _RowFedOutputs:
 
     eval_metric = "mse_pred"
 
-    def evaluate_config(self) -> dict:
+    def evaluate_config(self, site: str | None = None) -> dict:
         """The working scale; with ``inference = oracle`` also ask each client for its
         sufficient statistics (:func:`rowfed_flower.inference.client_moments`)."""
         config = self.work_config()

@@ -1,9 +1,9 @@
 """Choosing the penalty levels from the data, the same way for both methods
-(docs/methods.md 4.1–4.3).
+(docs/methods.md 3.4).
 
 - Folds inside each site: :func:`stratified_folds` (a binary outcome: each class dealt
   round-robin) and :func:`row_folds` (any outcome).
-- The top of a fused-penalty path (docs/methods.md 4.2): :func:`common_fit`, the minimizer of
+- The top of a fused-penalty path (docs/methods.md 3.4): :func:`common_fit`, the minimizer of
   ``sum_z f_z(b)`` over one coefficient vector shared by the sites of a component of the
   graph (a quasi-Newton loop on the sites' summed losses and gradients, what the sites send
   in a ``gradient`` round); :func:`lam_max`, the smallest fusion level at which that common
@@ -66,6 +66,11 @@ class CVOptions:
             raise InputError(f"cv-max-rounds: must be >= 1, got {self.max_rounds!r}")
         if self.jobs < 0:
             raise InputError(f"jobs: must be >= 0, got {self.jobs!r}")
+
+    def fit_config(self, cfg):
+        """The settings of a CV fit: ``cfg`` with this looser tolerance and round limit,
+        and no intervals (a validation score needs none)."""
+        return cfg.replace(tol=self.tol, max_rounds=self.max_rounds, inference="none")
 
     def workers(self, n_items: int) -> int:
         return self.jobs if self.jobs > 0 else default_jobs(n_items)

@@ -35,6 +35,8 @@ def test_flower_engine_equals_inprocess(small_federation, tmp_path):
             "60",
             "--standardize",
             "federated",
+            "--inference",
+            "oracle",
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         outs[engine] = out
@@ -47,6 +49,11 @@ def test_flower_engine_equals_inprocess(small_federation, tmp_path):
     ha = pd.read_csv(os.path.join(outs["inprocess"], "history.csv"))
     hb = pd.read_csv(os.path.join(outs["flower"], "history.csv"))
     np.testing.assert_allclose(hb["objective"], ha["objective"], rtol=1e-12)
+    ia = pd.read_csv(os.path.join(outs["inprocess"], "inference.csv"))
+    ib = pd.read_csv(os.path.join(outs["flower"], "inference.csv"))
+    assert ia[["site", "feature", "kind"]].equals(ib[["site", "feature", "kind"]])
+    for column in ("estimate", "se", "lower", "upper"):
+        np.testing.assert_allclose(ib[column], ia[column], rtol=0, atol=1e-8)
 
 
 def test_main_job_prints_auc_table(tmp_path):

@@ -209,6 +209,8 @@ def test_missing_class_borrow_takes_the_neighbours_model(small_federation, tmp_p
         "1e-8",
         "--max-rounds",
         "2000",
+        "--inference",
+        "oracle",
     )
     assert proc.returncode == 0, proc.stderr
     coef = pd.read_csv(os.path.join(out, "coefficients.csv")).set_index("site")
@@ -222,15 +224,34 @@ def test_missing_class_borrow_takes_the_neighbours_model(small_federation, tmp_p
     assert ((coef.loc["S2"] >= lo) & (coef.loc["S2"] <= hi)).all()
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert "S2" in metrics["sites_without_auc"]
+    # the refit: where S2 is fused with sites that have data it shares their interval; where
+    # it is alone it has no data and keeps its fitted coefficient without an interval
+    inf = pd.read_csv(os.path.join(out, "inference.csv"), dtype={"site": str})
+    clusters = pd.read_csv(os.path.join(out, "clusters.csv"), dtype={"site": str})
+    clusters = clusters.set_index("site")
+    s2 = inf[inf["site"] == "S2"].set_index("feature")
+    for feature, row in s2.iterrows():
+        alone = (clusters[feature] == clusters.loc["S2", feature]).sum() == 1
+        assert row["kind"] == ("no-data" if alone else "fused")
+        assert np.isnan(row["se"]) == alone
+        if alone:
+            assert row["estimate"] == pytest.approx(coef.loc["S2", feature], abs=1e-12)
+    others = inf[inf["site"] != "S2"]
+    assert np.isfinite(others["se"]).all() and (others["se"] > 0).all()
 
 
 def test_valid_edge_cases(tmp_path):
     sites = simulate(n_sites=4, n_features=3, n_train=30, seed=4242)
     # one site alone
     d, s = write_grauc_csv(str(tmp_path), sites[:1])
-    proc = _fit(d, s, str(tmp_path / "one"))
+    proc = _fit(d, s, str(tmp_path / "one"), "--inference", "oracle")
     assert proc.returncode == 0, proc.stderr
-    assert len(pd.read_csv(tmp_path / "one" / "coefficients.csv")) == 1
+    coef = pd.read_csv(tmp_path / "one" / "coefficients.csv")
+    assert len(coef) == 1
+    # alone, the refit is the site's own fit: the same coefficients, each with an interval
+    inf = pd.read_csv(tmp_path / "one" / "inference.csv")
+    assert list(inf["kind"]) == ["unique"] * 3 and (inf["se"] > 0).all()
+    np.testing.assert_allclose(inf["estimate"], coef.iloc[0, 1:].to_numpy(float), atol=1e-8)
     # all sites at the same place, and a constant feature
     same = [s_.__class__(**{**s_.__dict__, "lat": 10.0, "lon": 20.0}) for s_ in sites]
     const = [

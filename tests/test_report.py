@@ -41,12 +41,14 @@ def _grauc_fit(small_federation, out, *extra) -> dict:
 
 def test_grauc_fit_report(small_federation, tmp_path, capsys):
     out = tmp_path / "out"
-    page = _grauc_fit(small_federation, out, "--holdout", "0.3")
+    page = _grauc_fit(small_federation, out, "--holdout", "0.3", "--inference", "oracle")
     assert page["sections"] == list(FIT_SECTIONS)
     assert_self_contained(page)
     images = _images(page)
     for section in ("map", "coefficients", "accuracy", "convergence"):
         assert images.get(section, 0) >= 1, section
+    # the heatmap and the forest plot of the oracle intervals
+    assert images["coefficients"] == 2 and "Oracle inference" in page["text"]
     assert "cv" not in images  # not tuned: a sentence, no curve
     assert "not tuned" in page["text"]
 
@@ -111,13 +113,16 @@ def test_rowfed_tuned_fit_report_and_test_intervals(tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["fit", "--data", str(train_csv), "--responses", "Y1,Y2", "--out", str(out)]
     grid = ["--tune", "cv", "--folds", "2", "--lam1-grid", "0.02,0.3", "--lam2-grid", "0.01,0.1"]
-    assert rowfed_main([*argv, *grid, "--test-data", str(test_csv), "--jobs", "1"]) == 0
+    oracle = ["--inference", "oracle"]
+    assert rowfed_main([*argv, *grid, "--test-data", str(test_csv), "--jobs", "1", *oracle]) == 0
     page = parse_page(str(out / "report.html"))
     assert page["sections"] == list(FIT_SECTIONS)
     assert_self_contained(page)
     images = _images(page)
     for section in ("map", "coefficients", "cv", "accuracy", "convergence"):
         assert images.get(section, 0) >= 1, section
+    # the heatmaps, the client groups and the forest plot of the oracle intervals
+    assert images["coefficients"] == 3 and "Oracle inference" in page["text"]
     metrics = json.loads((out / "metrics.json").read_text())
     tuned = metrics["tuned"]
     assert f"chose lam1 = {tuned['lam1']:g}, lam2 = {tuned['lam2']:g}" in page["text"]

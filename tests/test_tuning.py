@@ -1,4 +1,4 @@
-"""Choosing the levels from the data (docs/methods.md 4), checked against independent
+"""Choosing the levels from the data (docs/methods.md 3.4), checked against independent
 computations: the top of the GrAUC-PFL path against a conic solver (cvxpy) on either side of
 it, the selection rules against means and standard errors computed here by hand, and the
 folds and held-out rows by counting."""

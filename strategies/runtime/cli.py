@@ -219,3 +219,11 @@ def project_dir() -> str:
     if not os.path.isfile(os.path.join(here, "pyproject.toml")):
         raise InputError("engine: the flower engine needs the project checkout (pip install -e .)")
     return here
+
+
+def warn_no_intervals(metrics: dict) -> None:
+    """With ``--inference oracle``: one stderr line when the fit gave no intervals, and why
+    (either method; the reason is also in ``metrics.json``)."""
+    info = metrics.get("inference") or {}
+    if "error" in info:
+        print(f"warning: no confidence intervals: {info['error']}", file=sys.stderr)

@@ -1,0 +1,116 @@
+"""Oracle inference for GrAUC-PFL (docs/methods.md 1.10): the surrogate refitted on the
+identified fused groups, with sandwich standard errors.
+
+After the fit, each feature's sites fall into fused groups (``clusters.csv``).  The refit
+minimizes ``F(theta) = sum_z f_z(A_z theta)`` -- the sites' surrogates with the ridge as
+fitted, one coefficient per (feature, group), no fusion penalty -- by damped Newton rounds
+(:func:`strategies.inference.newton_round`): the server sends each site its coefficients
+``A_z theta``; the site answers with its loss, gradient and ``p x p`` Hessian there
+(``task = newton``, :func:`newton_answer`).  At the refit, each site sends once the
+``p x p`` covariance ``Sigma_z`` of its gradient from the Hájek projection
+(:meth:`grauc_flower.auc.PairwiseLogistic.hajek`, :func:`sandwich_metrics`), and
+
+    Cov(theta) = H^-1 S H^-1,   H = sum_z A_z^T H_z A_z,   S = sum_z A_z^T Sigma_z A_z
+
+(sites are independent, so the variances of their gradients add).  Intervals are normal:
+``theta -/+ z_{(1+level)/2} se``.  Estimates and standard errors are reported on the input
+scale (divided by the federated scale when the features were standardized).  These are
+post-selection intervals: valid when the groups are right, not otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from strategies import inference as oracle
+from strategies.wire import pack, unpack
+
+#: The key of a site's ``Sigma_z`` in its evaluation metrics (only with inference = oracle).
+SANDWICH_KEY = "sandwich:s"
+
+
+def newton_answer(f, beta: np.ndarray) -> tuple[np.ndarray, float]:
+    """A site's Newton-round answer at ``beta``: ``[gradient; Hessian]`` as one
+    ``(p + 1) x p`` array, and its loss."""
+    value, grad = f.value_and_grad(beta)
+    return np.vstack([grad[None, :], f.hessian(beta)]), float(value)
+
+
+def sandwich_metrics(f, beta: np.ndarray) -> dict:
+    """What a site adds to its evaluation answer at the refit point ``beta``: ``Sigma_z``
+    (packed ``p x p``)."""
+    return {SANDWICH_KEY: pack(f.hajek(beta).ravel())}
+
+
+def read_sandwich(metrics: dict, p: int) -> np.ndarray | None:
+    """A site's ``Sigma_z`` from its evaluation metrics (``None`` when it sent none)."""
+    if SANDWICH_KEY not in metrics:
+        return None
+    return unpack(metrics[SANDWICH_KEY], p * p).reshape(p, p)
+
+
+def without_sandwich(metrics: dict) -> dict:
+    """The metrics a result keeps (``Sigma_z`` is used once, then dropped)."""
+    return {k: v for k, v in metrics.items() if k != SANDWICH_KEY}
+
+
+@dataclass
+class OracleFit:
+    """The refit on the input scale: ``estimate``, ``se`` ``(Z, p)`` (``se`` NaN where a
+    coefficient is not a parameter: a group of sites without both classes), ``kind``
+    (``fused``, ``unique``, ``no-data``), group sizes, and the refit's rounds, objective and
+    convergence."""
+
+    estimate: np.ndarray
+    se: np.ndarray
+    kind: np.ndarray
+    group_size: np.ndarray
+    rounds: int
+    objective: float
+    converged: bool
+
+
+def oracle_fit(
+    refit: oracle.NewtonRefit, labels: np.ndarray, meats: list[np.ndarray], scale=None
+) -> OracleFit:
+    """The estimates and sandwich standard errors of a finished refit from the sites'
+    ``Sigma_z`` (sites in federation order); ``scale`` the features' federated scale."""
+    bread = refit.hess
+    meat = oracle.gather_matrix(refit.cols, meats, refit.n_par)
+    cov = oracle.sandwich(bread, meat) if bread is not None else None
+    estimate = refit.estimate()
+    se = np.full(estimate.shape, np.nan)
+    if cov is not None and refit.converged:
+        on = refit.cols >= 0
+        se[on] = np.sqrt(np.maximum(np.diag(cov), 0.0))[refit.cols[on]]
+    if scale is not None:
+        estimate = estimate / scale
+        se = se / scale
+    size = oracle.group_sizes(labels)
+    kind = np.where(refit.cols < 0, "no-data", np.where(size > 1, "fused", "unique"))
+    return OracleFit(
+        estimate, se, kind, size, refit.rounds, float(refit.value), bool(refit.converged)
+    )
+
+
+def inference_table(fit: OracleFit, sites, features, level: float) -> pd.DataFrame:
+    """``inference.csv``: ``site, feature, kind, group_size, estimate, se, lower, upper``
+    with normal intervals at ``level``."""
+    return oracle.interval_frame(
+        "site", sites, features, fit.estimate, fit.se, fit.kind, fit.group_size, level
+    )
+
+
+__all__ = [
+    "SANDWICH_KEY",
+    "OracleFit",
+    "inference_table",
+    "newton_answer",
+    "oracle_fit",
+    "read_sandwich",
+    "sandwich_metrics",
+    "without_sandwich",
+]
