@@ -73,6 +73,31 @@ def _draw(rng, n_pos: int, n_neg: int, mu: np.ndarray) -> tuple[np.ndarray, np.n
     return x, y
 
 
+def _layout(rng, simulation: int, n_sites: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first draws of a simulation: site coordinates ``(Z, 2)`` and mean groups ``(Z,)``."""
+    if simulation not in (1, 2, 3, 4):
+        raise InputError(f"simulation: must be 1, 2, 3 or 4, got {simulation}")
+    geo = np.repeat([0, 1], [n_sites // 2, n_sites - n_sites // 2])
+    centres = np.array(GROUP_CENTRES)[geo]
+    coords = centres + rng.uniform(-1.0, 1.0, size=(n_sites, 2))
+    mean_group = rng.permutation(geo) if simulation == 3 else geo
+    return coords, mean_group
+
+
+def site_means(
+    simulation: int = 1, n_sites: int = 20, n_features: int = 10, level: int = 3, seed: int = 0
+) -> np.ndarray:
+    """The positives' mean ``mu*`` of every site of :func:`simulate` with the same
+    arguments, ``(Z, p)`` (the negatives' mean is 0; both classes have identity covariance)."""
+    _, mean_group = _layout(np.random.default_rng(seed), simulation, n_sites)
+    return _means(simulation, level, mean_group, n_features)
+
+
+def _means(simulation: int, level: int, mean_group: np.ndarray, p: int) -> np.ndarray:
+    lvl = 0 if simulation == 4 else level
+    return np.stack([mean_shift(lvl, int(g), p) for g in mean_group])
+
+
 def simulate(
     simulation: int = 1,
     n_sites: int = 20,
@@ -90,22 +115,14 @@ def simulate(
     each site's training size drawn once from {30, 50, 100, 200, 300}.  3: the two mean groups
     are assigned at random, unrelated to location.  4: one mean for all (shift 0).
     """
-    if simulation not in (1, 2, 3, 4):
-        raise InputError(f"simulation: must be 1, 2, 3 or 4, got {simulation}")
     rng = np.random.default_rng(seed)
-    geo = np.repeat([0, 1], [n_sites // 2, n_sites - n_sites // 2])
-    centres = np.array(GROUP_CENTRES)[geo]
-    coords = centres + rng.uniform(-1.0, 1.0, size=(n_sites, 2))
-    if simulation == 3:
-        mean_group = rng.permutation(geo)
-    else:
-        mean_group = geo
+    coords, mean_group = _layout(rng, simulation, n_sites)
     sizes = rng.choice(SIM2_SIZES, size=n_sites) if simulation == 2 else np.full(n_sites, n_train)
-    lvl = 0 if simulation == 4 else level
+    means = _means(simulation, level, mean_group, n_features)
     width = len(str(n_sites))
     sites = []
     for z in range(n_sites):
-        mu = mean_shift(lvl, int(mean_group[z]), n_features)
+        mu = means[z]
         x_tr, y_tr = _draw(rng, *class_sizes(int(sizes[z]), prevalence), mu)
         x_te, y_te = _draw(rng, *class_sizes(n_test, prevalence), mu)
         sites.append(

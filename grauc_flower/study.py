@@ -59,6 +59,7 @@ import pandas as pd
 
 from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config
 from strategies.errors import InputError
+from strategies.experiments.coverage import coverage_setting
 from strategies.experiments.design import (
     Study,
     figure_cell_setting,
@@ -85,7 +86,9 @@ DESIGN_TYPES = {
     "n_test": int,
 }
 REQUIRED = ("simulation", "n_train", "prevalence", "level")
-SECTIONS = ("data", "tuning", "grauc", "figures")
+#: The tuning values a coverage study fixes in the method's table.
+COVERAGE_FIXED = ("lam", "w-dist")
+SECTIONS = ("data", "tuning", "grauc", "figures", "coverage")
 DATA_DEFAULTS = {"n_sites": 20, "n_features": 10, "n_test": 200}
 #: Real data (``[data] source``): design keys, and the ``[data]`` settings with defaults.
 REAL_SOURCES = ("crime", "cdc")
@@ -124,6 +127,7 @@ class Settings:
     cv_max_rounds: int
     cfg: GrAUCConfig
     figure_cell: dict | None
+    coverage: float | None = None  # [coverage] level: a coverage study at fixed lam, w_dist
 
 
 def _number_list(value, key: str, minimum: float = 0.0) -> tuple[float, ...]:
@@ -163,6 +167,7 @@ def lam_grid(value) -> tuple[float, ...]:
 
 def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     """Check and parse the tables of a study config (everything but ``[design]``)."""
+    coverage = coverage_setting(settings, "grauc", COVERAGE_FIXED)
     methods = study_methods(settings, GRAUC_METHODS, ("grauc", "individual", "fedavg"))
     data = parse_data(settings.get("data", {}))
     tuning = settings.get("tuning", {})
@@ -184,10 +189,22 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     if not isinstance(cv_rounds, int) or isinstance(cv_rounds, bool) or cv_rounds < 1:
         raise InputError(f"tuning.cv_max_rounds: must be an integer >= 1, got {cv_rounds!r}")
     rc = {f"grauc.{k}": v for k, v in settings.get("grauc", {}).items()}
-    for key in ("grauc.lam", "grauc.w-dist", "grauc.seed"):
+    chosen = (
+        ("grauc.seed",) if coverage is not None else ("grauc.lam", "grauc.w-dist", "grauc.seed")
+    )
+    for key in chosen:
         if key in rc:
             raise InputError(f"{key}: chosen by the study (tuning / per-task seed), not set here")
+    for key in ("grauc.inference", "grauc.level"):
+        if key in rc and coverage is not None:
+            raise InputError(f"{key}: a coverage study sets it; give coverage.level")
     cfg = from_run_config(GrAUCConfig, rc, "grauc")
+    if coverage is not None:
+        if cfg.standardize != "none":
+            raise InputError(
+                "grauc.standardize: a coverage study's truth is on the input scale; use none"
+            )
+        cfg = cfg.replace(inference="oracle", level=coverage)
     if "ridge" in tuning and "grauc.ridge" in rc:
         raise InputError("grauc.ridge: tuned by [tuning] ridge; set one or the other")
     ridges = _number_list(tuning.get("ridge", [cfg.ridge]), "tuning.ridge")
@@ -204,6 +221,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
         cv_rounds,
         cfg,
         cell,
+        coverage,
     )
 
 
@@ -313,7 +331,9 @@ def check_cell(cell: dict, data: dict) -> None:
 
 
 def load(path: str) -> tuple[Study, Settings]:
-    source = _source(read_toml(path).get("data", {}))
+    raw = read_toml(path)
+    coverage_setting(raw, "grauc", COVERAGE_FIXED)  # before the design's keys are checked
+    source = _source(raw.get("data", {}))
     if source == "simulated":
         study = load_study(path, "grauc", DESIGN_TYPES, REQUIRED, SECTIONS)
     else:
@@ -361,6 +381,27 @@ def _quiet() -> None:
     FLOWER_LOGGER.setLevel(logging.WARNING)
 
 
+def simulation_arguments(st: Settings, cell: dict) -> dict:
+    """The design cell's :func:`grauc_flower.data.simulate` arguments (cell values override
+    ``[data]``), without the seed."""
+    data = {**st.data, **{k: v for k, v in cell.items() if k in st.data}}
+    return {
+        "simulation": cell["simulation"],
+        "n_sites": data["n_sites"],
+        "n_features": data["n_features"],
+        "n_train": cell["n_train"],
+        "n_test": data["n_test"],
+        "prevalence": cell["prevalence"],
+        "level": cell["level"],
+    }
+
+
+def simulated_sites(st: Settings, cell: dict, seed: int) -> tuple[list, list[str]]:
+    """A simulated cell's sites (docs/methods.md 1.8) and feature names."""
+    args = simulation_arguments(st, cell)
+    return simulate(**args, seed=seed), [f"x{j + 1}" for j in range(args["n_features"])]
+
+
 def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
     """One (cell, replication): data, tuning, fits, test AUC.  Returns the frames
     ``results`` (one row per method and site), ``coef`` (coefficients, input scale),
@@ -370,18 +411,7 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
 
     st = parse_settings(settings, tuple(cell))
     if st.data["source"] == "simulated":
-        data = {**st.data, **{k: v for k, v in cell.items() if k in st.data}}
-        sites = simulate(
-            cell["simulation"],
-            data["n_sites"],
-            data["n_features"],
-            cell["n_train"],
-            data["n_test"],
-            cell["prevalence"],
-            cell["level"],
-            seed,
-        )
-        features = [f"x{j + 1}" for j in range(data["n_features"])]
+        sites, features = simulated_sites(st, cell, seed)
     else:  # a real source: a new stratified train/test split per replication
         sites, source_table = real_data(st.data, cell, seed)
         features = list(source_table.features)
@@ -443,7 +473,11 @@ def add_parser(sub) -> None:
 def cmd_study(a) -> int:
     from .figures import make_figures
 
-    study, _ = load(a.config)
+    study, st = load(a.config)
+    if st.coverage is not None:
+        from . import coverage
+
+        return coverage.run(a, study, st)
     return run_study_args(a, study, TASK, ("auc",), make_figures)
 
 
@@ -456,4 +490,6 @@ __all__ = [
     "load",
     "parse_settings",
     "run_task",
+    "simulated_sites",
+    "simulation_arguments",
 ]

@@ -21,7 +21,7 @@ from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy, rowfed_
 from strategies.runtime.engine import run_inprocess
 
 from .client import ClientSamples, RowFedClient
-from .data import read_graph, simulate
+from .data import N_CLUSTERS, read_graph, simulate
 from .metrics import mean_rand_index, mse_est
 
 #: Run-config prefix of the data keys (``rowfed-data.*``).
@@ -117,8 +117,9 @@ class FederatedData:
         ]
 
 
-def simulated_data(spec: RowFedDataSpec) -> FederatedData:
-    """docs/methods.md 2.8 simulated federation; client ids ``"0" .. "M-1"`` (the partition ids)."""
+def simulated_data(spec: RowFedDataSpec, n_clusters=N_CLUSTERS) -> FederatedData:
+    """docs/methods.md 2.8 simulated federation; client ids ``"0" .. "M-1"`` (the partition
+    ids); ``n_clusters``: the client clusters of each non-zero row."""
     d = simulate(
         spec.num_clients,
         spec.n_train,
@@ -126,6 +127,7 @@ def simulated_data(spec: RowFedDataSpec) -> FederatedData:
         spec.num_features,
         spec.num_responses,
         spec.seed,
+        n_clusters=n_clusters,
     )
     clients = tuple(
         ClientSamples(str(m), d.x_train[m], d.y_train[m], d.x_test[m], d.y_test[m])

@@ -60,6 +60,7 @@ import pandas as pd
 
 from strategies.config import ROWFED_METHODS, RowFedConfig, from_run_config
 from strategies.errors import InputError
+from strategies.experiments.coverage import coverage_setting
 from strategies.experiments.design import (
     Study,
     figure_cell_setting,
@@ -70,10 +71,13 @@ from strategies.experiments.design import (
 from strategies.experiments.runner import add_study_parser, run_study_args
 
 from . import tuning as grid_search
+from .data import N_CLUSTERS
 
 DESIGN_TYPES = {"M": int, "n_m": int, "p": int, "q": int}
 REQUIRED = ("M", "n_m", "p", "q")
-SECTIONS = ("data", "tuning", "rowfed", "figures")
+#: The tuning values a coverage study fixes in the method's table.
+COVERAGE_FIXED = ("lam1", "lam2")
+SECTIONS = ("data", "tuning", "rowfed", "figures", "coverage")
 TUNED = ("rowfed", "perfl-lsma", "nonfed")
 CRITERIA = ("gic", "gic-nq")
 TASK = "rowfed_flower.study:run_task"
@@ -101,17 +105,25 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
     """Check the tables of a RowFed study config; returns ``methods``, ``n_test``,
     ``grids`` (method -> (lam1 grid, lam2 grid)), ``criterion``, ``fedavg_lam2``, ``cfg``
     and ``figure_cell``."""
+    coverage = coverage_setting(settings, "rowfed", COVERAGE_FIXED)
     methods = study_methods(settings, ROWFED_METHODS, ROWFED_METHODS)
     data = settings.get("data", {})
     real = None
     n_test = 100
+    clusters = N_CLUSTERS
     if _source(data) == "simulated":
         for key in data:
-            if key not in ("n_test", "source"):
-                raise InputError(f"data.{key}: unknown setting (allowed: source, n_test)")
+            if key not in ("n_test", "source", "clusters"):
+                raise InputError(f"data.{key}: unknown setting (allowed: source, n_test, clusters)")
         n_test = data.get("n_test", 100)
         if not isinstance(n_test, int) or isinstance(n_test, bool) or n_test < 1:
             raise InputError(f"data.n_test: must be an integer >= 1, got {n_test!r}")
+        clusters = data.get("clusters", list(N_CLUSTERS))
+        if not isinstance(clusters, list) or not all(
+            isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in clusters
+        ):
+            raise InputError(f"data.clusters: expected a list of integers >= 1, got {clusters!r}")
+        clusters = tuple(clusters)
     else:
         real = parse_real_data(data)
     tuning = dict(settings.get("tuning", {}))
@@ -147,11 +159,16 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
         raise InputError(f"tuning.fedavg_lam2: 'nonfed' or a number >= 0, got {fedavg_lam2!r}")
     rc = {f"rowfed.{k}": v for k, v in settings.get("rowfed", {}).items()}
     for key in ("rowfed.lam1", "rowfed.lam2"):
-        if key in rc:
+        if key in rc and coverage is None:
             raise InputError(f"{key}: chosen by GIC in a study; give tuning.lam1 / tuning.lam2")
+    for key in ("rowfed.inference", "rowfed.level"):
+        if key in rc and coverage is not None:
+            raise InputError(f"{key}: a coverage study sets it; give coverage.level")
     if "rowfed.intercept" in rc and not isinstance(rc["rowfed.intercept"], bool):
         raise InputError("rowfed.intercept: expected true or false")
     cfg = from_run_config(RowFedConfig, rc, "rowfed")
+    if coverage is not None:
+        cfg = cfg.replace(inference="oracle", level=coverage)
     cell = figure_cell_setting(settings, keys)
     return {
         "methods": tuple(methods),
@@ -162,6 +179,8 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
         "fedavg_lam2": fedavg_lam2,
         "cfg": cfg,
         "figure_cell": cell,
+        "clusters": clusters,
+        "coverage": coverage,
     }
 
 
@@ -255,7 +274,9 @@ def check_cell(cell: dict) -> None:
 
 
 def load(path: str) -> tuple[Study, dict]:
-    if _source(read_toml(path).get("data", {})) == "simulated":
+    raw = read_toml(path)
+    coverage_setting(raw, "rowfed", COVERAGE_FIXED)  # before the design's keys are checked
+    if _source(raw.get("data", {})) == "simulated":
         study = load_study(path, "rowfed", DESIGN_TYPES, REQUIRED, SECTIONS)
     else:
         study = load_study(path, "rowfed", REAL_DESIGN_TYPES, REAL_REQUIRED, SECTIONS)
@@ -343,6 +364,21 @@ def response_mse(res, data) -> np.ndarray:
     return out
 
 
+def simulated_federation(st: dict, cell: dict, seed: int):
+    """The §2.8 federation of a simulated cell (``[data] n_test`` and ``clusters``)."""
+    from . import federation as fed
+
+    spec = fed.RowFedDataSpec(
+        num_clients=cell["M"],
+        n_train=cell["n_m"],
+        n_test=st["n_test"],
+        num_features=cell["p"],
+        num_responses=cell["q"],
+        seed=seed,
+    )
+    return fed.simulated_data(spec, st["clusters"])
+
+
 def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
     """One (cell, replication).  Frames: ``results``, ``clusters`` (estimated row
     partitions, ``method, client, <predictor>...``; simulations add the truth) and ``gic``
@@ -357,15 +393,7 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
 
     st = parse_settings(settings, tuple(cell))
     if st["real"] is None:
-        spec = fed.RowFedDataSpec(
-            num_clients=cell["M"],
-            n_train=cell["n_m"],
-            n_test=st["n_test"],
-            num_features=cell["p"],
-            num_responses=cell["q"],
-            seed=seed,
-        )
-        data = fed.simulated_data(spec)
+        data = simulated_federation(st, cell, seed)
     else:
         data = real_federation(st["real"], cell, seed)
     cfg = st["cfg"].replace(seed=seed)
@@ -435,6 +463,10 @@ def cmd_study(a) -> int:
     from .figures import make_figures
 
     study, st = load(a.config)
+    if st["coverage"] is not None:
+        from . import coverage
+
+        return coverage.run(a, study, st)
     if st["real"] is None:
         metrics = ("mse_est", "mse_pred", "ri")
     else:  # no true Theta: prediction error only (overall and per response)
@@ -451,4 +483,5 @@ __all__ = [
     "real_federation",
     "response_mse",
     "run_task",
+    "simulated_federation",
 ]

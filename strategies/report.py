@@ -456,7 +456,12 @@ def fit_report(
 
 
 def study_report(
-    out: str, study, results: pd.DataFrame, summary_table: pd.DataFrame, figures: Sequence[str]
+    out: str,
+    study,
+    results: pd.DataFrame,
+    summary_table: pd.DataFrame,
+    figures: Sequence[str],
+    caption: str | None = None,
 ) -> str:
     """Write ``out/report.html`` for a study: the summary table, every figure, the design
     and settings (``results``: the finished tasks' rows, for the counts)."""
@@ -474,7 +479,10 @@ def study_report(
         Section(
             "summary",
             "Summary",
-            text("Mean (SD) over replications per design cell and method (summary_table.csv).")
+            text(
+                caption
+                or "Mean (SD) over replications per design cell and method (summary_table.csv)."
+            )
             + table(summary_table, 200),
         ),
         Section(

@@ -16,7 +16,8 @@ Files under ``--out``::
     parts/<cell>/rep-0007.<name>.csv   its other frames
     results.csv                 every finished task's rows (appended as tasks finish, rebuilt
                                 from the parts at the start and at the end of every run)
-    summary.csv                 mean and SD over replications per cell and method (tidy)
+    summary.csv                 mean and SD over replications per cell and method (tidy;
+                                a coverage study: coverage per cell and kind)
     summary_table.csv           the same as ``mean (sd)``, one row per cell, one column per
                                 method (the papers' layout)
     fig_*.png                   the method's figures
@@ -30,5 +31,6 @@ so any subset of a study reproduces the same numbers.
 
 Modules: :mod:`.design` (config and grid), :mod:`.store` (part files), :mod:`.executors`
 (process pool, Ray), :mod:`.progress`, :mod:`.summary` (tables), :mod:`.plots` (figure
-helpers), :mod:`.runner` (the whole run), :mod:`.benchtable` (the bench commands' table).
+helpers), :mod:`.runner` (the whole run), :mod:`.coverage` (coverage studies of the oracle
+intervals), :mod:`.benchtable` (the bench commands' table).
 """

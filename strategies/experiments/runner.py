@@ -23,7 +23,9 @@ def add_study_parser(sub) -> None:
     add_study_options(sub.add_parser("study", help="a simulation study driven by a TOML config"))
 
 
-def run_study_args(a, study: Study, task_path: str, metrics, make_figures) -> int:
+def run_study_args(
+    a, study: Study, task_path: str, metrics, make_figures, tables: Callable | None = None
+) -> int:
     """:func:`run_study` with the parsed options of :func:`add_study_options`."""
     return run_study(
         study,
@@ -36,6 +38,7 @@ def run_study_args(a, study: Study, task_path: str, metrics, make_figures) -> in
         metrics=metrics,
         figures=None if a.no_figures else make_figures,
         quiet=a.quiet,
+        tables=tables,
     )
 
 
@@ -73,9 +76,12 @@ def run_study(
     metrics: Sequence[str] = (),
     figures: Callable | None = None,
     quiet: bool = False,
+    tables: Callable | None = None,
 ) -> int:
     """Run the tasks of ``study`` not yet in ``out``; write results, summary and figures.
 
+    ``tables(results, keys) -> (summary, table, caption)`` replaces the mean (SD) over replications
+    of ``metrics`` (:func:`summarize`, :func:`summary_table`), e.g. a coverage study's.
     Returns the exit code: 0, or 1 when a task or the figures failed (the finished tasks
     are kept; rerun the same command to retry).  Bad input raises :class:`InputError`.
     """
@@ -132,9 +138,13 @@ def run_study(
         finally:
             progress.close()
     results = _rebuild(store, study, results_path)
-    summary = summarize(results, study.keys, metrics)
+    if tables is None:
+        summary = summarize(results, study.keys, metrics)
+        table = summary_table(summary, study.keys, metrics)
+        caption = None
+    else:
+        summary, table, caption = tables(results, study.keys)
     atomic_csv(summary, os.path.join(out, "summary.csv"))
-    table = summary_table(summary, study.keys, metrics)
     atomic_csv(table, os.path.join(out, "summary_table.csv"))
     code = 0
     made: list[str] = []
@@ -147,7 +157,7 @@ def run_study(
             code = 1
     if not results.empty:
         try:
-            progress.say(f"report: {study_report(out, study, results, table, made)}")
+            progress.say(f"report: {study_report(out, study, results, table, made, caption)}")
         except Exception as exc:
             progress.say(f"error: report: {type(exc).__name__}: {exc}")
             code = 1
