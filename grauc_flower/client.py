@@ -16,8 +16,9 @@ features`` and the packed per-feature sums ``sum_x, sum_x2`` (for standardizatio
                  ``curvature`` is true, the Lipschitz bound ``mu_z`` of the gradient, a
                  scalar): the proximal quasi-Newton algorithm (what a FedSGD client sends).
 ``local``     -> the individual fit ``argmin f_z`` -> ``[beta_z]``.
-``newton``    <- ``[beta_z]`` -> ``[[grad f_z(beta_z)]; Hessian]`` (one ``(p + 1) x p`` array),
-                 metrics ``site, loss``: a round of the oracle refit (inference = oracle).
+``newton``    <- ``[beta_z]`` -> ``[grad f_z(beta_z) | Hessian]`` (one ``p x (1 + p)`` array,
+                 :func:`strategies.local.newton_answer`), metrics ``site, loss``: a round of
+                 the oracle refit (inference = oracle) or of pqn with ``curvature = exact``.
 ``fedavg``    <- ``[beta]``: ``fedavg-local-steps`` gradient steps of size ``fedavg-lr`` (or
                  ``1/mu_z``) -> ``[beta]``, metrics ``site, loss`` (at the received beta).
 Every task may carry ``center``/``scale`` bytes: the site standardizes ``(x - center)/scale``.
@@ -30,13 +31,13 @@ from __future__ import annotations
 import numpy as np
 from flwr.client import NumPyClient
 
-from strategies.local import admm_update
+from strategies.local import admm_update, newton_answer
 from strategies.registry import grauc_meta, registration_properties
 from strategies.wire import unpack
 
 from .auc import PairwiseLogistic, delong, split_by_class
 from .data import SiteData
-from .inference import newton_answer, sandwich_metrics
+from .inference import sandwich_metrics
 from .local import local_fit
 
 

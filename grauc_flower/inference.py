@@ -6,7 +6,7 @@ minimizes ``F(theta) = sum_z f_z(A_z theta)`` -- the sites' surrogates with the 
 fitted, one coefficient per (feature, group), no fusion penalty -- by damped Newton rounds
 (:func:`strategies.inference.newton_round`): the server sends each site its coefficients
 ``A_z theta``; the site answers with its loss, gradient and ``p x p`` Hessian there
-(``task = newton``, :func:`newton_answer`).  At the refit, each site sends once the
+(``task = newton``, :func:`strategies.local.newton_answer`).  At the refit, each site sends once the
 ``p x p`` covariance ``Sigma_z`` of its gradient from the Hájek projection
 (:meth:`grauc_flower.auc.PairwiseLogistic.hajek`, :func:`sandwich_metrics`), and
 
@@ -30,13 +30,6 @@ from strategies.wire import pack, unpack
 
 #: The key of a site's ``Sigma_z`` in its evaluation metrics (only with inference = oracle).
 SANDWICH_KEY = "sandwich:s"
-
-
-def newton_answer(f, beta: np.ndarray) -> tuple[np.ndarray, float]:
-    """A site's Newton-round answer at ``beta``: ``[gradient; Hessian]`` as one
-    ``(p + 1) x p`` array, and its loss."""
-    value, grad = f.value_and_grad(beta)
-    return np.vstack([grad[None, :], f.hessian(beta)]), float(value)
 
 
 def sandwich_metrics(f, beta: np.ndarray) -> dict:
@@ -108,7 +101,6 @@ __all__ = [
     "SANDWICH_KEY",
     "OracleFit",
     "inference_table",
-    "newton_answer",
     "oracle_fit",
     "read_sandwich",
     "sandwich_metrics",

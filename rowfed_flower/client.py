@@ -23,6 +23,9 @@ features``, the packed sums ``sum_x, sum_x2`` and ``p, q, sum_y``
                  (docs/methods.md 2.3 step 4) -> ``[Theta_m_new]``, metrics ``task, site, loss``.
 ``gradient``  <- ``[Theta_m]`` -> ``[grad f_m(Theta_m)]``, metrics ``task, site, loss`` (and,
                  when ``curvature`` is true, ``L_m``): the proximal quasi-Newton algorithm.
+``newton``    <- ``[Theta_m]`` -> ``[grad f_m(Theta_m) | X'X/n]`` (one ``p x (q + p)`` array,
+                 :func:`strategies.local.newton_answer`), metrics ``task, site, loss``: pqn
+                 with ``curvature = exact``.
 ``fedavg``    <- ``[Theta]`` (common), ``fedavg-local-steps``, ``fedavg-lr`` and the sparsity
                  penalty: proximal-gradient steps -> ``[Theta]``, metrics ``task, site, loss``
                  (the loss at the received ``Theta``).
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.client import NumPyClient
 
-from strategies.local import admm_update
+from strategies.local import admm_update, newton_answer
 from strategies.penalties import Penalty
 from strategies.registry import registration_properties, rowfed_meta
 from strategies.wire import unpack
@@ -188,6 +191,10 @@ class RowFedClient(NumPyClient):
             if config.get("curvature"):
                 metrics["curvature"] = float(f.lipschitz())
             return [f.grad(theta)], d.n, metrics
+        if task == "newton":
+            (theta,) = parameters
+            answer, loss = newton_answer(f, theta)
+            return [answer], d.n, {"task": task, "site": d.site, "loss": loss}
         if task == "local":
             if str(config.get("init", "ridge")) == "nonfed":
                 new = f.local_fit(_penalty(config), float(config["lam2"]), str(config["sparsity"]))

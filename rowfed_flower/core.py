@@ -120,6 +120,10 @@ class LocalLeastSquares:
         """``grad f(Theta) = -X^T (Y - X Theta) / n``, shape ``(p, q)``."""
         return self.gram @ theta - self.xty
 
+    def hessian(self, theta: np.ndarray | None = None) -> np.ndarray:
+        """``X^T X / n``: the Hessian acting on each column of ``Theta`` (constant)."""
+        return self.gram
+
     def lipschitz(self) -> float:
         """``L = lambda_max(X^T X) / n``, the Lipschitz constant of ``grad f`` (cached)."""
         if self._lipschitz is None:

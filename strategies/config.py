@@ -16,6 +16,8 @@ from .inference import INFERENCE_CHOICES
 from .penalties import DEFAULT_CONCAVITY, KINDS, Penalty
 
 GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled")
+#: ``curvature`` values: the pqn models learned from gradients, or the sites' Hessians.
+CURVATURE_CHOICES = ("learned", "exact")
 
 
 def setting(
@@ -94,6 +96,16 @@ def fedavg_settings(step: str, default_lr: str) -> tuple:
     )
 
 
+def curvature_setting():
+    """``curvature``: how the pqn server models each site's loss, the same for both methods
+    (:mod:`strategies.pqn`)."""
+    return setting(
+        "learned",
+        "pqn's curvature: learned from the gradients, or exact (sites send p x p Hessians)",
+        CURVATURE_CHOICES,
+    )
+
+
 def inference_settings(refit: str) -> tuple:
     """``inference`` (none, or oracle: ``refit``) and ``level``, the same for both methods
     (:mod:`strategies.inference`)."""
@@ -121,6 +133,7 @@ class GrAUCConfig:
     local_solver: str = setting(
         "prox", "the sites' ADMM step: exact, or one linearized step", ("prox", "linearized")
     )
+    curvature: str = curvature_setting()
     init: str = setting(
         "random", "start: N(0, I) per site (the paper), or zeros", ("random", "zeros")
     )
@@ -151,6 +164,12 @@ class GrAUCConfig:
 
     def __post_init__(self) -> None:
         _check_fields(self)
+        _check(
+            self.curvature != "exact" or self.algorithm == "pqn",
+            "curvature",
+            "exact needs algorithm = pqn",
+            self.curvature,
+        )
 
     def replace(self, **changes) -> GrAUCConfig:
         return dataclasses.replace(self, **changes)
@@ -294,6 +313,7 @@ class RowFedConfig:
     local_solver: str = setting(
         "prox", "the clients' ADMM step: exact, or one linearized step", ("prox", "linearized")
     )
+    curvature: str = curvature_setting()
     init: str = setting("ridge", "each client's starting estimate", ("ridge", "nonfed"))
     tol: float = setting(1e-6, "absolute and relative residual tolerance > 0", above=0)
     max_rounds: int = setting(1000, "round limit >= 1", at_least=1)
@@ -330,6 +350,12 @@ class RowFedConfig:
         )
         _check(
             isinstance(self.intercept, bool), "intercept", "must be true or false", self.intercept
+        )
+        _check(
+            self.curvature != "exact" or self.resolved_algorithm == "pqn",
+            "curvature",
+            "exact needs the pqn algorithm (penalty = lasso, participation = 1)",
+            self.curvature,
         )
         self.penalty_obj().check_rho(self.rho)
 

@@ -31,6 +31,7 @@ from flwr.server.client_proxy import ClientProxy
 from . import admm, pqn
 from .base import SiteStrategy
 from .errors import InputError
+from .local import newton_shape, split_newton
 from .registry import EMPTY
 
 
@@ -82,6 +83,7 @@ class FusedSiteStrategy(SiteStrategy):
         participation: float = 1.0,
         seed: int = 0,
         local_solver: str = "prox",
+        curvature: str = "learned",
         progress=None,
         checkpoint: str = "",
         checkpoint_every: int = 10,
@@ -96,6 +98,7 @@ class FusedSiteStrategy(SiteStrategy):
         self.participation = float(participation)
         self.seed = int(seed)
         self.local_solver = local_solver
+        self.curvature = curvature
         self.progress = progress
         self.checkpoint = checkpoint
         self.checkpoint_every = int(checkpoint_every)
@@ -119,7 +122,8 @@ class FusedSiteStrategy(SiteStrategy):
         self.loss = np.full(m, np.nan) if loss is None else np.array(loss, dtype=float)
         self.seen = np.zeros(m, dtype=bool)
         self.state = admm.init_state(self.problem, beta0, self.rho, self.threshold_start)
-        self.qn = pqn.init_qn(beta0, model=self.qn_model) if use_qn else None
+        model = "exact" if self.curvature == "exact" else self.qn_model
+        self.qn = pqn.init_qn(beta0, model=model) if use_qn else None
         if self.resume:
             self._load_checkpoint(self.resume)
 
@@ -132,8 +136,16 @@ class FusedSiteStrategy(SiteStrategy):
 
     def update_shape(self) -> tuple[int, ...] | None:
         """One array the shape of a site's coefficients: new coefficients (ADMM) or a
-        gradient (pqn)."""
-        return self.state.beta.shape[1:] if self.state is not None else None
+        gradient (pqn); with exact curvature a Newton answer (:meth:`answer_shape`)."""
+        return self.answer_shape(self.state.beta.shape[1:]) if self.state is not None else None
+
+    def answer_shape(self, block: tuple[int, ...]) -> tuple[int, ...]:
+        """A fit answer's shape for coefficients of shape ``block``: ``[gradient | Hessian]``
+        (:func:`strategies.local.newton_shape`) in pqn rounds with exact curvature, else
+        ``block``."""
+        if self.qn is not None and self.qn.model == "exact":
+            return newton_shape(tuple(block))
+        return tuple(block)
 
     # -- the graph pull ---------------------------------------------------------------------
     def pull(self) -> np.ndarray:
@@ -158,7 +170,11 @@ class FusedSiteStrategy(SiteStrategy):
         return self._admm_instructions(by_site)
 
     def _qn_instructions(self, by_site: dict) -> list[tuple[ClientProxy, FitIns]]:
-        common = {"task": "gradient", "curvature": not self.qn.evaluated, **self.work_config()}
+        if self.qn.model == "exact":  # each site's gradient and Hessian
+            common = {"task": "newton", **self.work_config()}
+        else:
+            common = {"task": "gradient", "curvature": not self.qn.evaluated}
+            common.update(self.work_config())
         return [
             (
                 by_site[s],
@@ -251,9 +267,13 @@ class FusedSiteStrategy(SiteStrategy):
         losses and gradients update their models; the fused model problem is solved and
         line-searched; records the round and the stopping rule."""
         values = {}
+        block = self.qn.x.shape[1:]
         for site, (_, res) in answered.items():
             z = self.site_index[site]
-            values[z] = (float(res.metrics["loss"]), self.updates[site])
+            if self.qn.model == "exact":
+                values[z] = (float(res.metrics["loss"]), *split_newton(self.updates[site], block))
+            else:
+                values[z] = (float(res.metrics["loss"]), self.updates[site])
             if not self.qn.evaluated and "curvature" in res.metrics:
                 pqn.set_curvature(
                     self.qn, z, self.first_curvature * float(res.metrics["curvature"])

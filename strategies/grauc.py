@@ -16,6 +16,7 @@ from .base import LocalOnlyStrategy, SiteStrategy
 from .config import GrAUCConfig
 from .fedavg import RegisteringFedAvg
 from .fused import FusedSiteStrategy
+from .local import newton_shape, split_newton
 from .problems import grauc_problem
 from .registry import EMPTY, Registry
 from .wire import pack
@@ -88,6 +89,7 @@ class GrAUCStrategy(FusedSiteStrategy):
             max_rounds=cfg.max_rounds,
             seed=cfg.seed,
             local_solver=cfg.local_solver,
+            curvature=cfg.curvature,
             progress=progress,
             checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
@@ -186,12 +188,9 @@ class GrAUCStrategy(FusedSiteStrategy):
             refit.rounds += 1
             log(WARNING, "oracle refit: round %s lacks sites; asked again", server_round)
         else:
-            p = self.n_features
             answers = np.stack([self.updates[s] for s in self.sites])
             loss = np.array([float(answered[s][1].metrics["loss"]) for s in self.sites])
-            inference.newton_round(
-                refit, loss, answers[:, 0, :], answers[:, 1:, :].reshape(-1, p, p)
-            )
+            inference.newton_round(refit, loss, *split_newton(answers, (self.n_features,)))
             log(
                 INFO,
                 "oracle refit: round %d, objective %.10g, step %g",
@@ -214,9 +213,9 @@ class GrAUCStrategy(FusedSiteStrategy):
         return config
 
     def update_shape(self) -> tuple[int, ...] | None:
-        """A Newton answer during the refit: ``[gradient; Hessian]``, ``(p + 1, p)``."""
+        """A Newton answer during the refit: ``[gradient | Hessian]``, ``(p, 1 + p)``."""
         if self.refit is not None:
-            return (self.n_features + 1, self.n_features)
+            return newton_shape((self.n_features,))
         return super().update_shape()
 
     def clusters(self) -> np.ndarray:

@@ -6,7 +6,9 @@ A *datafit* is a site's smooth loss ``f`` with
 - ``lipschitz()``: a bound ``L`` on the curvature of ``f`` (the Lipschitz constant of its
   gradient);
 - ``prox(center, c, x0=None)``: ``argmin_b f(b) + (c/2) ||b - center||^2`` (exactly, or to
-  machine precision; ``x0`` is a start for iterative solvers).
+  machine precision; ``x0`` is a start for iterative solvers);
+- ``hessian(b)``: the ``p x p`` Hessian (for a matrix block ``b`` of shape ``(p, q)``: the
+  one acting on each column), only for the Newton answers (:func:`newton_answer`).
 
 The AUC surrogate of GrAUC-PFL (:class:`grauc_flower.auc.PairwiseLogistic`) and the
 least-squares loss of RowFed (:class:`rowfed_flower.core.LocalLeastSquares`) both are.
@@ -92,3 +94,34 @@ def admm_update(
     """
     c = float(curvature(solver, f.lipschitz(), rho_sigma))
     return local_step(f, beta - pull / c, beta, c, solver)
+
+
+def newton_answer(f, b: np.ndarray) -> tuple[np.ndarray, float]:
+    """A site's answer to a ``newton`` instruction at ``b``: its gradient and Hessian side by
+    side, ``[grad | H]`` of shape ``(p, k + p)`` (``k = 1`` for a vector ``b``, ``q`` for a
+    ``(p, q)`` block), and its loss.  The pqn server with exact curvature and GrAUC-PFL's
+    oracle refit read it with :func:`split_newton`."""
+    b = np.asarray(b, dtype=float)
+    if hasattr(f, "value_and_grad"):  # one pass over the data
+        value, grad = f.value_and_grad(b)
+    else:
+        value, grad = f.value(b), f.grad(b)
+    p = b.shape[0]
+    grad = np.asarray(grad, dtype=float).reshape(p, -1)
+    return np.hstack([grad, np.asarray(f.hessian(b), dtype=float)]), float(value)
+
+
+def split_newton(answer: np.ndarray, block_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """``(gradient of shape block_shape, p x p Hessian)`` of a :func:`newton_answer` array (or a
+    stack of them, sites first)."""
+    answer = np.asarray(answer, dtype=float)
+    p = block_shape[0]
+    lead = answer.shape[:-2]
+    return answer[..., :-p].reshape(*lead, *block_shape), answer[..., -p:]
+
+
+def newton_shape(block_shape: tuple[int, ...]) -> tuple[int, int]:
+    """The shape of a :func:`newton_answer` for coefficients of ``block_shape``."""
+    p = block_shape[0]
+    k = int(np.prod(block_shape[1:], dtype=int)) if len(block_shape) > 1 else 1
+    return (p, k + p)

@@ -7,10 +7,12 @@ round costs one message each way and the count of rounds no longer grows with th
 
 1. Each site evaluates its loss and gradient at the point the server sent,
    ``f_z(x_z)`` and ``g_z = grad f_z(x_z)`` (a scalar metric and a ``p`` vector: what a
-   FedSGD client sends; never a data row and never a Hessian).
+   FedSGD client sends; never a data row).
 2. The server keeps, per site, a BFGS matrix ``B_z`` built from the site's successive
    gradients (the Hessian of ``F`` is block diagonal over sites, so per-site BFGS is the
-   exact structure), and solves the composite model problem
+   exact structure) -- or, with the ``exact`` model, the site's own ``p x p`` Hessian at its
+   accepted point, sent with its gradient (a proximal Newton method) -- and solves the
+   composite model problem
 
        d = argmin_d  sum_z g_z^T d_z + (1/2) d_z^T B_z d_z + sum_k P_k(A_k (x + d))
 
@@ -44,6 +46,12 @@ ARMIJO = 1e-4  # sufficient-decrease constant
 DENSE_LIMIT = 3000  # model problems up to this many unknowns per column use dense Cholesky
 MIN_STEP = 2.0**-30
 POLISH_FIRST = 10  # inner ADMM iterations before the first exact polish (then 20, 40, ...)
+#: Curvature models: BFGS (any smooth loss), secant (quadratic losses, matrix blocks), or
+#: exact (the sites send their Hessians).
+MODELS = ("bfgs", "secant", "exact")
+#: With the exact model, ``B_z = H_z + EXACT_FLOOR max(1, tr(H_z)/p) I`` (a singular Hessian
+#: -- no ridge, a separable site -- must not make the model problem singular).
+EXACT_FLOOR = 1e-10
 
 
 @dataclass(frozen=True)
@@ -256,7 +264,7 @@ class QuasiNewtonState:
     frozen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     round: int = 0
     inner: ModelSolution | None = None
-    model: str = "bfgs"  # bfgs (any smooth loss) | secant (quadratic losses, matrix blocks)
+    model: str = "bfgs"  # bfgs | secant (quadratic losses, matrix blocks) | exact (MODELS)
     curvature: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z,) B_z before pairs
     ss: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z, p, p) secant sums
     ys: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -320,8 +328,8 @@ def init_qn(
 ) -> QuasiNewtonState:
     """Start at ``x0`` (``(Z, p)``, or ``(Z, p, q)`` for the ``secant`` model);
     ``B_z = curvature_z I`` until the first step pair (default 1; see :func:`set_curvature`)."""
-    if model not in ("bfgs", "secant"):
-        raise ValueError(f"model: must be bfgs or secant, got {model!r}")
+    if model not in MODELS:
+        raise ValueError(f"model: must be one of {', '.join(MODELS)}, got {model!r}")
     x0 = np.array(x0, dtype=float)
     n_sites, p = x0.shape[:2]
     c = np.ones(n_sites) if curvature is None else np.asarray(curvature, float)
@@ -381,21 +389,37 @@ def _new_direction(problem: Problem, st: QuasiNewtonState) -> int:
 def qn_round(
     problem: Problem,
     st: QuasiNewtonState,
-    answered: dict[int, tuple[float, np.ndarray]],
+    answered: dict[int, tuple],
     tol: float,
 ) -> tuple[QuasiNewtonState, Step]:
-    """Take the sites' answers ``{z: (f_z(trial_z), grad f_z(trial_z))}`` for the current
-    trial point and advance: accept or shorten the step, update BFGS, find the next
-    direction.  Returns the new state (the next point to send is ``state.trial``)."""
+    """Take the sites' answers ``{z: (f_z(trial_z), grad f_z(trial_z))}`` (with the
+    ``exact`` model ``(f_z, grad f_z, hess f_z)``) for the current trial point and advance:
+    accept or shorten the step, update the curvature models, find the next direction.
+    Returns the new state (the next point to send is ``state.trial``)."""
     t0 = time.perf_counter()
     st, step = _advance(problem, st, answered, tol)
     return st, replace(step, seconds=time.perf_counter() - t0)
 
 
+def _exact(hess: np.ndarray) -> np.ndarray:
+    """``B_z`` of the exact model from a site's Hessian (:data:`EXACT_FLOOR`)."""
+    hess = 0.5 * (hess + hess.T)
+    p = hess.shape[0]
+    return hess + EXACT_FLOOR * max(1.0, float(np.trace(hess)) / p) * np.eye(p)
+
+
+def _take(st: QuasiNewtonState, z: int, answer: tuple, value, grad) -> None:
+    """Site ``z``'s answer at its current point into ``value``, ``grad`` (and, with the
+    exact model, ``st.hess``)."""
+    value[z], grad[z] = answer[0], answer[1]
+    if st.model == "exact":
+        st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
+
+
 def _advance(
     problem: Problem,
     st: QuasiNewtonState,
-    answered: dict[int, tuple[float, np.ndarray]],
+    answered: dict[int, tuple],
     tol: float,
 ) -> tuple[QuasiNewtonState, Step]:
     st = replace(st, round=st.round + 1)
@@ -404,8 +428,8 @@ def _advance(
     moved = np.any(st.direction.reshape(n_sites, -1) != 0.0, axis=1) & ~st.frozen
     if not st.evaluated:
         # first answers: the starting point itself
-        for z, (v, g) in answered.items():
-            st.value[z], st.grad[z] = v, g
+        for z, answer in answered.items():
+            _take(st, z, answer, st.value, st.grad)
         if missing.any():  # wait for everyone's first evaluation
             return st, Step(False, np.inf, np.inf, False, 0)
         st.evaluated = True
@@ -415,26 +439,29 @@ def _advance(
     if np.any(missing & moved):
         # a site that was to move did not answer: freeze it at its last point, re-plan
         st.frozen = st.frozen | missing
-        for z, (v, g) in answered.items():  # answers at x_z for the frozen ones only
+        for z, answer in answered.items():  # answers at x_z for the frozen ones only
             if not moved[z]:
-                st.value[z], st.grad[z] = v, g
+                _take(st, z, answer, st.value, st.grad)
         it = _new_direction(problem, st)
         return st, Step(False, st.objective, -st.decrease, False, it)
     value, grad = st.value.copy(), st.grad.copy()
-    for z, (v, g) in answered.items():
-        value[z], grad[z] = v, g
+    for z, answer in answered.items():
+        value[z], grad[z] = answer[0], answer[1]
     trial = st.trial
     f_trial = float(value.sum() + problem.penalty_value(trial))
     accept = f_trial <= st.objective + ARMIJO * st.step * st.decrease or st.step <= MIN_STEP
     st.frozen = missing.copy()  # answered sites are live again
     if not accept:
-        st.step *= 0.5
+        st.step = _backtrack(st.step, st.decrease, f_trial - st.objective)
         st.trial = st.x + st.step * st.direction
         return st, Step(False, st.objective, -st.decrease, False, 0)
     s_all = trial - st.x
     y_all = grad - st.grad
     stepped = np.any(s_all.reshape(n_sites, -1) != 0.0, axis=1)
-    if st.model == "secant":
+    if st.model == "exact":  # the Hessians at the accepted point
+        for z, answer in answered.items():
+            st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
+    elif st.model == "secant":
         for z in np.flatnonzero(stepped):
             s_z = s_all[z].reshape(s_all.shape[1], -1)
             y_z = y_all[z].reshape(s_z.shape)
@@ -450,6 +477,16 @@ def _advance(
     st.objective = f_trial
     it = _new_direction(problem, st)
     return st, Step(True, f_trial, -st.decrease, _converged(tol, st), it)
+
+
+def _backtrack(t: float, decrease: float, change: float) -> float:
+    """The next trial step after ``t`` failed: the minimizer of the quadratic through
+    ``F(x)``, the predicted slope ``decrease`` and the observed ``F(x + t d) - F(x) =
+    change`` (Nocedal & Wright 2006, eq. 3.57), kept in ``[t/10, t/2]``."""
+    curve = change - t * decrease  # > 0: the rise above the line (Armijo failed)
+    if not np.isfinite(change) or curve <= 0:
+        return 0.1 * t
+    return float(np.clip(-decrease * t * t / (2.0 * curve), 0.1 * t, 0.5 * t))
 
 
 def _converged(tol: float, st: QuasiNewtonState) -> bool:

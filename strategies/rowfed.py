@@ -175,6 +175,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
             participation=cfg.participation,
             seed=cfg.seed,
             local_solver=cfg.local_solver,
+            curvature=cfg.curvature,
             progress=progress,
         )
         self.cfg = cfg
@@ -224,8 +225,9 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
         self.phase = "fit"
 
     def update_shape(self) -> tuple[int, ...] | None:
-        """One ``p x q`` matrix: coefficients (ADMM, initialization) or a gradient (pqn)."""
-        return (self.n_features, self.n_responses)
+        """One ``p x q`` matrix: coefficients (ADMM, initialization) or a gradient (pqn); with
+        exact curvature ``[gradient | X'X/n]`` in the pqn rounds."""
+        return self.answer_shape((self.n_features, self.n_responses))
 
     def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
         if self.phase != "init":

@@ -257,8 +257,8 @@ def test_gradient_covariance_leaves_a_site_only_when_asked():
     assert SANDWICH_KEY in asked
     answer, _, metrics = client.fit(beta, {"site": "a", "task": "newton"})
     f = PairwiseLogistic(x[y == 1], x[y == 0], eta=0.1)
-    np.testing.assert_allclose(answer[0][0], f.grad(beta[0]), rtol=1e-12)
-    np.testing.assert_allclose(answer[0][1:], f.hessian(beta[0]), rtol=1e-12)
+    np.testing.assert_allclose(answer[0][:, 0], f.grad(beta[0]), rtol=1e-12)
+    np.testing.assert_allclose(answer[0][:, 1:], f.hessian(beta[0]), rtol=1e-12)
     assert metrics["loss"] == pytest.approx(f.value(beta[0]), rel=1e-12)
 
 
