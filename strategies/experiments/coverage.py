@@ -287,7 +287,7 @@ def coverage_figure(out: str, study, results: pd.DataFrame, level: float, size_k
     others = [k for k in study.keys if k != size_key]
     lines = summary[others].drop_duplicates() if others else pd.DataFrame(index=[0])
     varying = [k for k in others if lines[k].nunique() > 1]
-    width = max(4.2 * len(kinds), 8.0)
+    width = max(4.2 * len(kinds), 8.0, 3.3 * 2 * len(lines))  # room for the legend's row
     fig, axes = plt.subplots(1, len(kinds), figsize=(width, 4.2), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     sizes = sorted(summary[size_key].unique().tolist())
