@@ -1,9 +1,10 @@
 """``python -m grauc_flower bench``: what a fit costs, side by side, on this machine.
 
 - rounds to a 1e-4 and a 1e-6 relative objective gap, and to the stopping rule, for the
-  defaults (proximal quasi-Newton), ADMM with the exact local step, and the paper's
-  linearized ADMM (rho in {0.1, 1}, from zeros) on the 20-institution simulation-1 problem,
-  against an optimum from tight solves;
+  defaults (proximal quasi-Newton; also with exact curvature and with partial participation
+  0.5 and 0.8), ADMM with the exact local step, and the paper's linearized ADMM (rho in
+  {0.1, 1}, from zeros) on the 20-institution simulation-1 problem, against an optimum from
+  tight solves;
 - wall time per round in-process and through ``flwr run`` (20 simulated SuperNodes);
 - the surrogate's gradient: time and peak memory versus ``n m`` (chunked vs one pass);
 - graph building versus the number of sites ``Z``; the server step versus ``Z`` (p = 20);
@@ -55,6 +56,9 @@ def rounds_table(quick: bool) -> list[dict]:
     limit = 1500 if quick else 4000
     variants = [
         ("defaults (pqn)", base),
+        ("pqn, curvature exact", base.replace(curvature="exact")),
+        ("pqn, participation 0.5", base.replace(participation=0.5)),
+        ("pqn, participation 0.8", base.replace(participation=0.8)),
         ("admm prox", base.replace(algorithm="admm")),
     ]
     for rho in (0.1, 1.0):

@@ -175,7 +175,7 @@ class SiteStrategy(EvaluatedOnce, Strategy):
                 site,
             )
         self.missing.update(silent)
-        needed = int(np.ceil(self.min_fit_fraction * self.n_sites))
+        needed = int(np.ceil(self.min_fit_fraction * self.round_size()))
         if len(answered) < needed and self.needs_quorum:
             log(
                 WARNING,
@@ -187,6 +187,11 @@ class SiteStrategy(EvaluatedOnce, Strategy):
             )
             return EMPTY, {}
         return self._aggregate(server_round, answered)
+
+    def round_size(self) -> int:
+        """The sites this round was meant for (``min_fit_fraction`` is a share of them):
+        every site, unless a subclass draws a part."""
+        return self.n_sites
 
     def update_shape(self) -> tuple[int, ...] | None:
         """The shape of the one array a site's fit answer must carry (``None``: any shape)."""

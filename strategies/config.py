@@ -106,6 +106,14 @@ def curvature_setting():
     )
 
 
+def participation_setting(who: str):
+    """``participation``: the probability that each site takes part in a round, drawn from
+    ``seed`` (:meth:`strategies.fused.FusedSiteStrategy.draw`), the same for both methods."""
+    return setting(
+        1.0, f"each {who} takes part in a round with this probability", above=0, at_most=1
+    )
+
+
 def inference_settings(refit: str) -> tuple:
     """``inference`` (none, or oracle: ``refit``) and ``level``, the same for both methods
     (:mod:`strategies.inference`)."""
@@ -134,6 +142,7 @@ class GrAUCConfig:
         "prox", "the sites' ADMM step: exact, or one linearized step", ("prox", "linearized")
     )
     curvature: str = curvature_setting()
+    participation: float = participation_setting("site")
     init: str = setting(
         "random", "start: N(0, I) per site (the paper), or zeros", ("random", "zeros")
     )
@@ -154,7 +163,7 @@ class GrAUCConfig:
     fedavg_local_steps: int
     fedavg_lr: float
     fedavg_rounds, fedavg_local_steps, fedavg_lr = fedavg_settings("gradient", "1/mu_z per site")
-    seed: int = setting(0, "random seed (initial coefficients)")
+    seed: int = setting(0, "random seed (initial coefficients, participation draws)")
     inference: str
     level: float
     inference, level = inference_settings(
@@ -300,14 +309,12 @@ class RowFedConfig:
     lam2: float = setting(0.02, "sparsity level >= 0", at_least=0)
     sparsity: str = setting("entry", "sparsity by entry or by row", ("entry", "row"))
     graph: str = setting("all-pairs", "all-pairs, or an edge CSV: client_u,client_v[,weight]")
-    participation: float = setting(
-        1.0, "each client takes part in a round with this probability", above=0, at_most=1
-    )
+    participation: float = participation_setting("client")
     rho: float = setting(1.0, "initial ADMM penalty > 0", above=0)
     alpha: float = setting(1.0, "rho <- alpha rho each round, >= 1", at_least=1)
     algorithm: str = setting(
         "auto",
-        "auto: pqn for the lasso with full participation, else the paper's ADMM",
+        "auto: pqn for the lasso, the paper's ADMM for MCP/SCAD",
         ("auto", "pqn", "admm"),
     )
     local_solver: str = setting(
@@ -343,9 +350,9 @@ class RowFedConfig:
             self.graph,
         )
         _check(
-            self.algorithm != "pqn" or (self.penalty == "lasso" and self.participation == 1),
+            self.algorithm != "pqn" or self.penalty == "lasso",
             "algorithm",
-            "pqn needs penalty = lasso and participation = 1 (use admm)",
+            "pqn needs penalty = lasso (use admm)",
             self.algorithm,
         )
         _check(
@@ -354,7 +361,7 @@ class RowFedConfig:
         _check(
             self.curvature != "exact" or self.resolved_algorithm == "pqn",
             "curvature",
-            "exact needs the pqn algorithm (penalty = lasso, participation = 1)",
+            "exact needs the pqn algorithm (penalty = lasso)",
             self.curvature,
         )
         self.penalty_obj().check_rho(self.rho)
@@ -372,12 +379,12 @@ class RowFedConfig:
 
     @property
     def resolved_algorithm(self) -> str:
-        """``auto``: the proximal quasi-Newton method (a handful of rounds) for the convex
-        lasso with every client in every round; the paper's ADMM for MCP/SCAD (nonconvex:
-        its fixed points are what the paper studies) and for partial participation."""
+        """``auto``: the proximal quasi-Newton method (a handful of rounds; its incremental
+        form under partial participation) for the convex lasso; the paper's ADMM for
+        MCP/SCAD (nonconvex: its fixed points are what the paper studies)."""
         if self.algorithm != "auto":
             return self.algorithm
-        return "pqn" if self.penalty == "lasso" and self.participation == 1 else "admm"
+        return "pqn" if self.penalty == "lasso" else "admm"
 
     def replace(self, **changes) -> RowFedConfig:
         return dataclasses.replace(self, **changes)

@@ -10,8 +10,9 @@ depend on the loss:
   its local step (:func:`strategies.local.admm_update`); ``aggregate_fit`` does the
   threshold and dual updates (:func:`strategies.admm.server_update`), the history and the
   stopping rule;
-- the proximal quasi-Newton round (``algorithm = "pqn"``): each site returns its loss and
-  gradient at the point sent; ``aggregate_fit`` advances :mod:`strategies.pqn`;
+- the proximal quasi-Newton round (``algorithm = "pqn"``): each site (each drawn site, with
+  partial participation) returns its loss and gradient at the point sent;
+  ``aggregate_fit`` advances :mod:`strategies.pqn`;
 - seeded partial participation, the round history, progress reports and checkpoints.
 
 A method's subclass builds its problem and start in ``_setup`` and calls :meth:`_start`.
@@ -47,7 +48,8 @@ class FusedSiteStrategy(SiteStrategy):
     max_rounds : int
         Round limit of the method.
     participation : float
-        Each site takes part in an ADMM round with this probability (seeded by ``seed``).
+        Each site takes part in a round with this probability (seeded by ``seed``); below 1
+        pqn runs its incremental form (:mod:`strategies.pqn`).
     local_solver : {"prox", "linearized"}
         The sites' ADMM local step.
     progress : callable, optional
@@ -62,6 +64,9 @@ class FusedSiteStrategy(SiteStrategy):
     first_curvature = 1.0
     #: The pqn curvature model: ``"bfgs"`` or ``"secant"`` (exact for a quadratic loss).
     qn_model = "bfgs"
+    #: With exact curvature, a site's first model is damped by this multiple of its mean
+    #: curvature (:func:`strategies.pqn.set_damping`; 0 for a quadratic loss).
+    first_damping = 0.0
     #: The history column counting the sites that answered.
     count_column = "n_answered"
     #: ADMM starts from ``delta = threshold(A beta0)`` (True) or ``delta = A beta0``.
@@ -96,6 +101,7 @@ class FusedSiteStrategy(SiteStrategy):
         self.tol = float(tol)
         self.max_rounds = int(max_rounds)
         self.participation = float(participation)
+        self.n_drawn = n_sites
         self.seed = int(seed)
         self.local_solver = local_solver
         self.curvature = curvature
@@ -123,7 +129,17 @@ class FusedSiteStrategy(SiteStrategy):
         self.seen = np.zeros(m, dtype=bool)
         self.state = admm.init_state(self.problem, beta0, self.rho, self.threshold_start)
         model = "exact" if self.curvature == "exact" else self.qn_model
-        self.qn = pqn.init_qn(beta0, model=model) if use_qn else None
+        # the line search needs every site's loss at one trial point: with partial
+        # participation, and with exact curvature (each site's model checked on its own),
+        # pqn takes its incremental form (strategies/pqn.py)
+        incremental = self.participation < 1.0 or model == "exact"
+        self.qn = (
+            pqn.init_qn(
+                beta0, model=model, incremental=incremental, first_damping=self.first_damping
+            )
+            if use_qn
+            else None
+        )
         if self.resume:
             self._load_checkpoint(self.resume)
 
@@ -159,9 +175,15 @@ class FusedSiteStrategy(SiteStrategy):
         """This round's participants (bool, one per site): ``rng.random(Z) < participation``
         from ``numpy.random.default_rng(seed)``, or everyone."""
         m = len(self.sites)
+        drawn = np.ones(m, dtype=bool)
         if self.participation < 1.0:
-            return self.rng.random(m) < self.participation
-        return np.ones(m, dtype=bool)
+            drawn = self.rng.random(m) < self.participation
+        self.n_drawn = int(drawn.sum())
+        return drawn
+
+    def round_size(self) -> int:
+        """The sites drawn for this round (every site with full participation)."""
+        return self.n_drawn
 
     def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
         by_site = {self.registry.cid_to_site[c.cid]: c for c in clients}
@@ -170,22 +192,25 @@ class FusedSiteStrategy(SiteStrategy):
         return self._admm_instructions(by_site)
 
     def _qn_instructions(self, by_site: dict) -> list[tuple[ClientProxy, FitIns]]:
-        if self.qn.model == "exact":  # each site's gradient and Hessian
-            common = {"task": "newton", **self.work_config()}
-        else:
-            common = {"task": "gradient", "curvature": not self.qn.evaluated}
-            common.update(self.work_config())
-        return [
-            (
-                by_site[s],
-                FitIns(
-                    ndarrays_to_parameters([self.qn.trial[self.site_index[s]]]),
-                    {**common, "site": s},
-                ),
-            )
-            for s in self.sites
-            if s in by_site
-        ]
+        """Each site's (each drawn site's, with partial participation) trial point.  A draw
+        with nobody reachable is drawn again: no message was sent, so no round passed."""
+        common = {"task": "newton" if self.qn.model == "exact" else "gradient"}
+        common.update(self.work_config())
+        reachable = np.array([s in by_site for s in self.sites])
+        asked = reachable
+        if self.qn.incremental and reachable.any():
+            asked = self.draw() & reachable
+            while not asked.any():
+                asked = self.draw() & reachable
+        out = []
+        for z in np.flatnonzero(asked):
+            site = self.sites[z]
+            config = {**common, "site": site}
+            if common["task"] == "gradient":  # a bound on its curvature with its first answer
+                config["curvature"] = not bool(self.qn.seen[z])
+            params = ndarrays_to_parameters([self.qn.trial[z]])
+            out.append((by_site[site], FitIns(params, config)))
+        return out
 
     def _admm_instructions(self, by_site: dict) -> list[tuple[ClientProxy, FitIns]]:
         """Each drawn site's ``[beta_z, pull_z]``.  A draw with nobody reachable is a round
@@ -274,7 +299,7 @@ class FusedSiteStrategy(SiteStrategy):
                 values[z] = (float(res.metrics["loss"]), *split_newton(self.updates[site], block))
             else:
                 values[z] = (float(res.metrics["loss"]), self.updates[site])
-            if not self.qn.evaluated and "curvature" in res.metrics:
+            if not self.qn.seen[z] and "curvature" in res.metrics:
                 pqn.set_curvature(
                     self.qn, z, self.first_curvature * float(res.metrics["curvature"])
                 )

@@ -62,6 +62,7 @@ class GrAUCStrategy(FusedSiteStrategy):
     """
 
     first_curvature = 0.25  # B_z before its first pair: a quarter of the Lipschitz bound
+    first_damping = 1.0  # exact curvature: the first Newton model damped by its mean curvature
 
     def __init__(
         self,
@@ -87,6 +88,7 @@ class GrAUCStrategy(FusedSiteStrategy):
             rho=cfg.rho,
             tol=cfg.tol,
             max_rounds=cfg.max_rounds,
+            participation=cfg.participation,
             seed=cfg.seed,
             local_solver=cfg.local_solver,
             curvature=cfg.curvature,

@@ -27,6 +27,28 @@ round costs one message each way and the count of rounds no longer grows with th
 
 A site that does not answer keeps its last evaluated point: its block is frozen (``d_z = 0``)
 until it answers again.  The penalty must be convex (lasso; entry or group).
+
+**Partial participation** (``incremental``): a line search on ``F`` needs every site's loss
+at the same trial point, so when only a random part of the sites answers each round (and
+with the exact model, whose every site can be checked on its own) the server instead keeps,
+for every site, its last evaluated point ``x_z``, loss, gradient and curvature model, and
+each round
+
+1. takes the answers of the sites that were asked (each at the point ``b_z`` it was sent):
+   a site's move to ``b_z`` is accepted when its loss there is within the model's reach,
+   ``2 (f_z(b_z) - f_z(x_z) - g_z^T s) <= (1 + KAPPA) s^T (B_z + mu_z I) s`` with
+   ``s = b_z - x_z`` (then ``x_z <- b_z`` and ``mu_z <- mu_z / 4``); otherwise the site keeps
+   ``x_z`` and its damping ``mu_z`` grows until the model covers the loss along ``s``; the
+   curvature model learns from the pair ``(s, grad f_z(b_z) - g_z)`` either way;
+2. solves the model problem on *all* the models (with ``B_z + mu_z I``; a site that has never
+   answered is held at its start) for the next points ``b``.
+
+When each model bounds its loss from above (a quadratic loss's secant model, the exact
+model of a convex loss seen far from its minimum) every move is accepted and the sum of the
+models decreases every round, the incremental majorization-minimization of Mairal (2015,
+"Incremental majorization-minimization optimization", SIAM J. Optim.).  The gradients
+are exact at the kept points, so a fixed point (``b = x``) is the optimum of the full
+problem: partial participation changes the path, not the answer.
 """
 
 from __future__ import annotations
@@ -52,6 +74,11 @@ MODELS = ("bfgs", "secant", "exact")
 #: With the exact model, ``B_z = H_z + EXACT_FLOOR max(1, tr(H_z)/p) I`` (a singular Hessian
 #: -- no ridge, a separable site -- must not make the model problem singular).
 EXACT_FLOOR = 1e-10
+#: Partial participation: a site's move is accepted while its loss rises at most this much
+#: above the model's curvature along the move (a ratio test; 0 = the model must majorize).
+KAPPA = 0.5
+#: ... up to the rounding of the losses, relative (steps of 1e-10 change a loss by rounding).
+ROUNDING = 1e-12
 
 
 @dataclass(frozen=True)
@@ -269,13 +296,18 @@ class QuasiNewtonState:
     ss: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z, p, p) secant sums
     ys: np.ndarray = field(default_factory=lambda: np.zeros(0))
     min_rho: float = 0.0
+    incremental: bool = False  # partial participation (module docstring)
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (Z,) answered once
+    damping: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z,) mu_z
+    first_damping: float = 0.0  # exact model: mu_z = first_damping tr(H_z)/p at first answer
 
     def arrays(self) -> dict[str, np.ndarray]:
         out = {
             k: np.asarray(getattr(self, k))
             for k in (
                 "x value grad hess paired trial direction step decrease objective "
-                "evaluated frozen round model curvature ss ys min_rho"
+                "evaluated frozen round model curvature ss ys min_rho incremental seen damping "
+                "first_damping"
             ).split()
         }
         if self.inner is not None:
@@ -317,6 +349,10 @@ class QuasiNewtonState:
             ss=np.asarray(a["ss"], float),
             ys=np.asarray(a["ys"], float),
             min_rho=float(a["min_rho"]),
+            incremental=bool(a.get("incremental", False)),
+            seen=np.asarray(a.get("seen", np.full(len(a["x"]), bool(a["evaluated"]))), bool),
+            damping=np.asarray(a.get("damping", np.zeros(len(a["x"]))), float),
+            first_damping=float(a.get("first_damping", 0.0)),
         )
 
 
@@ -325,9 +361,15 @@ def init_qn(
     curvature: np.ndarray | None = None,
     model: str = "bfgs",
     min_rho: float = 0.0,
+    incremental: bool = False,
+    first_damping: float = 0.0,
 ) -> QuasiNewtonState:
     """Start at ``x0`` (``(Z, p)``, or ``(Z, p, q)`` for the ``secant`` model);
-    ``B_z = curvature_z I`` until the first step pair (default 1; see :func:`set_curvature`)."""
+    ``B_z = curvature_z I`` until the first step pair (default 1; see :func:`set_curvature`).
+    ``incremental``: the per-site form (module docstring); with the exact model a site's
+    first model is damped by ``first_damping`` times its mean curvature (Levenberg-Marquardt's
+    start ``mu_0 = tau * scale``, Madsen, Nielsen & Tingleff 2004, "Methods for non-linear
+    least squares problems", §3.2, with ``tau = first_damping``)."""
     if model not in MODELS:
         raise ValueError(f"model: must be one of {', '.join(MODELS)}, got {model!r}")
     x0 = np.array(x0, dtype=float)
@@ -339,6 +381,10 @@ def init_qn(
         ss=np.zeros((n_sites, p, p)),
         ys=np.zeros((n_sites, p, p)),
         min_rho=float(min_rho),
+        incremental=bool(incremental),
+        seen=np.zeros(n_sites, bool),
+        damping=np.zeros(n_sites),
+        first_damping=float(first_damping),
         x=x0.copy(),
         value=np.zeros(n_sites),
         grad=np.zeros_like(x0),
@@ -372,8 +418,17 @@ def set_curvature(st: QuasiNewtonState, z: int, c: float) -> None:
     st.hess[z] = c * np.eye(st.x.shape[1])
 
 
+def _model_hessians(st: QuasiNewtonState) -> np.ndarray:
+    """``B_z + mu_z I``: the curvature models with each site's damping."""
+    if not st.damping.any():
+        return st.hess
+    return st.hess + st.damping[:, None, None] * np.eye(st.x.shape[1])[None]
+
+
 def _new_direction(problem: Problem, st: QuasiNewtonState) -> int:
-    sol = solve_model(problem, st.x, st.grad, st.hess, st.frozen, st.inner, min_rho=st.min_rho)
+    sol = solve_model(
+        problem, st.x, st.grad, _model_hessians(st), st.frozen, st.inner, min_rho=st.min_rho
+    )
     d = sol.b - st.x
     d[st.frozen] = 0.0
     st.direction = d
@@ -397,7 +452,8 @@ def qn_round(
     accept or shorten the step, update the curvature models, find the next direction.
     Returns the new state (the next point to send is ``state.trial``)."""
     t0 = time.perf_counter()
-    st, step = _advance(problem, st, answered, tol)
+    advance = _advance_incremental if st.incremental else _advance
+    st, step = advance(problem, st, answered, tol)
     return st, replace(step, seconds=time.perf_counter() - t0)
 
 
@@ -412,6 +468,7 @@ def _take(st: QuasiNewtonState, z: int, answer: tuple, value, grad) -> None:
     """Site ``z``'s answer at its current point into ``value``, ``grad`` (and, with the
     exact model, ``st.hess``)."""
     value[z], grad[z] = answer[0], answer[1]
+    st.seen[z] = True
     if st.model == "exact":
         st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
 
@@ -463,11 +520,7 @@ def _advance(
             st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
     elif st.model == "secant":
         for z in np.flatnonzero(stepped):
-            s_z = s_all[z].reshape(s_all.shape[1], -1)
-            y_z = y_all[z].reshape(s_z.shape)
-            st.ss[z] += s_z @ s_z.T
-            st.ys[z] += y_z @ s_z.T
-            st.hess[z] = secant_model(st.ss[z], st.ys[z], st.curvature[z])
+            _learn(st, z, s_all[z], y_all[z])
     elif stepped.any():
         st.hess[stepped] = bfgs_update_many(
             st.hess[stepped], s_all[stepped], y_all[stepped], ~st.paired[stepped]
@@ -477,6 +530,78 @@ def _advance(
     st.objective = f_trial
     it = _new_direction(problem, st)
     return st, Step(True, f_trial, -st.decrease, _converged(tol, st), it)
+
+
+def _learn(st: QuasiNewtonState, z: int, s: np.ndarray, y: np.ndarray) -> None:
+    """Site ``z``'s curvature model learns from one step pair (BFGS or secant)."""
+    if st.model == "secant":
+        s_z = s.reshape(s.shape[0], -1)
+        y_z = y.reshape(s_z.shape)
+        st.ss[z] += s_z @ s_z.T
+        st.ys[z] += y_z @ s_z.T
+        st.hess[z] = secant_model(st.ss[z], st.ys[z], st.curvature[z])
+    elif st.model == "bfgs":
+        st.hess[z] = bfgs_update_many(st.hess[z][None], s[None], y[None], ~st.paired[z : z + 1])[0]
+    st.paired[z] = True
+
+
+def _visit(st: QuasiNewtonState, z: int, answer: tuple) -> None:
+    """Site ``z`` answered at the point it was sent: accept the move or damp the model
+    (module docstring, partial participation)."""
+    s = st.trial[z] - st.x[z]
+    value, grad = float(answer[0]), np.asarray(answer[1], dtype=float)
+    if not np.any(s):
+        st.value[z], st.grad[z] = value, grad
+        if st.model == "exact":
+            st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
+        return
+    s3 = s.reshape(s.shape[0], -1)
+    curve = float(np.sum(s3 * (st.hess[z] @ s3)))
+    norm2 = float(np.sum(s * s))
+    actual = 2.0 * (value - st.value[z] - float(np.sum(st.grad[z] * s)))
+    y = grad - st.grad[z]
+    noise = ROUNDING * max(abs(value), abs(float(st.value[z])))  # the losses' own rounding
+    if np.isfinite(actual) and actual <= (1.0 + KAPPA) * (curve + st.damping[z] * norm2) + noise:
+        scale = max(float(np.trace(st.hess[z])) / st.hess.shape[1], 1e-300)
+        st.damping[z] = 0.0 if st.damping[z] < 1e-12 * scale else st.damping[z] / 4.0
+        st.x[z], st.value[z], st.grad[z] = st.trial[z], value, grad
+        if st.model == "exact":
+            st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
+        else:
+            _learn(st, z, s, y)
+        return
+    need = (actual - curve) / norm2 if np.isfinite(actual) else 0.0
+    st.damping[z] = max(2.0 * st.damping[z], 2.0 * need, 1e-8 * max(curve / norm2, 1e-300))
+    if st.model != "exact" and np.all(np.isfinite(y)):
+        _learn(st, z, s, y)
+
+
+def _advance_incremental(
+    problem: Problem,
+    st: QuasiNewtonState,
+    answered: dict[int, tuple],
+    tol: float,
+) -> tuple[QuasiNewtonState, Step]:
+    """A round of the per-site form: partial participation, or exact curvature (module
+    docstring)."""
+    st = replace(st, round=st.round + 1)
+    for z, answer in answered.items():
+        if st.seen[z]:
+            _visit(st, z, answer)
+        else:  # first answer: at the start
+            _take(st, z, answer, st.value, st.grad)
+            if st.model == "exact":
+                c = float(np.trace(st.hess[z])) / st.hess.shape[1]
+                st.damping[z] = st.first_damping * max(c, 0.0)
+    if not st.seen.any():
+        return st, Step(False, np.inf, np.inf, False, 0)
+    st.frozen = ~st.seen
+    st.evaluated = bool(st.seen.all())
+    st.objective = (
+        float(st.value.sum() + problem.penalty_value(st.x)) if st.evaluated else float("inf")
+    )
+    it = _new_direction(problem, st)
+    return st, Step(True, st.objective, -st.decrease, st.evaluated and _converged(tol, st), it)
 
 
 def _backtrack(t: float, decrease: float, change: float) -> float:
@@ -491,8 +616,14 @@ def _backtrack(t: float, decrease: float, change: float) -> float:
 
 def _converged(tol: float, st: QuasiNewtonState) -> bool:
     """The model step is small: ``max|d| <= tol max(1, max|x|)`` and the predicted decrease
-    ``-Delta <= tol max(1, |F(x)|)``."""
-    step = float(np.max(np.abs(st.direction), initial=0.0))
+    ``-Delta <= tol max(1, |F(x)|)``.  A damped site's step counts ``1 + mu_z / c_z`` times
+    (``c_z`` its model's mean curvature): damping shortens a step, not the distance to the
+    optimum."""
+    d = np.abs(st.direction).reshape(st.x.shape[0], -1).max(axis=1, initial=0.0)
+    if st.damping.any():
+        c = np.maximum(np.trace(st.hess, axis1=1, axis2=2) / st.x.shape[1], 1e-300)
+        d = d * (1.0 + st.damping / c)
+    step = float(np.max(d, initial=0.0))
     return step <= tol * max(1.0, float(np.max(np.abs(st.x), initial=0.0))) and (
         -st.decrease <= tol * max(1.0, abs(st.objective))
     )

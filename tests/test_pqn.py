@@ -218,3 +218,94 @@ def test_exact_curvature_reaches_the_same_optimum_in_fewer_rounds():
         GrAUCConfig(curvature="exact", algorithm="admm")
     with pytest.raises(InputError, match="curvature: exact needs the pqn algorithm"):
         RowFedConfig(curvature="exact", penalty="scad")
+
+
+# -- partial participation (the incremental form) -------------------------------------------
+def drive_partial(fs, prob, share, seed, curvature=0.25, rounds=400, tol=1e-10):
+    """Each round a seeded random part of the sites answers at the point it was sent."""
+    rng = np.random.default_rng(seed)
+    st = pqn.init_qn(
+        np.zeros((Z, P)), curvature * np.array([f.lipschitz() for f in fs]), incremental=True
+    )
+    damped = False
+    for r in range(1, rounds + 1):
+        drawn = np.flatnonzero(rng.random(Z) < share)
+        st, step = pqn.qn_round(
+            prob, st, {z: fs[z].value_and_grad(st.trial[z]) for z in drawn}, tol
+        )
+        damped |= bool(st.damping.any())
+        if step.converged:
+            return st, r, damped
+    return st, rounds, damped
+
+
+@pytest.mark.parametrize("share", [0.5, 0.8])
+def test_partial_participation_reaches_the_conic_optimum(share):
+    """A random half of the sites per round: the same minimizer as the conic solver (the
+    gradients are exact at the kept points, so the fixed point is the full problem's)."""
+    fs = _sites()
+    prob = problem()
+    st, rounds, _ = drive_partial(fs, prob, share, seed=3)
+    ref, ref_val = cvxpy_grauc(fs, prob.splits[0].lam)
+    assert st.seen.all() and rounds < 400
+    assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= 1e-8
+    assert_allclose(st.x, ref, atol=2e-4)
+
+
+def test_partial_participation_damps_a_model_that_underestimates_the_loss():
+    """Start the models a thousand times too flat: the first moves overshoot, are refused and
+    damped (a site keeps its point), and the method still ends at the conic optimum."""
+    fs = _sites()
+    prob = problem()
+    st, rounds, damped = drive_partial(fs, prob, 0.5, seed=4, curvature=1e-4)
+    assert damped
+    ref, ref_val = cvxpy_grauc(fs, prob.splits[0].lam)
+    assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= 1e-8
+
+
+def test_a_refused_move_keeps_the_point_and_damps_enough():
+    """One site, a loss far more curved than its model: the move is refused, the point kept,
+    and the new damping makes the model cover the loss along the refused step."""
+    f = _sites()[0]
+    x0 = np.zeros(P)
+    st = pqn.init_qn(x0[None], np.array([1e-4]), incremental=True)
+    st.seen[:] = True
+    st.value[0], st.grad[0] = f.value_and_grad(x0)
+    st.trial = (x0 - st.grad[0] / 1e-4)[None]  # the model's minimizer: far too long
+    s = st.trial[0] - x0
+    value, grad = f.value_and_grad(st.trial[0])
+    pqn._visit(st, 0, (value, grad))
+    assert_allclose(st.x[0], x0, rtol=0, atol=0)
+    model = st.value[0] + st.grad[0] @ s + 0.5 * (1e-4 + st.damping[0]) * (s @ s)
+    assert model >= value
+
+
+def test_partial_participation_strategies_reach_the_full_participation_optimum():
+    """Both methods' strategies at participation 0.5 (pqn, incremental) end at the optimum of
+    full participation (1e-8), with a different, seeded path; the same seed repeats it."""
+    from grauc_flower.data import simulate
+    from grauc_flower.federation import run_methods_inprocess
+    from rowfed_flower import federation as rf
+    from strategies.config import GrAUCConfig, RowFedConfig
+
+    sites = simulate(1, 10, 4, 40, 8, 0.3, 3, seed=5)
+    cfg = GrAUCConfig(tol=1e-11, max_rounds=600)
+    full = run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]
+    runs = [
+        run_methods_inprocess(cfg.replace(participation=0.5, seed=s), sites, ["grauc"])["grauc"]
+        for s in (0, 0, 1)
+    ]
+    for r in runs:
+        assert r.converged
+        assert_allclose(r.coefficients, full.coefficients, rtol=0, atol=1e-8)
+    assert runs[0].history == runs[1].history
+    assert min(h["n_answered"] for h in runs[0].history) < 10
+
+    data = rf.simulated_data(
+        rf.RowFedDataSpec(num_clients=6, n_train=40, num_features=5, num_responses=3, seed=2)
+    )
+    rcfg = RowFedConfig(tol=1e-11, max_rounds=600)
+    rfull = rf.run_methods_inprocess(rcfg, data, ["rowfed"])["rowfed"]
+    part = rf.run_methods_inprocess(rcfg.replace(participation=0.5, seed=3), data, ["rowfed"])
+    assert part["rowfed"].converged
+    assert_allclose(part["rowfed"].theta, rfull.theta, rtol=0, atol=1e-8)

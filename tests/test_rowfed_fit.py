@@ -484,7 +484,8 @@ def test_flower_engine_equals_inprocess(data_csv, tmp_path):
     ha = pd.read_csv(outs["inprocess"] / "history.csv")
     hb = pd.read_csv(outs["flower"] / "history.csv")
     assert_allclose(hb.to_numpy(), ha.to_numpy(), rtol=1e-12)
-    assert len(hb) == 40
+    assert 1 < len(hb) < 40  # pqn with partial participation converged: its rounds, not ADMM's
+    assert json.loads((outs["flower"] / "metrics.json").read_text())["converged"] is True
     ia = pd.read_csv(outs["inprocess"] / "inference.csv")
     ib = pd.read_csv(outs["flower"] / "inference.csv")
     assert ia[["client", "feature", "response", "kind"]].equals(

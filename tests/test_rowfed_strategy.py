@@ -134,6 +134,17 @@ def answer_init(strategy, mgr, samples, rnd=2, fail=()):
     return ins
 
 
+def answers(ins, samples):
+    """Each addressed client's real answer to its instruction."""
+    results = []
+    for proxy, fi in ins:
+        arrays, n, metrics = RowFedClient(samples[CIDS[proxy.cid]]).fit(
+            parameters_to_ndarrays(fi.parameters), fi.config
+        )
+        results.append((proxy, fitres(arrays, metrics)))
+    return results
+
+
 # ---------------------------------------------------------------------------------------
 # RowFedStrategy on hand-made results
 # ---------------------------------------------------------------------------------------
@@ -235,7 +246,7 @@ def test_all_participants_fail_is_a_round_without_change(samples):
 
 
 def test_partial_participation_is_seeded(samples):
-    cfg = RowFedConfig(intercept=False, participation=0.5, seed=7)
+    cfg = RowFedConfig(algorithm="admm", intercept=False, participation=0.5, seed=7)
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples)
     rng = np.random.default_rng(7)
@@ -248,12 +259,7 @@ def test_partial_participation_is_seeded(samples):
         addressed = sorted(int(fi.config["site"][1:]) for _, fi in ins)
         assert addressed == list(np.flatnonzero(draws[k]))
         assert strategy.state.round == k  # empty draws advanced the ADMM round counter
-        results = []
-        for proxy, fi in ins:
-            arrays, n, metrics = RowFedClient(samples[CIDS[proxy.cid]]).fit(
-                parameters_to_ndarrays(fi.parameters), fi.config
-            )
-            results.append((proxy, fitres(arrays, metrics)))
+        results = answers(ins, samples)
         strategy.aggregate_fit(rnd, results, [])
         k += 1
     counts = [r["n_participants"] for r in strategy.history.rows]
@@ -261,19 +267,40 @@ def test_partial_participation_is_seeded(samples):
     assert 0 in counts  # this seed has an empty draw in the first rounds
 
 
+def test_pqn_partial_participation_is_seeded(samples):
+    """``auto`` is pqn (incremental) for the lasso at participation 0.5: each round asks the
+    sites ``default_rng(seed)`` draws (an empty draw is drawn again: nothing was sent), and
+    only those that answered move."""
+    cfg = RowFedConfig(intercept=False, participation=0.5, seed=7)
+    assert cfg.resolved_algorithm == "pqn"
+    strategy, mgr, _ = ready_strategy(samples, cfg)
+    answer_init(strategy, mgr, samples)
+    rng = np.random.default_rng(7)
+    for rnd in range(3, 15):
+        draw = rng.random(M) < 0.5
+        while not draw.any():
+            draw = rng.random(M) < 0.5
+        ins = strategy.configure_fit(rnd, EMPTY, mgr)
+        addressed = sorted(int(fi.config["site"][1:]) for _, fi in ins)
+        assert addressed == list(np.flatnonzero(draw))
+        before = strategy.qn.x.copy()
+        results = answers(ins, samples)
+        strategy.aggregate_fit(rnd, results, [])
+        moved = [not np.array_equal(strategy.qn.x[z], before[z]) for z in range(M)]
+        assert not any(m and not d for m, d in zip(moved, draw, strict=True))
+        if strategy.done:
+            break
+    assert strategy.history.rows[-1]["n_participants"] == int(draw.sum())
+
+
 def test_non_participants_keep_theta(samples):
-    cfg = RowFedConfig(intercept=False, participation=0.5, seed=3)
+    cfg = RowFedConfig(algorithm="admm", intercept=False, participation=0.5, seed=3)
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples)
     before = strategy.state.beta.copy()
     ins = strategy.configure_fit(3, EMPTY, mgr)
     addressed = {CIDS[p.cid] for p, _ in ins}
-    results = []
-    for proxy, fi in ins:
-        arrays, n, metrics = RowFedClient(samples[CIDS[proxy.cid]]).fit(
-            parameters_to_ndarrays(fi.parameters), fi.config
-        )
-        results.append((proxy, fitres(arrays, metrics)))
+    results = answers(ins, samples)
     strategy.aggregate_fit(3, results, [])
     for z in range(M):
         changed = not np.array_equal(strategy.state.beta[z], before[z])
@@ -287,12 +314,7 @@ def test_evaluate_only_when_done_and_read_out(samples):
     assert strategy.configure_evaluate(2, EMPTY, mgr) == []
     for rnd in (3, 4):
         ins = strategy.configure_fit(rnd, EMPTY, mgr)
-        results = []
-        for proxy, fi in ins:
-            arrays, n, metrics = RowFedClient(samples[CIDS[proxy.cid]]).fit(
-                parameters_to_ndarrays(fi.parameters), fi.config
-            )
-            results.append((proxy, fitres(arrays, metrics)))
+        results = answers(ins, samples)
         strategy.aggregate_fit(rnd, results, [])
     assert strategy.done and not strategy.converged
     assert strategy.configure_fit(5, EMPTY, mgr) == []
