@@ -5,9 +5,10 @@ default levels and for SCAD: rounds to a 1e-4 and a 1e-6 relative objective gap 
 stopping rule (``tol`` = 1e-6) for the defaults (``algorithm = auto``: proximal quasi-Newton
 for the lasso, ADMM with the exact local step for SCAD), ADMM with the exact local step, and
 the paper's linearized ADMM at rho in {0.3, 1, 3}; for the lasso also the defaults with
-partial participation (0.5, 0.8; ADMM at 0.5) and with exact curvature; and the in-process
-time per round.  The
-optimum is the lowest objective of a tight run (tol 1e-12) of every variant.  Ratios
+partial participation (0.5, 0.8; ADMM at 0.5) and with exact curvature, for SCAD also pqn
+(local linear approximations); and the in-process time per round.  The
+optimum is the lowest objective of a tight run (tol 1e-12) of every variant (for SCAD: of
+the ADMM variants, the paper's fixed points).  Ratios
 between variants are the figures to quote; absolute times depend on the machine.
 """
 
@@ -23,7 +24,8 @@ from strategies.experiments.benchtable import check_out, finish, format_table  #
 
 
 def _first_below(gaps: np.ndarray, level: float) -> float:
-    """The first round after which the gap stays at or below ``level`` (nan if never)."""
+    """The first round after which the (signed) gap stays at or below ``level`` (nan if
+    never)."""
     above = np.flatnonzero(gaps > level)
     if len(above) == 0:
         return 1.0
@@ -54,6 +56,8 @@ def rounds_table(quick: bool = False) -> list[dict]:
                 ("admm prox, participation 0.5", {"algorithm": "admm", "participation": 0.5})
             )
             variants.append(("defaults, curvature exact", {"curvature": "exact"}))
+        else:  # MCP/SCAD: the local linear approximations by pqn
+            variants.append(("pqn (local linear approximation)", {"algorithm": "pqn"}))
         for rho in (0.3, 1.0, 3.0):
             changes = {"algorithm": "admm", "local_solver": "linearized", "rho": rho}
             variants.append((f"admm linearized rho={rho:g} (paper)", changes))
@@ -76,9 +80,17 @@ def rounds_table(quick: bool = False) -> list[dict]:
                 "rowfed"
             ]
             runs[name] = (tight, stop, seconds)
-        fstar = min(h["objective"] for t, _, _ in runs.values() for h in t.history)
+        # the reference: the lowest objective of the tight runs (for MCP/SCAD of the paper's
+        # ADMM: the approximations by pqn end at another, lower stationary point; the gap is
+        # signed, so reaching below the reference counts as reaching it)
+        fstar = min(
+            h["objective"]
+            for name, (t, _, _) in runs.items()
+            if penalty == "lasso" or "admm" in name
+            for h in t.history
+        )
         for name, (tight, stop, seconds) in runs.items():
-            gaps = np.array([abs(h["objective"] - fstar) / abs(fstar) for h in tight.history])
+            gaps = np.array([(h["objective"] - fstar) / abs(fstar) for h in tight.history])
             rows.append(
                 {
                     "what": "rounds",

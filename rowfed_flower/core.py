@@ -379,7 +379,7 @@ def fit_rowfed(
             for m in np.flatnonzero(drawn):
                 theta[m] = local_step(datafits[m], theta_tilde[m], state.beta[m], c[m], solver)
         rho_now = state.rho
-        state, res = server_update(problem, state, theta, tol, tol, alpha)
+        state, res = server_update(problem, state, theta, tol, tol, alpha, drawn)
         history.append(
             round=state.round,
             objective=objective(datafits, problem, state.beta) if record_objective else np.nan,

@@ -54,8 +54,10 @@ class Split:
     matrix : scipy.sparse matrix, shape (n_rows, n_sites)
         ``A``; acts on the site axis of ``beta``.
     penalty : Penalty
-    lam : ndarray, shape (n_rows,)
-        Per-row penalty level (``lam * w_e`` for a weighted fused lasso).
+    lam : ndarray, shape (n_rows,) or (n_rows, ...)
+        Per-row penalty level (``lam * w_e`` for a weighted fused lasso), or one level per
+        group (entry, or row of a block): the weights of a local linear approximation
+        (:meth:`linearized`).
     grouping : {"entry", "row", "block"}
         Entrywise penalty, a group per row of the block (last axis), or the whole block.
     """
@@ -71,7 +73,11 @@ class Split:
         object.__setattr__(self, "matrix", sp.csr_matrix(self.matrix))
         # A^T kept once: transposing on every product cost as much as the product
         object.__setattr__(self, "_matrix_t", sp.csr_matrix(self.matrix.T))
-        lam = np.broadcast_to(np.asarray(self.lam, dtype=float), (self.matrix.shape[0],))
+        lam = np.asarray(self.lam, dtype=float)
+        if lam.ndim <= 1:
+            lam = np.broadcast_to(lam, (self.matrix.shape[0],))
+        elif lam.shape[0] != self.matrix.shape[0]:
+            raise ValueError(f"lam: {lam.shape[0]} rows for a split of {self.matrix.shape[0]}")
         object.__setattr__(self, "lam", np.array(lam))
 
     def apply(self, beta: np.ndarray) -> np.ndarray:
@@ -90,7 +96,19 @@ class Split:
         return x, self.grouping == "row"
 
     def _lam(self, x: np.ndarray) -> np.ndarray:
-        return self.lam.reshape((-1,) + (1,) * (x.ndim - 1))
+        return self.lam.reshape(self.lam.shape + (1,) * (x.ndim - self.lam.ndim))
+
+    def linearized(self, beta: np.ndarray) -> Split:
+        """The local linear approximation of a nonconvex penalty at ``beta``: a lasso split
+        whose level per group is ``P_lam'(||(A beta)_g||)`` (Zou & Li 2008; it majorizes
+        the penalty up to a constant and touches it at ``beta``).  A lasso split as is."""
+        if self.penalty.convex:
+            return self
+        g, group = self._grouped(self.apply(beta))
+        norms = np.sqrt(np.sum(g * g, axis=-1)) if group else np.abs(g)
+        lam = self.lam.reshape(self.lam.shape + (1,) * (norms.ndim - self.lam.ndim))
+        weights = self.penalty.derivative_of_norm(norms, lam)
+        return replace(self, penalty=Penalty("lasso"), lam=weights)
 
     def threshold(self, x: np.ndarray, rho: float) -> np.ndarray:
         g, group = self._grouped(x)
@@ -125,6 +143,14 @@ class Problem:
         if self.n_sites <= 400:
             return float(np.linalg.eigvalsh(g.toarray())[-1])
         return float(eigsh(g.astype(float), k=1, which="LA", return_eigenvectors=False)[0])
+
+    @property
+    def convex(self) -> bool:
+        return all(s.penalty.convex for s in self.splits)
+
+    def linearized(self, beta: np.ndarray) -> Problem:
+        """Every split's local linear approximation at ``beta`` (:meth:`Split.linearized`)."""
+        return replace(self, splits=tuple(s.linearized(beta) for s in self.splits))
 
     def penalty_value(self, beta: np.ndarray) -> float:
         return float(sum(s.value(beta) for s in self.splits))
@@ -208,11 +234,16 @@ def server_update(
     tol_abs: float,
     tol_rel: float,
     alpha: float = 1.0,
+    took_part: np.ndarray | None = None,
 ) -> tuple[AdmmState, Residuals]:
     """The server's half of a round after the local updates.
 
     ``delta_k <- threshold_k(A_k beta + gamma_k / rho)``,
-    ``gamma_k <- gamma_k + rho (A_k beta - delta_k)``, then Boyd's residuals
+    ``gamma_k <- gamma_k + rho (A_k beta - delta_k)`` -- with partial participation
+    (``took_part``, one bool per site) only on the rows of ``A_k`` that touch a site that
+    took part: a row whose sites all sat out keeps its ``delta`` and ``gamma`` (repeating
+    its update at unchanged ``beta`` only walks ``gamma`` along the residual that no site
+    answers, and the walk ends in the jumps of docs/methods.md 2.3) -- then Boyd's residuals
     ``r = ||A beta - delta||``, ``s = rho ||A^T (delta_new - delta_old)||`` and tolerances
     ``eps_pri = sqrt(n_c) tol_abs + tol_rel max(||A beta||, ||delta||)``,
     ``eps_dual = sqrt(n_beta) tol_abs + tol_rel ||A^T gamma||``.  Finally ``rho <- alpha rho``.
@@ -224,6 +255,17 @@ def server_update(
         for s, ab, g in zip(problem.splits, a_beta, state.gamma, strict=True)
     )
     gamma = tuple(g + rho * (ab - d) for g, ab, d in zip(state.gamma, a_beta, delta, strict=True))
+    if took_part is not None and not np.all(took_part):
+        moved = np.asarray(took_part, dtype=float)
+        delta, gamma = zip(
+            *(
+                _keep_idle(s, moved, dn, do, gn, go)
+                for s, dn, do, gn, go in zip(
+                    problem.splits, delta, state.delta, gamma, state.gamma, strict=True
+                )
+            ),
+            strict=True,
+        )
     primal = np.sqrt(sum(np.sum((ab - d) ** 2) for ab, d in zip(a_beta, delta, strict=True)))
     d_delta = tuple(dn - do for dn, do in zip(delta, state.delta, strict=True))
     dual = rho * np.linalg.norm(problem.apply_t_sum(d_delta))
@@ -243,6 +285,13 @@ def server_update(
         round=state.round + 1,
     )
     return new, Residuals(float(primal), float(dual), float(eps_pri), float(eps_dual))
+
+
+def _keep_idle(split: Split, moved, d_new, d_old, g_new, g_old):
+    """``(delta, gamma)`` of one split with the rows that touch no site in ``moved`` kept."""
+    active = (abs(split.matrix) @ moved) > 0
+    active = active.reshape((-1,) + (1,) * (d_new.ndim - 1))
+    return np.where(active, d_new, d_old), np.where(active, g_new, g_old)
 
 
 def fused_groups(edges: np.ndarray, delta: np.ndarray, n_sites: int) -> np.ndarray:

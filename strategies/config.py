@@ -350,18 +350,12 @@ class RowFedConfig:
             self.graph,
         )
         _check(
-            self.algorithm != "pqn" or self.penalty == "lasso",
-            "algorithm",
-            "pqn needs penalty = lasso (use admm)",
-            self.algorithm,
-        )
-        _check(
             isinstance(self.intercept, bool), "intercept", "must be true or false", self.intercept
         )
         _check(
             self.curvature != "exact" or self.resolved_algorithm == "pqn",
             "curvature",
-            "exact needs the pqn algorithm (penalty = lasso)",
+            "exact needs the pqn algorithm",
             self.curvature,
         )
         self.penalty_obj().check_rho(self.rho)

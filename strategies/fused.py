@@ -35,6 +35,10 @@ from .errors import InputError
 from .local import newton_shape, split_newton
 from .registry import EMPTY
 
+#: MCP/SCAD by pqn start from the lasso at the same levels, solved to this tolerance (or the
+#: fit's, if looser) before the local linear approximations take over.
+LASSO_START_TOL = 1e-4
+
 
 class FusedSiteStrategy(SiteStrategy):
     """A per-site strategy for a fused penalty, solved by ADMM or by pqn.
@@ -117,6 +121,7 @@ class FusedSiteStrategy(SiteStrategy):
     def _set_problem(self, problem) -> None:
         """The penalty side (:class:`strategies.admm.Problem`) and its ``sigma_max``."""
         self.problem = problem
+        self.target = problem  # what the fit minimizes (pqn with MCP/SCAD: see _start)
         self.sigma_max = problem.sigma_max()
 
     def _start(self, beta0: np.ndarray, use_qn: bool, loss: np.ndarray | None = None) -> None:
@@ -128,6 +133,12 @@ class FusedSiteStrategy(SiteStrategy):
         self.loss = np.full(m, np.nan) if loss is None else np.array(loss, dtype=float)
         self.seen = np.zeros(m, dtype=bool)
         self.state = admm.init_state(self.problem, beta0, self.rho, self.threshold_start)
+        self.lla = use_qn and not self.target.convex
+        if self.lla:
+            # MCP/SCAD by pqn: first the lasso at the same levels (the local linear
+            # approximation at zero), then the approximation at each accepted point
+            self.problem = self.target.linearized(np.zeros_like(beta0))
+            self.lla_started = False
         model = "exact" if self.curvature == "exact" else self.qn_model
         # the line search needs every site's loss at one trial point: with partial
         # participation, and with exact curvature (each site's model checked on its own),
@@ -267,7 +278,7 @@ class FusedSiteStrategy(SiteStrategy):
         """
         rho = self.state.rho
         self.state, res = admm.server_update(
-            self.problem, self.state, beta, self.tol, self.tol, self.alpha
+            self.problem, self.state, beta, self.tol, self.tol, self.alpha, took_part
         )
         objective = float(np.sum(self.loss) + self.problem.penalty_value(beta))
         self.history.append(
@@ -303,7 +314,20 @@ class FusedSiteStrategy(SiteStrategy):
                 pqn.set_curvature(
                     self.qn, z, self.first_curvature * float(res.metrics["curvature"])
                 )
-        self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol)
+        relinearize = self._relinearize if self.lla and self.lla_started else None
+        tol = max(self.tol, LASSO_START_TOL) if self.lla and not self.lla_started else self.tol
+        self.qn, step = pqn.qn_round(self.problem, self.qn, values, tol, relinearize)
+        if self.lla and step.converged and not self.lla_started:  # the lasso start is done
+            self.lla_started = True
+            step = pqn.replan(self._relinearize(self.qn.x), self.qn, self.tol)
+        if self.lla and np.isfinite(step.objective):  # record the target's objective
+            objective = self.qn.value.sum() + self.target.penalty_value(self.qn.x)
+            step = replace(step, objective=float(objective))
+            if self.lla_started and step.decrease <= 0.0:
+                # the approximation at x promises no decrease: x is its minimizer to the
+                # inner solver's accuracy, a fixed point (the approximations converge
+                # linearly, and at a tight tol the step test meets rounding first)
+                step = replace(step, converged=True)
         self.loss = self.qn.value.copy()
         self.state = replace(self.state, beta=self.qn.x.copy(), round=self.qn.round)
         self.history.append(
@@ -320,6 +344,14 @@ class FusedSiteStrategy(SiteStrategy):
         self.done = step.converged or self.qn.round >= self.max_rounds
         self._after_round(self.qn.round, step.objective, step)
         return {"objective": step.objective, "decrease": step.decrease}
+
+    def _relinearize(self, x: np.ndarray):
+        """MCP/SCAD by pqn: the penalty's local linear approximation (a weighted lasso) at a
+        newly accepted point, used from there on.  Each accepted step lowers the nonconvex
+        objective (the approximation majorizes it and touches it at the point: Zou & Li
+        2008); a fixed point is a stationary point of it."""
+        self.problem = self.target.linearized(x)
+        return self.problem
 
     def _after_round(self, rnd: int, objective: float, res) -> None:
         if self.checkpoint and (rnd % self.checkpoint_every == 0 or self.done):

@@ -111,6 +111,24 @@ class Penalty:
         mid = (2 * iota * lam * r - r * r - lam**2) / (2 * (iota - 1))
         return np.where(r <= lam, lam * r, np.where(r <= iota * lam, mid, lam**2 * (iota + 1) / 2))
 
+    def derivative_of_norm(self, r: np.ndarray, lam: np.ndarray | float) -> np.ndarray:
+        """``P_lam'(r)`` for norms ``r >= 0`` (the right derivative at 0: ``lam``): the
+        weights of the local linear approximation (Zou & Li 2008, "One-step sparse estimates
+        in nonconcave penalized likelihood models", Ann. Statist. 36(4)).
+
+            lasso  lam
+            MCP    max(lam - r / iota, 0)
+            SCAD   lam for r <= lam;  (iota lam - r) / (iota - 1) for lam < r <= iota lam;  0
+        """
+        r = np.asarray(r, dtype=float)
+        lam = np.asarray(lam, dtype=float)
+        iota = float(self.concavity)
+        if self.kind == "lasso" or not np.isfinite(iota):
+            return np.broadcast_to(lam, np.broadcast_shapes(r.shape, lam.shape)).copy()
+        if self.kind == "mcp":
+            return np.maximum(lam - r / iota, 0.0)
+        return np.where(r <= lam, lam, np.maximum(iota * lam - r, 0.0) / (iota - 1.0))
+
     def threshold_norm(self, r: np.ndarray, lam: np.ndarray | float, rho: float) -> np.ndarray:
         """The new norm ``argmin_{s>=0} (rho/2)(s - r)^2 + P_lam(s)`` for norms ``r``."""
         r = np.asarray(r, dtype=float)

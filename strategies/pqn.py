@@ -54,6 +54,7 @@ problem: partial participation changes the path, not the answer.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -67,6 +68,7 @@ from .polish import Forest, forest, polish
 ARMIJO = 1e-4  # sufficient-decrease constant
 DENSE_LIMIT = 3000  # model problems up to this many unknowns per column use dense Cholesky
 MIN_STEP = 2.0**-30
+RELAX = 1.6  # the inner ADMM's over-relaxation
 POLISH_FIRST = 10  # inner ADMM iterations before the first exact polish (then 20, 40, ...)
 #: Curvature models: BFGS (any smooth loss), secant (quadratic losses, matrix blocks), or
 #: exact (the sites send their Hessians).
@@ -195,10 +197,12 @@ def solve_model(
         b_flat[free] = solve(np.asarray(rhs.reshape(x_flat.shape)[free] - rhs_fixed))
         b = b_flat.reshape(x.shape)
         a_b = problem.apply_all(b)
+        # over-relaxation (Boyd et al. 2011 §3.4.3; Eckstein & Bertsekas 1992)
+        relaxed = tuple(RELAX * ab + (1.0 - RELAX) * d for ab, d in zip(a_b, delta, strict=True))
         new_delta = tuple(
-            s.threshold(ab + uu, rho) for s, ab, uu in zip(splits, a_b, u, strict=True)
+            s.threshold(ab + uu, rho) for s, ab, uu in zip(splits, relaxed, u, strict=True)
         )
-        u = tuple(uu + ab - d for uu, ab, d in zip(u, a_b, new_delta, strict=True))
+        u = tuple(uu + ab - d for uu, ab, d in zip(u, relaxed, new_delta, strict=True))
         r = np.sqrt(sum(np.sum((ab - d) ** 2) for ab, d in zip(a_b, new_delta, strict=True)))
         s = rho * np.linalg.norm(
             problem.apply_t_sum(tuple(dn - do for dn, do in zip(new_delta, delta, strict=True)))
@@ -211,7 +215,7 @@ def solve_model(
             sol = polished(delta[0], it)
             if sol is not None:
                 return sol
-        if it % 10 == 0 and it <= 200 and (r > 10 * s or s > 10 * r):  # residual balancing
+        if it % 10 == 0 and (r > 10 * s or s > 10 * r):  # residual balancing
             factor_ = 2.0 if r > s else 0.5
             if rho * factor_ < min_rho:
                 continue
@@ -446,14 +450,18 @@ def qn_round(
     st: QuasiNewtonState,
     answered: dict[int, tuple],
     tol: float,
+    relinearize: Callable[[np.ndarray], Problem] | None = None,
 ) -> tuple[QuasiNewtonState, Step]:
     """Take the sites' answers ``{z: (f_z(trial_z), grad f_z(trial_z))}`` (with the
     ``exact`` model ``(f_z, grad f_z, hess f_z)``) for the current trial point and advance:
     accept or shorten the step, update the curvature models, find the next direction.
-    Returns the new state (the next point to send is ``state.trial``)."""
+    Returns the new state (the next point to send is ``state.trial``).
+
+    ``relinearize(x)``, when given, returns the penalty side to use from a newly accepted
+    point ``x`` on (a nonconvex penalty's next local linear approximation)."""
     t0 = time.perf_counter()
     advance = _advance_incremental if st.incremental else _advance
-    st, step = advance(problem, st, answered, tol)
+    st, step = advance(problem, st, answered, tol, relinearize)
     return st, replace(step, seconds=time.perf_counter() - t0)
 
 
@@ -478,6 +486,7 @@ def _advance(
     st: QuasiNewtonState,
     answered: dict[int, tuple],
     tol: float,
+    relinearize: Callable[[np.ndarray], Problem] | None = None,
 ) -> tuple[QuasiNewtonState, Step]:
     st = replace(st, round=st.round + 1)
     n_sites = st.x.shape[0]
@@ -528,8 +537,21 @@ def _advance(
     st.paired[stepped] = True
     st.x, st.value, st.grad = trial.copy(), value, grad
     st.objective = f_trial
+    if relinearize is not None:
+        problem = relinearize(st.x)
+        st.objective = float(st.value.sum() + problem.penalty_value(st.x))
     it = _new_direction(problem, st)
     return st, Step(True, f_trial, -st.decrease, _converged(tol, st), it)
+
+
+def replan(problem: Problem, st: QuasiNewtonState, tol: float) -> Step:
+    """A new direction at the accepted point for a changed penalty side ``problem``, with
+    no site asked (a nonconvex penalty's first local linear approximation after its lasso
+    start); the step's decrease and stopping verdict."""
+    if np.isfinite(st.objective):
+        st.objective = float(st.value.sum() + problem.penalty_value(st.x))
+    it = _new_direction(problem, st)
+    return Step(True, st.objective, -st.decrease, st.evaluated and _converged(tol, st), it)
 
 
 def _learn(st: QuasiNewtonState, z: int, s: np.ndarray, y: np.ndarray) -> None:
@@ -581,10 +603,12 @@ def _advance_incremental(
     st: QuasiNewtonState,
     answered: dict[int, tuple],
     tol: float,
+    relinearize: Callable[[np.ndarray], Problem] | None = None,
 ) -> tuple[QuasiNewtonState, Step]:
     """A round of the per-site form: partial participation, or exact curvature (module
     docstring)."""
     st = replace(st, round=st.round + 1)
+    before = st.x.copy()
     for z, answer in answered.items():
         if st.seen[z]:
             _visit(st, z, answer)
@@ -597,6 +621,8 @@ def _advance_incremental(
         return st, Step(False, np.inf, np.inf, False, 0)
     st.frozen = ~st.seen
     st.evaluated = bool(st.seen.all())
+    if relinearize is not None and not np.array_equal(before, st.x):
+        problem = relinearize(st.x)
     st.objective = (
         float(st.value.sum() + problem.penalty_value(st.x)) if st.evaluated else float("inf")
     )

@@ -203,3 +203,23 @@ def test_constructor_validates():
         Penalty("mcp", 0.0)
     with pytest.raises(ValueError, match="concavity"):
         Penalty("scad", 1.0)
+
+
+@pytest.mark.parametrize("kind", ["lasso", "mcp", "scad"])
+def test_lla_weights_are_the_derivative_and_majorize(kind):
+    """``derivative_of_norm`` against central differences of ``value_of_norm`` (away from the
+    kinks), and the local linear approximation majorizes the penalty and touches it at its
+    point: ``P(r) <= P(r0) + P'(r0)(r - r0)`` for every r >= 0 (concavity on [0, inf))."""
+    pen = Penalty(kind, None if kind == "lasso" else 3.0)
+    lam = 0.7
+    r = np.linspace(0.013, 4.0, 397)
+    kinks = np.array([lam, 3.0 * lam])
+    r = r[np.min(np.abs(r[:, None] - kinks[None]), axis=1) > 1e-3]
+    h = 1e-6
+    numeric = (pen.value_of_norm(r + h, lam) - pen.value_of_norm(r - h, lam)) / (2 * h)
+    assert_allclose(pen.derivative_of_norm(r, lam), numeric, rtol=0, atol=1e-7)
+    assert pen.derivative_of_norm(0.0, lam) == lam  # the right derivative at 0
+    grid = np.linspace(0.0, 5.0, 1001)
+    for r0 in (0.0, 0.3, lam, 1.2, 3.0 * lam, 4.5):
+        line = pen.value_of_norm(r0, lam) + pen.derivative_of_norm(r0, lam) * (grid - r0)
+        assert np.all(pen.value_of_norm(grid, lam) <= line + 1e-12)
