@@ -299,7 +299,9 @@ def write_result(
     coef.insert(0, "site", res.sites)
     coef.to_csv(os.path.join(out_dir, "coefficients.csv"), index=False)
     columns = ["round", "objective", "primal_residual", "dual_residual", "rho"]
-    columns += [k for k in ("decrease", "step") if res.history and k in res.history[0]]
+    columns += [
+        k for k in ("n_answered", "decrease", "step") if res.history and k in res.history[0]
+    ]
     hist = pd.DataFrame(res.history, columns=columns)
     hist.to_csv(os.path.join(out_dir, "history.csv"), index=False)
     if "graph" in res.extra:

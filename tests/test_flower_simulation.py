@@ -15,6 +15,8 @@ pytestmark = [pytest.mark.flower, pytest.mark.slow]
 
 
 def test_flower_engine_equals_inprocess(small_federation, tmp_path):
+    """``fit --engine flower`` against the in-process engine, with partial participation
+    (full participation through ``flwr run``: the main job below)."""
     _, data, sites = small_federation
     outs = {}
     for engine in ("inprocess", "flower"):
@@ -37,6 +39,8 @@ def test_flower_engine_equals_inprocess(small_federation, tmp_path):
             "federated",
             "--inference",
             "oracle",
+            "--participation",
+            "0.5",  # a seeded half of the sites per round: the same draws in both engines
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         outs[engine] = out
@@ -49,6 +53,8 @@ def test_flower_engine_equals_inprocess(small_federation, tmp_path):
     ha = pd.read_csv(os.path.join(outs["inprocess"], "history.csv"))
     hb = pd.read_csv(os.path.join(outs["flower"], "history.csv"))
     np.testing.assert_allclose(hb["objective"], ha["objective"], rtol=1e-12)
+    assert list(hb["n_answered"]) == list(ha["n_answered"])
+    assert hb["n_answered"].min() < len(a)  # some rounds asked only part of the sites
     ia = pd.read_csv(os.path.join(outs["inprocess"], "inference.csv"))
     ib = pd.read_csv(os.path.join(outs["flower"], "inference.csv"))
     assert ia[["site", "feature", "kind"]].equals(ib[["site", "feature", "kind"]])

@@ -61,7 +61,15 @@ def test_fit_writes_the_contract(small_federation, tmp_path):
     assert list(coef.columns) == ["site", "f0", "f1", "f2", "f3"]
     assert list(coef["site"]) == [s.site for s in sites]
     hist = pd.read_csv(os.path.join(out, "history.csv"))
-    assert list(hist.columns) == ["round", "objective", "primal_residual", "dual_residual", "rho"]
+    assert list(hist.columns) == [
+        "round",
+        "objective",
+        "primal_residual",
+        "dual_residual",
+        "rho",
+        "n_answered",
+    ]
+    assert (hist["n_answered"] == len(sites)).all()
     assert len(hist) == 40 and list(hist["round"]) == list(range(1, 41))
     edges = pd.read_csv(os.path.join(out, "edges.csv"))
     assert len(edges) == len(sites) - 1
@@ -84,6 +92,7 @@ def test_fit_pqn_history(small_federation, tmp_path):
         "primal_residual",
         "dual_residual",
         "rho",
+        "n_answered",
         "decrease",
         "step",
     ]
