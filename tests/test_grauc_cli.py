@@ -52,6 +52,9 @@ def _assert_rejected(proc, out, *words):
     assert not os.path.exists(out)
 
 
+HISTORY_COLUMNS = ["round", "objective", "primal_residual", "dual_residual", "rho", "n_answered"]
+
+
 def test_fit_writes_the_contract(small_federation, tmp_path):
     sites, data, site_file = small_federation
     out = str(tmp_path / "out")
@@ -61,14 +64,7 @@ def test_fit_writes_the_contract(small_federation, tmp_path):
     assert list(coef.columns) == ["site", "f0", "f1", "f2", "f3"]
     assert list(coef["site"]) == [s.site for s in sites]
     hist = pd.read_csv(os.path.join(out, "history.csv"))
-    assert list(hist.columns) == [
-        "round",
-        "objective",
-        "primal_residual",
-        "dual_residual",
-        "rho",
-        "n_answered",
-    ]
+    assert list(hist.columns) == HISTORY_COLUMNS
     assert (hist["n_answered"] == len(sites)).all()
     assert len(hist) == 40 and list(hist["round"]) == list(range(1, 41))
     edges = pd.read_csv(os.path.join(out, "edges.csv"))
@@ -86,16 +82,7 @@ def test_fit_pqn_history(small_federation, tmp_path):
     proc = _fit(data, site_file, out, "--max-rounds", "60")
     assert proc.returncode == 0, proc.stderr
     hist = pd.read_csv(os.path.join(out, "history.csv"))
-    assert list(hist.columns) == [
-        "round",
-        "objective",
-        "primal_residual",
-        "dual_residual",
-        "rho",
-        "n_answered",
-        "decrease",
-        "step",
-    ]
+    assert list(hist.columns) == [*HISTORY_COLUMNS, "decrease", "step"]
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert metrics["converged"] and metrics["rounds"] == len(hist) < 60
     # accepted steps never increase the objective (Armijo)
