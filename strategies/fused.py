@@ -369,8 +369,8 @@ class FusedSiteStrategy(SiteStrategy):
     # -- checkpoints ------------------------------------------------------------------------
     def _save_checkpoint(self, path: str) -> None:
         """The whole server state (coefficients per site, delta, gamma, rho, round, the last
-        loss per site, history, site order, scaling, the pqn state) in one ``.npz``,
-        written atomically."""
+        loss per site, history, site order, scaling, the pqn state, the participation draws'
+        generator) in one ``.npz``, written atomically."""
         extra = {
             "loss": self.loss,
             "sites": np.array(self.sites),
@@ -380,6 +380,9 @@ class FusedSiteStrategy(SiteStrategy):
             extra.update(center=self.registry.center, scale=self.registry.scale)
         if self.qn is not None:
             extra.update({f"qn_{k}": v for k, v in self.qn.arrays().items()})
+        if getattr(self, "lla", False):
+            extra["lla_started"] = np.array(self.lla_started)
+        extra["draws"] = np.array(json.dumps(self.rng.bit_generator.state))
         admm.save_state(path, self.state, **extra)
         log(INFO, "checkpoint: round %d written to %s", self.state.round, path)
 
@@ -412,6 +415,11 @@ class FusedSiteStrategy(SiteStrategy):
             )
         if qn:
             self.qn = pqn.QuasiNewtonState.from_arrays(qn)
+        if "draws" in extra:  # the participation draws go on where they stopped
+            self.rng.bit_generator.state = json.loads(str(extra["draws"]))
+        if self.lla and bool(extra.get("lla_started", False)):  # past the lasso start
+            self.lla_started = True
+            self.problem = self.target.linearized(self.qn.x)
         self.state = state
         self.loss = np.asarray(extra["loss"], dtype=float)
         self.history.rows = json.loads(str(extra["history"]))

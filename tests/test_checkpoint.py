@@ -15,11 +15,22 @@ from strategies.registry import Registry
 from strategies.runtime.engine import run_inprocess
 
 
-@pytest.mark.parametrize("algorithm", ["admm", "pqn"])
-@pytest.mark.parametrize("standardize", ["none", "federated"])
-def test_resume_equals_uninterrupted(tmp_path, standardize, algorithm):
+@pytest.mark.parametrize(
+    ("algorithm", "standardize", "changes"),
+    [
+        ("admm", "none", {}),
+        ("pqn", "none", {}),
+        ("admm", "federated", {}),
+        ("pqn", "federated", {}),
+        ("admm", "none", {"participation": 0.5}),  # the draws go on where they stopped
+        ("pqn", "none", {"participation": 0.5}),
+    ],
+)
+def test_resume_equals_uninterrupted(tmp_path, standardize, algorithm, changes):
     sites = simulate(n_sites=5, n_features=3, n_train=30, seed=2718)
-    cfg = GrAUCConfig(max_rounds=25, tol=1e-12, standardize=standardize, algorithm=algorithm)
+    cfg = GrAUCConfig(
+        max_rounds=25, tol=1e-12, standardize=standardize, algorithm=algorithm, **changes
+    )
     full = fed.run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]
     assert full.rounds > 10
     ckpt = str(tmp_path / "state.npz")
