@@ -204,7 +204,8 @@ class FusedSiteStrategy(SiteStrategy):
 
     def _qn_instructions(self, by_site: dict) -> list[tuple[ClientProxy, FitIns]]:
         """Each site's (each drawn site's, with partial participation) trial point.  A draw
-        with nobody reachable is drawn again: no message was sent, so no round passed."""
+        with nobody reachable is a round in which nothing changes, done at once (as in
+        ADMM; the round limit bounds them)."""
         common = {"task": "newton" if self.qn.model == "exact" else "gradient"}
         common.update(self.work_config())
         reachable = np.array([s in by_site for s in self.sites])
@@ -212,6 +213,8 @@ class FusedSiteStrategy(SiteStrategy):
         if self.qn.incremental and reachable.any():
             asked = self.draw() & reachable
             while not asked.any():
+                if self._idle_qn_round():
+                    return []
                 asked = self.draw() & reachable
         out = []
         for z in np.flatnonzero(asked):
@@ -352,6 +355,27 @@ class FusedSiteStrategy(SiteStrategy):
         2008); a fixed point is a stationary point of it."""
         self.problem = self.target.linearized(x)
         return self.problem
+
+    def _idle_qn_round(self) -> bool:
+        """A pqn round in which nobody was drawn: counted, recorded, nothing changes.
+        Returns whether the round limit is reached."""
+        self.qn = replace(self.qn, round=self.qn.round + 1)
+        self.state = replace(self.state, round=self.qn.round)
+        last = self.history.rows[-1] if self.history.rows else {}
+        self.history.append(
+            round=self.qn.round,
+            objective=last.get("objective", np.inf),
+            primal_residual=np.nan,
+            dual_residual=np.nan,
+            rho=np.nan,
+            **{self.count_column: 0},
+            decrease=last.get("decrease", np.nan),
+            step=np.nan,
+        )
+        self.done = self.qn.round >= self.max_rounds
+        step = pqn.Step(False, last.get("objective", np.inf), np.nan, False, 0)
+        self._after_round(self.qn.round, step.objective, step)
+        return self.done
 
     def _after_round(self, rnd: int, objective: float, res) -> None:
         if self.checkpoint and (rnd % self.checkpoint_every == 0 or self.done):

@@ -164,6 +164,8 @@ def test_bad_input_is_rejected(small_federation, tmp_path, capsys, case, words):
         ("--lam", "inf", "lam: must be a finite number"),
         ("--ridge", "nan", "ridge: must be a finite number"),
         ("--checkpoint", "/no/such/dir/state.npz", "checkpoint.path"),
+        ("--participation", "0", "participation: must be in (0, 1]"),
+        ("--participation", "1.5", "participation: must be in (0, 1]"),
     ],
 )
 def test_bad_settings_are_rejected(small_federation, tmp_path, capsys, option, value, word):

@@ -366,3 +366,19 @@ def test_scad_by_pqn_is_a_fixed_point_of_its_weighted_lasso(scad_fits):
     prob.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
     ref = np.stack([v.value for v in t])
     assert_allclose(theta, ref, rtol=0, atol=1e-5)
+
+
+def test_a_participation_so_small_that_nobody_is_drawn_ends_at_the_round_limit():
+    """π = 1e-9: every draw is empty; each is a round in which nothing changes, and the fit
+    ends at its round limit with its start (no endless redrawing)."""
+    from grauc_flower.data import simulate
+    from grauc_flower.federation import run_methods_inprocess
+    from strategies.config import GrAUCConfig
+    from strategies.grauc import initial_beta
+
+    sites = simulate(1, 6, 3, 30, 8, 0.3, 3, seed=1)
+    cfg = GrAUCConfig(participation=1e-9, max_rounds=7)
+    res = run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]
+    assert not res.converged and res.rounds == 7
+    assert [h["n_answered"] for h in res.history] == [0] * 7
+    assert_allclose(res.coefficients, initial_beta(6, 3, cfg), rtol=0, atol=0)

@@ -274,8 +274,8 @@ def test_partial_participation_is_seeded(samples):
 
 def test_pqn_partial_participation_is_seeded(samples):
     """``auto`` is pqn (incremental) for the lasso at participation 0.5: each round asks the
-    sites ``default_rng(seed)`` draws (an empty draw is drawn again: nothing was sent), and
-    only those that answered move."""
+    sites ``default_rng(seed)`` draws (an empty draw is a round in which nothing changes),
+    and only those that answered move."""
     cfg = RowFedConfig(intercept=False, participation=0.5, seed=7)
     assert cfg.resolved_algorithm == "pqn"
     strategy, mgr, _ = ready_strategy(samples, cfg)
