@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import eigsh
 
-from .penalties import Penalty
+from .penalties import Penalty, group_norms
 
 GROUPINGS = ("entry", "row", "block")
 
@@ -105,9 +105,8 @@ class Split:
         if self.penalty.convex:
             return self
         g, group = self._grouped(self.apply(beta))
-        norms = np.sqrt(np.sum(g * g, axis=-1)) if group else np.abs(g)
-        lam = self.lam.reshape(self.lam.shape + (1,) * (norms.ndim - self.lam.ndim))
-        weights = self.penalty.derivative_of_norm(norms, lam)
+        norms = group_norms(g, group)
+        weights = self.penalty.derivative_of_norm(norms, self._lam(norms))
         return replace(self, penalty=Penalty("lasso"), lam=weights)
 
     def threshold(self, x: np.ndarray, rho: float) -> np.ndarray:

@@ -69,7 +69,7 @@ class FusedSiteStrategy(SiteStrategy):
     #: The pqn curvature model: ``"bfgs"`` or ``"secant"`` (exact for a quadratic loss).
     qn_model = "bfgs"
     #: With exact curvature, a site's first model is damped by this multiple of its mean
-    #: curvature (:func:`strategies.pqn.set_damping`; 0 for a quadratic loss).
+    #: curvature (:func:`strategies.pqn.init_qn`; 0 for a quadratic loss).
     first_damping = 0.0
     #: The history column counting the sites that answered.
     count_column = "n_answered"
@@ -333,15 +333,8 @@ class FusedSiteStrategy(SiteStrategy):
                 step = replace(step, converged=True)
         self.loss = self.qn.value.copy()
         self.state = replace(self.state, beta=self.qn.x.copy(), round=self.qn.round)
-        self.history.append(
-            round=self.qn.round,
-            objective=step.objective,
-            primal_residual=np.nan,
-            dual_residual=np.nan,
-            rho=np.nan,
-            **{self.count_column: len(values)},
-            decrease=step.decrease,
-            step=1.0 if step.accepted else self.qn.step,
+        self._qn_row(
+            step.objective, len(values), step.decrease, 1.0 if step.accepted else self.qn.step
         )
         self.converged = step.converged
         self.done = step.converged or self.qn.round >= self.max_rounds
@@ -356,22 +349,26 @@ class FusedSiteStrategy(SiteStrategy):
         self.problem = self.target.linearized(x)
         return self.problem
 
+    def _qn_row(self, objective: float, answered: int, decrease: float, step: float) -> None:
+        """The history row of a pqn round (the ADMM columns empty)."""
+        self.history.append(
+            round=self.qn.round,
+            objective=objective,
+            primal_residual=np.nan,
+            dual_residual=np.nan,
+            rho=np.nan,
+            **{self.count_column: answered},
+            decrease=decrease,
+            step=step,
+        )
+
     def _idle_qn_round(self) -> bool:
         """A pqn round in which nobody was drawn: counted, recorded, nothing changes.
         Returns whether the round limit is reached."""
         self.qn = replace(self.qn, round=self.qn.round + 1)
         self.state = replace(self.state, round=self.qn.round)
         last = self.history.rows[-1] if self.history.rows else {}
-        self.history.append(
-            round=self.qn.round,
-            objective=last.get("objective", np.inf),
-            primal_residual=np.nan,
-            dual_residual=np.nan,
-            rho=np.nan,
-            **{self.count_column: 0},
-            decrease=last.get("decrease", np.nan),
-            step=np.nan,
-        )
+        self._qn_row(last.get("objective", np.inf), 0, last.get("decrease", np.nan), np.nan)
         self.done = self.qn.round >= self.max_rounds
         step = pqn.Step(False, last.get("objective", np.inf), np.nan, False, 0)
         self._after_round(self.qn.round, step.objective, step)
@@ -404,7 +401,7 @@ class FusedSiteStrategy(SiteStrategy):
             extra.update(center=self.registry.center, scale=self.registry.scale)
         if self.qn is not None:
             extra.update({f"qn_{k}": v for k, v in self.qn.arrays().items()})
-        if getattr(self, "lla", False):
+        if self.lla:
             extra["lla_started"] = np.array(self.lla_started)
         extra["draws"] = np.array(json.dumps(self.rng.bit_generator.state))
         admm.save_state(path, self.state, **extra)

@@ -24,7 +24,8 @@ def soft_threshold(x: np.ndarray, a: np.ndarray | float) -> np.ndarray:
     return np.sign(x) * np.maximum(np.abs(x) - a, 0.0)
 
 
-def _norms(x: np.ndarray, group: bool) -> np.ndarray:
+def group_norms(x: np.ndarray, group: bool) -> np.ndarray:
+    """``|x|`` entrywise, or the norm of each group along the last axis (kept as size 1)."""
     return np.sqrt(np.sum(x * x, axis=-1, keepdims=True)) if group else np.abs(x)
 
 
@@ -151,11 +152,11 @@ class Penalty:
         ``lam`` broadcasts against the group norms, e.g. shape ``(n_groups, 1)`` for a
         per-group weight (``x`` of shape ``(n_groups, k)``).
         """
-        return float(np.sum(self.value_of_norm(_norms(x, group), lam)))
+        return float(np.sum(self.value_of_norm(group_norms(x, group), lam)))
 
     def threshold(
         self, x: np.ndarray, lam: np.ndarray | float, rho: float, group: bool
     ) -> np.ndarray:
         """Proximal map of ``(1/rho) P_lam`` applied entrywise or per group (last axis)."""
-        norm = _norms(x, group)
+        norm = group_norms(x, group)
         return _apply_rule(x, self.threshold_norm(norm, lam, rho), norm)

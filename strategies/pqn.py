@@ -537,7 +537,7 @@ def _advance(
     st.paired[stepped] = True
     st.x, st.value, st.grad = trial.copy(), value, grad
     st.objective = f_trial
-    if relinearize is not None:
+    if relinearize is not None:  # the objective of the new approximation
         problem = relinearize(st.x)
         st.objective = float(st.value.sum() + problem.penalty_value(st.x))
     it = _new_direction(problem, st)
@@ -563,7 +563,7 @@ def _learn(st: QuasiNewtonState, z: int, s: np.ndarray, y: np.ndarray) -> None:
         st.ys[z] += y_z @ s_z.T
         st.hess[z] = secant_model(st.ss[z], st.ys[z], st.curvature[z])
     elif st.model == "bfgs":
-        st.hess[z] = bfgs_update_many(st.hess[z][None], s[None], y[None], ~st.paired[z : z + 1])[0]
+        st.hess[z] = bfgs_update(st.hess[z], s, y, not st.paired[z])
     st.paired[z] = True
 
 
