@@ -140,7 +140,11 @@ def _fit_parser(sub) -> None:
 
 def _run_parser(sub) -> None:
     p = sub.add_parser("run", help="the Flower app on Flower's simulation engine")
-    p.add_argument("--method", default="grauc,fedavg,individual")
+    p.add_argument(
+        "--method",
+        default="grauc,fedavg,individual",
+        help=f"comma-separated among {', '.join(GRAUC_METHODS)} (default: %(default)s)",
+    )
     p.add_argument("--num-sites", type=int, default=20)
     p.add_argument("--out", default="", help="output directory (absolute or relative)")
     p.add_argument(
@@ -274,8 +278,8 @@ def _check_tuning(a) -> None:
             if getattr(a, g):
                 raise InputError(f"{g.replace('_', '-')}: grids need --tune cv")
         return
-    if a.method == "pooled":
-        raise InputError("tune: cv is available for grauc, individual and fedavg")
+    if a.method not in tuning.PARAMS:
+        raise InputError(f"tune: cv is available for {', '.join(tuning.PARAMS)}, not {a.method}")
     for name in tuning.PARAMS[a.method]:
         if getattr(a, name, None) is not None:
             key = name.replace("_", "-")
@@ -331,7 +335,7 @@ def cmd_fit(a) -> int:
                     f"{opts.folds} folds); refitting on all training data\n"
                 )
         if a.engine == "inprocess":
-            limit = cfg.fedavg_rounds if a.method == "fedavg" else cfg.max_rounds
+            limit = fed.round_limit(a.method, cfg)
             progress = Progress(a.method, limit, a.quiet)
             ckpt = fed.checkpoint_settings(
                 {

@@ -20,7 +20,10 @@ features`` and the packed per-feature sums ``sum_x, sum_x2`` (for standardizatio
                  :func:`strategies.local.newton_answer`), metrics ``site, loss``: a round of
                  the oracle refit (inference = oracle) or of pqn with ``curvature = exact``.
 ``fedavg``    <- ``[beta]``: ``fedavg-local-steps`` gradient steps of size ``fedavg-lr`` (or
-                 ``1/mu_z``) -> ``[beta]``, metrics ``site, loss`` (at the received beta).
+                 ``1/(mu_z + proximal_mu)``), with FedProx's proximal term when the config
+                 carries ``proximal_mu`` -> ``[beta]``, metrics ``site, loss`` (at the
+                 received beta).  Every global-model comparator (FedAvg, FedProx, FedAdam,
+                 ...) sends this task: they differ on the server.
 Every task may carry ``center``/``scale`` bytes: the site standardizes ``(x - center)/scale``.
 With inference = oracle the evaluation carries ``sandwich-at`` (the refitted coefficients) and
 the site adds the ``p x p`` covariance of its gradient there (:mod:`grauc_flower.inference`).
@@ -31,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.client import NumPyClient
 
-from strategies.local import admm_update, newton_answer
+from strategies.local import admm_update, local_descent, newton_answer
 from strategies.registry import grauc_meta, registration_properties
 from strategies.wire import unpack
 
@@ -118,12 +121,14 @@ class GrAUCClient(NumPyClient):
             return [new], n, {"task": "local", "site": self.data.site, "loss": f.value(new)}
         if task == "fedavg":
             (beta,) = parameters
-            loss = f.value(beta)
-            lr = float(config.get("fedavg-lr", 0.0)) or 1.0 / max(f.lipschitz(), 1e-12)
-            new = beta.copy()
-            for _ in range(int(config["fedavg-local-steps"])):
-                new = new - lr * f.grad(new)
-            return [new], n, {"task": "fedavg", "site": self.data.site, "loss": loss}
+            new = local_descent(
+                f,
+                beta,
+                int(config["fedavg-local-steps"]),
+                float(config.get("fedavg-lr", 0.0)),
+                float(config.get("proximal_mu", 0.0)),
+            )
+            return [new], n, {"task": "fedavg", "site": self.data.site, "loss": f.value(beta)}
         raise ValueError(f"unknown task {task!r}")
 
     def evaluate(self, parameters, config):

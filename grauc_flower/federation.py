@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 
 from strategies import admm
-from strategies.config import GRAUC_METHODS, GrAUCConfig
+from strategies.config import GLOBAL_METHODS, GRAUC_METHODS, GrAUCConfig
 from strategies.errors import InputError
+from strategies.fedavg import global_strategy
 from strategies.grauc import (
     FixedModelStrategy,
     GrAUCFedAvg,
@@ -80,8 +81,9 @@ def make_strategy(
         )
     if method == "individual":
         return IndividualStrategy(cfg, n_sites, registry, timeout=timeout)
-    if method == "fedavg":
-        return GrAUCFedAvg(cfg, n_sites, registry, progress=progress, timeout=timeout)
+    if method in GLOBAL_METHODS:
+        cls = global_strategy(GrAUCFedAvg, method)
+        return cls(cfg, n_sites, registry, progress=progress, timeout=timeout)
     if method == "pooled":
         if sites is None:
             raise InputError("method: pooled needs the data at the server (simulated or csv)")
@@ -123,13 +125,13 @@ def checkpoint_settings(rc: dict) -> dict:
 
 def round_limit(method: str, cfg) -> int:
     """The method's own round limit (what a progress line counts against)."""
-    return cfg.fedavg_rounds if method == "fedavg" else cfg.max_rounds
+    return cfg.fedavg_rounds if method in GLOBAL_METHODS else cfg.max_rounds
 
 
 def max_rounds_for(method: str, cfg: GrAUCConfig) -> int:
     """A round budget for Flower's server loop: the method's own rounds, and one for the
     evaluation after the last (the loop stops as soon as the method has finished)."""
-    if method == "fedavg":
+    if method in GLOBAL_METHODS:
         return cfg.fedavg_rounds + 1
     if method == "grauc":
         return cfg.max_rounds + 1 + (REFIT_ROUNDS if cfg.inference == "oracle" else 0)
@@ -152,7 +154,7 @@ class MethodResult:
 
 def collect(method: str, strategy) -> MethodResult:
     """What a finished strategy produced (coefficients on the input scale)."""
-    if method == "fedavg":
+    if method in GLOBAL_METHODS:
         return MethodResult(
             method,
             list(strategy.sites),

@@ -28,19 +28,27 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from strategies.experiments.plots import figure_cell, finish, method_boxes, pyplot
+from strategies.experiments.plots import (
+    GLOBAL_COLORS,
+    GLOBAL_LABELS,
+    figure_cell,
+    finish,
+    method_boxes,
+    pyplot,
+)
 
 LABELS = {
     "grauc": "GrAUC-PFL",
     "individual": "Individual",
     "fedavg": "FedAvg",
     "pooled": "Pooled",
+    **GLOBAL_LABELS,
 }
 COLORS = {
     "grauc": "#d62728",
     "individual": "#1f77b4",
-    "fedavg": "#2ca02c",
     "pooled": "#7f7f7f",
+    **GLOBAL_COLORS,
 }
 
 

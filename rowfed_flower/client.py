@@ -27,8 +27,9 @@ features``, the packed sums ``sum_x, sum_x2`` and ``p, q, sum_y``
                  :func:`strategies.local.newton_answer`), metrics ``task, site, loss``: pqn
                  with ``curvature = exact``.
 ``fedavg``    <- ``[Theta]`` (common), ``fedavg-local-steps``, ``fedavg-lr`` and the sparsity
-                 penalty: proximal-gradient steps -> ``[Theta]``, metrics ``task, site, loss``
-                 (the loss at the received ``Theta``).
+                 penalty (and FedProx's ``proximal_mu``): proximal-gradient steps ->
+                 ``[Theta]``, metrics ``task, site, loss`` (the loss at the received
+                 ``Theta``); every global-model comparator sends this task.
 ``evaluate``  <- ``[Theta_m]``: metrics ``site, mse_pred`` (on its test data, else on its
                  training data; ``split`` says which), ``rss`` (training data), ``n_train``,
                  ``n_test``.
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.client import NumPyClient
 
-from strategies.local import admm_update, newton_answer
+from strategies.local import admm_update, local_descent, newton_answer
 from strategies.penalties import Penalty
 from strategies.registry import registration_properties, rowfed_meta
 from strategies.wire import unpack
@@ -99,26 +100,30 @@ def fedavg_local_steps(
     sparsity: str,
     steps: int,
     lr: float = 0.0,
+    proximal_mu: float = 0.0,
 ) -> np.ndarray:
-    """``steps`` proximal-gradient steps on ``f + P_lam2`` from ``theta`` (FedAvg's local work).
+    """``steps`` proximal-gradient steps on ``f + P_lam2`` (plus FedProx's
+    ``(mu/2) ||Theta - theta||^2``) from ``theta``: FedAvg's local work
+    (:func:`strategies.local.local_descent` with the sparsity threshold as the prox; its
+    curvature doubled until ``penalty.check_rho`` holds for MCP/SCAD)."""
+    group = sparsity == "row"
 
-    Notes
-    -----
-    ``Theta <- prox_{P/r}(Theta - grad f(Theta) / r)`` with ``r = 1/lr`` (``r = L_m`` when
-    ``lr = 0``), doubled until ``penalty.check_rho(r)`` holds for MCP/SCAD.
-    """
-    r = 1.0 / lr if lr > 0 else max(f.lipschitz(), 1e-12)
-    while True:
+    def admissible(r: float) -> bool:
         try:
             penalty.check_rho(r)
-            break
         except ValueError:
-            r *= 2.0
-    group = sparsity == "row"
-    new = np.array(theta, dtype=float)
-    for _ in range(int(steps)):
-        new = penalty.threshold(new - f.grad(new) / r, lam2, r, group)
-    return new
+            return False
+        return True
+
+    return local_descent(
+        f,
+        theta,
+        steps,
+        lr,
+        proximal_mu,
+        prox=lambda v, r: penalty.threshold(v, lam2, r, group),
+        admissible=admissible,
+    )
 
 
 def _penalty(config) -> Penalty:
@@ -211,6 +216,7 @@ class RowFedClient(NumPyClient):
                 str(config["sparsity"]),
                 int(config["fedavg-local-steps"]),
                 float(config.get("fedavg-lr", 0.0)),
+                float(config.get("proximal_mu", 0.0)),
             )
             return [new], d.n, {"task": task, "site": d.site, "loss": f.value(theta)}
         raise ValueError(f"task: unknown task {task!r}")

@@ -21,20 +21,27 @@ import tempfile
 import numpy as np
 import pandas as pd
 
-from strategies.experiments.plots import figure_cell, finish, method_boxes, pyplot
+from strategies.experiments.plots import (
+    GLOBAL_COLORS,
+    GLOBAL_LABELS,
+    figure_cell,
+    finish,
+    method_boxes,
+    pyplot,
+)
 
 LABELS = {
     "rowfed": "RowFed",
     "perfl-lsma": "PerFL-LSMA",
     "nonfed": "NonFed",
-    "fedavg": "FedAvg",
+    **GLOBAL_LABELS,
     "truth": "truth",
 }
 COLORS = {
     "rowfed": "#d62728",
     "perfl-lsma": "#9467bd",
     "nonfed": "#1f77b4",
-    "fedavg": "#2ca02c",
+    **GLOBAL_COLORS,
 }
 METRICS = (
     ("mse_est", "MSE-Est"),

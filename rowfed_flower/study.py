@@ -3,7 +3,8 @@
 One task = one (cell, replication): simulate the §2.8 federation with the task's seed, tune
 RowFed, PerFL-LSMA and NonFed by GIC over a ``(lam1, lam2)`` grid (the existing
 :func:`rowfed_flower.tuning.tune_gic`, warm starts along the grid), fit FedAvg with
-NonFed's chosen ``lam2`` (both have only the sparsity penalty), and score every method:
+NonFed's chosen ``lam2`` (both have only the sparsity penalty; so do the other global-model
+methods, :data:`strategies.config.GLOBAL_METHODS`), and score every method:
 MSE-Est, MSE-Pred (test data) and RI (docs/methods.md 2.7).
 
 Config (``configs/rowfed_dims.toml``, ``configs/rowfed_sizes.toml``)::
@@ -58,7 +59,7 @@ import logging
 import numpy as np
 import pandas as pd
 
-from strategies.config import ROWFED_METHODS, RowFedConfig, from_run_config
+from strategies.config import GLOBAL_METHODS, ROWFED_METHODS, RowFedConfig, from_run_config
 from strategies.errors import InputError
 from strategies.experiments.coverage import coverage_setting
 from strategies.experiments.design import (
@@ -106,7 +107,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
     ``grids`` (method -> (lam1 grid, lam2 grid)), ``criterion``, ``fedavg_lam2``, ``cfg``
     and ``figure_cell``."""
     coverage = coverage_setting(settings, "rowfed", COVERAGE_FIXED)
-    methods = study_methods(settings, ROWFED_METHODS, ROWFED_METHODS)
+    methods = study_methods(settings, ROWFED_METHODS, ("rowfed", "nonfed", "fedavg", "perfl-lsma"))
     data = settings.get("data", {})
     real = None
     n_test = 100
@@ -333,12 +334,13 @@ def fit_methods(st: dict, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
                 res, _ = grid_search.tune_gic(cfg, data, method, [lam1], [lam2])
         fits[method] = res
         tables.append(table)
-    if "fedavg" in st["methods"]:
+    shared = [m for m in st["methods"] if m in GLOBAL_METHODS]
+    if shared:
         lam2 = st["fedavg_lam2"]
         if lam2 == "nonfed":
             lam2 = fits["nonfed"].lam2 if "nonfed" in fits else cfg.lam2
         point = cfg.replace(lam2=float(lam2))
-        fits["fedavg"] = fed.run_methods_inprocess(point, data, ["fedavg"])["fedavg"]
+        fits.update(fed.run_methods_inprocess(point, data, shared))
     return fits, tables
 
 

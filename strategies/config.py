@@ -15,7 +15,20 @@ from .errors import InputError
 from .inference import INFERENCE_CHOICES
 from .penalties import DEFAULT_CONCAVITY, KINDS, Penalty
 
-GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled")
+#: Flower's own strategies that train one global model, by method name (the FedAvg family;
+#: :mod:`strategies.fedavg`).  The same names for both methods.
+GLOBAL_METHODS = (
+    "fedavg",
+    "fedprox",
+    "fedavgm",
+    "fedadagrad",
+    "fedadam",
+    "fedyogi",
+    "fedmedian",
+    "fedtrimmedavg",
+    "krum",
+)
+GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled", *GLOBAL_METHODS[1:])
 #: ``curvature`` values: the pqn models learned from gradients, or the sites' Hessians.
 CURVATURE_CHOICES = ("learned", "exact")
 
@@ -96,6 +109,36 @@ def fedavg_settings(step: str, default_lr: str) -> tuple:
     )
 
 
+@dataclass(frozen=True)
+class FlowerStrategySettings:
+    """The settings of Flower's strategies beyond FedAvg, the same for both methods (both
+    configs derive from this; docs/methods.md 3.7): FedProx's proximal ``mu``;
+    FedAdagrad/FedAdam/FedYogi's server step ``eta``, moment decays and ``tau``; FedAvgM's
+    server step and momentum; FedTrimmedAvg's cut share; Krum's assumed malicious sites and
+    the models it keeps."""
+
+    fedprox_mu: float = setting(
+        0.01, "fedprox: proximal mu >= 0 on the sites' local steps", at_least=0
+    )
+    fedopt_eta: float = setting(0.1, "fedadagrad/fedadam/fedyogi: server step eta > 0", above=0)
+    fedopt_beta_1: float = setting(
+        0.9, "fedadam/fedyogi: first-moment decay, in [0, 1)", at_least=0, below=1
+    )
+    fedopt_beta_2: float = setting(
+        0.99, "fedadam/fedyogi: second-moment decay, in [0, 1)", at_least=0, below=1
+    )
+    fedopt_tau: float = setting(1e-3, "fedadagrad/fedadam/fedyogi: adaptivity tau > 0", above=0)
+    fedavgm_lr: float = setting(1.0, "fedavgm: server step > 0", above=0)
+    fedavgm_momentum: float = setting(
+        0.9, "fedavgm: server momentum, in [0, 1)", at_least=0, below=1
+    )
+    fedtrimmedavg_beta: float = setting(
+        0.2, "fedtrimmedavg: share cut at each end, in [0, 0.5)", at_least=0, below=0.5
+    )
+    krum_malicious: int = setting(0, "krum: malicious sites assumed, >= 0", at_least=0)
+    krum_keep: int = setting(0, "krum: models averaged (0: the one Krum picks), >= 0", at_least=0)
+
+
 def curvature_setting():
     """``curvature``: how the pqn server models each site's loss, the same for both methods
     (:mod:`strategies.pqn`)."""
@@ -124,7 +167,7 @@ def inference_settings(refit: str) -> tuple:
 
 
 @dataclass(frozen=True)
-class GrAUCConfig:
+class GrAUCConfig(FlowerStrategySettings):
     """Settings of a GrAUC-PFL fit and its baselines (run-config keys in brackets)."""
 
     lam: float = setting(0.1, "fused-lasso level lambda >= 0", at_least=0)
@@ -284,13 +327,13 @@ def parse_methods(value: str, allowed: tuple[str, ...]) -> list[str]:
 # RowFed
 # ---------------------------------------------------------------------------------------
 #: Method names accepted by ``method`` when ``task = "rowfed"``.
-ROWFED_METHODS = ("rowfed", "nonfed", "fedavg", "perfl-lsma")
+ROWFED_METHODS = ("rowfed", "nonfed", "fedavg", "perfl-lsma", *GLOBAL_METHODS[1:])
 #: Run-config prefix of :class:`RowFedConfig`'s keys.
 PREFIX = "rowfed"
 
 
 @dataclass(frozen=True)
-class RowFedConfig:
+class RowFedConfig(FlowerStrategySettings):
     """Settings of a RowFed fit and its baselines (run-config keys in brackets).
 
     Notes

@@ -25,11 +25,62 @@ from flwr.common import (
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import FedAvg
+from flwr.server.strategy import (
+    FedAdagrad,
+    FedAdam,
+    FedAvg,
+    FedAvgM,
+    FedMedian,
+    FedOpt,
+    FedProx,
+    FedTrimmedAvg,
+    FedYogi,
+    Krum,
+)
 
 from . import admm
 from .base import EvaluatedOnce
+from .config import GLOBAL_METHODS
 from .registry import Registry
+
+#: Flower's class behind each global-model method name.
+FLOWER_CLASSES = {
+    "fedavg": FedAvg,
+    "fedprox": FedProx,
+    "fedavgm": FedAvgM,
+    "fedadagrad": FedAdagrad,
+    "fedadam": FedAdam,
+    "fedyogi": FedYogi,
+    "fedmedian": FedMedian,
+    "fedtrimmedavg": FedTrimmedAvg,
+    "krum": Krum,
+}
+assert tuple(FLOWER_CLASSES) == GLOBAL_METHODS
+
+
+def flower_options(name: str, cfg) -> dict:
+    """The keyword arguments of Flower's class for ``name`` from the settings
+    (:func:`strategies.config.flower_settings`; docs/methods.md 3.7)."""
+    if name == "fedprox":
+        return {"proximal_mu": float(cfg.fedprox_mu)}
+    if name == "fedavgm":
+        return {
+            "server_learning_rate": float(cfg.fedavgm_lr),
+            "server_momentum": float(cfg.fedavgm_momentum),
+        }
+    if name in ("fedadagrad", "fedadam", "fedyogi"):
+        options = {"eta": float(cfg.fedopt_eta), "tau": float(cfg.fedopt_tau)}
+        if name != "fedadagrad":
+            options.update(beta_1=float(cfg.fedopt_beta_1), beta_2=float(cfg.fedopt_beta_2))
+        return options
+    if name == "fedtrimmedavg":
+        return {"beta": float(cfg.fedtrimmedavg_beta)}
+    if name == "krum":
+        return {
+            "num_malicious_clients": int(cfg.krum_malicious),
+            "num_clients_to_keep": int(cfg.krum_keep),
+        }
+    return {}
 
 
 def _no_metrics(metrics) -> dict:
@@ -56,6 +107,8 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
     """
 
     count_column = "n_answered"
+    #: The name of the method (:data:`FLOWER_CLASSES`); set by :func:`global_strategy`.
+    flower_name = "fedavg"
 
     def __init__(
         self,
@@ -89,14 +142,28 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
             min_available_clients=n_sites,
             on_fit_config_fn=lambda rnd: {**self.local_config(), **self.work_config()},
             on_evaluate_config_fn=lambda rnd: self.evaluate_config(),
-            initial_parameters=None if initial is None else ndarrays_to_parameters([initial]),
+            # Flower's server-optimizer classes need a model at construction: a placeholder
+            # until the first round's model is known (:meth:`_begin`)
+            initial_parameters=ndarrays_to_parameters([] if initial is None else [initial]),
             accept_failures=True,
             fit_metrics_aggregation_fn=_no_metrics,
             evaluate_metrics_aggregation_fn=_no_metrics,
+            **flower_options(self.flower_name, cfg),
         )
+        self._given_initial = initial is not None
+        self._begun = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounds={self.n_rounds})"
+
+    def _begin(self, parameters: Parameters) -> None:
+        """The first round's model is the start of the server optimizers' state (FedAdam's
+        and its kin's current weights, FedAvgM's previous model)."""
+        if isinstance(self, FedOpt):
+            self.current_weights = parameters_to_ndarrays(parameters)
+        if isinstance(self, FedAvgM):
+            self.initial_parameters = parameters
+        self._begun = True
 
     @property
     def sites(self) -> list[str]:
@@ -130,6 +197,8 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
         self.min_fit_clients = self.min_evaluate_clients = self.min_available_clients = 1
         if self.standardize == "federated" and self.registry.scale is None:
             self.registry.standardize()
+        if not self._given_initial:  # Flower asks one site for its (zero) model
+            self.initial_parameters = None
         return super().initialize_parameters(client_manager)
 
     def configure_fit(
@@ -137,6 +206,8 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
     ) -> list[tuple[ClientProxy, FitIns]]:
         if self.done:
             return []
+        if not self._begun:
+            self._begin(parameters)
         return super().configure_fit(server_round, parameters, client_manager)
 
     def aggregate_fit(
@@ -195,3 +266,27 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
         if self.registry.scale is None:
             return beta
         return beta / self.registry.scale.reshape((-1,) + (1,) * (beta.ndim - 2))
+
+
+_FAMILY: dict[tuple[type, str], type] = {}
+
+
+def global_strategy(base: type, name: str) -> type:
+    """The strategy class of global-model method ``name`` for a method's FedAvg comparator
+    ``base`` (a :class:`RegisteringFedAvg`): ``base`` with Flower's own class for ``name``
+    behind it, so registration, history, progress and the final evaluation are the
+    comparator's and the server step is Flower's (FedProx's proximal term is the sites'
+    :func:`strategies.local.local_descent`)."""
+    if name not in FLOWER_CLASSES:
+        raise ValueError(f"method: not a global-model method: {name!r}")
+    if name == "fedavg":
+        return base
+    key = (base, name)
+    if key not in _FAMILY:
+        flower = FLOWER_CLASSES[name]
+        _FAMILY[key] = type(
+            f"{base.__name__}[{flower.__name__}]",
+            (base, flower),
+            {"flower_name": name, "__module__": base.__module__},
+        )
+    return _FAMILY[key]

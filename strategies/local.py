@@ -125,3 +125,37 @@ def newton_shape(block_shape: tuple[int, ...]) -> tuple[int, int]:
     p = block_shape[0]
     k = int(np.prod(block_shape[1:], dtype=int)) if len(block_shape) > 1 else 1
     return (p, k + p)
+
+
+def local_descent(
+    f: Datafit,
+    start: np.ndarray,
+    steps: int,
+    lr: float = 0.0,
+    proximal_mu: float = 0.0,
+    prox=None,
+    admissible=None,
+) -> np.ndarray:
+    """``steps`` (proximal-)gradient steps from ``start`` on ``f(b) + (mu/2) ||b - start||^2``:
+    the local work of FedAvg (``mu = 0``) and of FedProx (Li et al. 2020, ``mu > 0``).
+
+    ``b <- prox(b - (grad f(b) + mu (b - start)) / r, r)`` with ``r = 1 / lr``, or
+    ``r = L + mu`` when ``lr = 0`` (the step that decreases the objective for any smooth
+    ``f`` with curvature at most ``L``).  ``prox(v, r)`` is the proximal map of a
+    non-smooth term at curvature ``r`` (identity when ``None``); ``admissible(r)``, when
+    given, says whether ``r`` is a curvature at which ``prox`` is defined (MCP/SCAD need it
+    large enough): ``r`` is doubled until it is.  docs/methods.md 3.7.
+    """
+    r = 1.0 / lr if lr > 0 else max(f.lipschitz() + proximal_mu, 1e-12)
+    while admissible is not None and not admissible(r):
+        r *= 2.0
+    anchor = np.asarray(start, dtype=float)
+    b = anchor.copy()
+    for _ in range(int(steps)):
+        g = f.grad(b)
+        if proximal_mu > 0:
+            g = g + proximal_mu * (b - anchor)
+        b = b - g / r
+        if prox is not None:
+            b = prox(b, r)
+    return b

@@ -5,6 +5,33 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+#: Display names and colours of Flower's global-model strategies, the same in both methods'
+#: figures (their own methods add theirs).
+GLOBAL_LABELS = {
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "fedavgm": "FedAvgM",
+    "fedadagrad": "FedAdagrad",
+    "fedadam": "FedAdam",
+    "fedyogi": "FedYogi",
+    "fedmedian": "FedMedian",
+    "fedtrimmedavg": "FedTrimmedAvg",
+    "krum": "Krum",
+}
+GLOBAL_COLORS = {
+    "fedavg": "#2ca02c",
+    "fedprox": "#98df8a",
+    "fedavgm": "#17becf",
+    "fedadagrad": "#bcbd22",
+    "fedadam": "#8c564b",
+    "fedyogi": "#e377c2",
+    "fedmedian": "#ff7f0e",
+    "fedtrimmedavg": "#ffbb78",
+    "krum": "#c5b0d5",
+}
+#: Legend entries per row.
+LEGEND_COLUMNS = 7
+
 
 def pyplot():
     """``matplotlib.pyplot`` on the Agg backend with the studies' font sizes."""
@@ -26,7 +53,8 @@ def finish(fig, title: str, path: str, handles=None, labels=None) -> str:
     h = fig.get_figheight()
     lines = textwrap.wrap(title, width=int(fig.get_figwidth() * 8.5))
     extra = 0.22 * (len(lines) - 1)
-    band = (0.85 if handles else 0.5) + extra
+    rows = -(-len(labels) // LEGEND_COLUMNS) if handles else 1
+    band = (0.85 if handles else 0.5) + extra + 0.3 * (rows - 1)
     fig.tight_layout(rect=(0, 0, 1, 1 - band / h))  # before the title: it is placed by hand
     fig.suptitle("\n".join(lines), y=1 - 0.1 / h, va="top", fontsize=12)
     if handles:
@@ -35,7 +63,7 @@ def finish(fig, title: str, path: str, handles=None, labels=None) -> str:
             labels,
             loc="upper center",
             bbox_to_anchor=(0.5, 1 - (0.4 + extra) / h),
-            ncol=len(labels),
+            ncol=min(len(labels), LEGEND_COLUMNS),
             frameon=False,
         )
     fig.savefig(path)

@@ -24,9 +24,12 @@ class Parser(argparse.ArgumentParser):
 def add_settings(parser: argparse.ArgumentParser, cls) -> None:
     """One option per field of the settings dataclass ``cls`` (``--name-with-dashes``),
     with its help, its choices and its default shown; an option not given keeps the
-    dataclass default (read back by :func:`settings_from_args`)."""
+    dataclass default (read back by :func:`settings_from_args`).  The class's own fields
+    come first, the ones it inherits (Flower's strategies' settings) after them."""
     defaults = cls()
-    for f in dataclasses.fields(cls):
+    own = cls.__dict__.get("__annotations__", {})
+    ordered = sorted(dataclasses.fields(cls), key=lambda f: f.name not in own)
+    for f in ordered:
         default = getattr(defaults, f.name)
         shown = f"{default:g}" if isinstance(default, float) else str(default).lower()
         kwargs = {
