@@ -19,6 +19,13 @@ features`` and the packed per-feature sums ``sum_x, sum_x2`` (for standardizatio
 ``newton``    <- ``[beta_z]`` -> ``[grad f_z(beta_z) | Hessian]`` (one ``p x (1 + p)`` array,
                  :func:`strategies.local.newton_answer`), metrics ``site, loss``: a round of
                  the oracle refit (inference = oracle) or of pqn with ``curvature = exact``.
+``personalize`` <- ``[w]`` (FedAvg's global model), ``how``: ``ditto`` ->
+                 ``argmin f_z(b) + (ditto-mu/2)||b - w||^2`` (the datafit's exact prox);
+                 ``finetune`` -> ``ft-steps`` of the ``fedavg`` task's steps from ``w``;
+                 ``choose`` (``w`` holds IFCA's k models) -> the one of least loss, metric
+                 ``cluster``.
+``ifca``      <- ``[W]`` (k models): the one of least loss, then the ``fedavg`` task's
+                 steps from it -> ``[beta]``, metrics ``site, loss, cluster``.
 ``fedavg``    <- ``[beta]``: ``fedavg-local-steps`` gradient steps of size ``fedavg-lr`` (or
                  ``1/(mu_z + proximal_mu)``), with FedProx's proximal term when the config
                  carries ``proximal_mu`` -> ``[beta]``, metrics ``site, loss`` (at the
@@ -34,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.client import NumPyClient
 
-from strategies.local import admm_update, local_descent, newton_answer
+from strategies.local import admm_update, best_model, local_descent, newton_answer
 from strategies.registry import grauc_meta, registration_properties
 from strategies.wire import unpack
 
@@ -129,6 +136,29 @@ class GrAUCClient(NumPyClient):
                 float(config.get("proximal_mu", 0.0)),
             )
             return [new], n, {"task": "fedavg", "site": self.data.site, "loss": f.value(beta)}
+        if task == "ifca":  # the best of the k models, then FedAvg's local steps from it
+            (models,) = parameters
+            j, loss = best_model(f, models)
+            new = local_descent(
+                f,
+                models[j],
+                int(config["fedavg-local-steps"]),
+                float(config.get("fedavg-lr", 0.0)),
+            )
+            return [new], n, {"task": task, "site": self.data.site, "loss": loss, "cluster": j}
+        if task == "personalize":  # Ditto's model, fine-tuning, or IFCA's choice
+            (w,) = parameters
+            metrics = {"task": task, "site": self.data.site}
+            if config["how"] == "ditto":
+                new = f.prox(w, float(config["ditto-mu"]))
+            elif config["how"] == "choose":
+                metrics["cluster"], _ = best_model(f, w)
+                new = w[metrics["cluster"]]
+            else:
+                new = local_descent(
+                    f, w, int(config["ft-steps"]), float(config.get("fedavg-lr", 0.0))
+                )
+            return [new], n, {**metrics, "loss": f.value(new)}
         raise ValueError(f"unknown task {task!r}")
 
     def evaluate(self, parameters, config):

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 
 from strategies import admm
-from strategies.config import GLOBAL_METHODS, GRAUC_METHODS, GrAUCConfig
+from strategies.config import FEDAVG_FAMILY, GRAUC_METHODS, PERSONAL_METHODS, GrAUCConfig
 from strategies.errors import InputError
-from strategies.fedavg import global_strategy
+from strategies.fedavg import comparator_class
 from strategies.grauc import (
     FixedModelStrategy,
     GrAUCFedAvg,
@@ -81,8 +81,8 @@ def make_strategy(
         )
     if method == "individual":
         return IndividualStrategy(cfg, n_sites, registry, timeout=timeout)
-    if method in GLOBAL_METHODS:
-        cls = global_strategy(GrAUCFedAvg, method)
+    if method in FEDAVG_FAMILY:
+        cls = comparator_class(GrAUCFedAvg, method)
         return cls(cfg, n_sites, registry, progress=progress, timeout=timeout)
     if method == "pooled":
         if sites is None:
@@ -125,14 +125,16 @@ def checkpoint_settings(rc: dict) -> dict:
 
 def round_limit(method: str, cfg) -> int:
     """The method's own round limit (what a progress line counts against)."""
-    return cfg.fedavg_rounds if method in GLOBAL_METHODS else cfg.max_rounds
+    if method in FEDAVG_FAMILY:  # a personalized one adds its personalizing round
+        return cfg.fedavg_rounds + (method in PERSONAL_METHODS)
+    return cfg.max_rounds
 
 
 def max_rounds_for(method: str, cfg: GrAUCConfig) -> int:
     """A round budget for Flower's server loop: the method's own rounds, and one for the
     evaluation after the last (the loop stops as soon as the method has finished)."""
-    if method in GLOBAL_METHODS:
-        return cfg.fedavg_rounds + 1
+    if method in FEDAVG_FAMILY:
+        return round_limit(method, cfg) + 1
     if method == "grauc":
         return cfg.max_rounds + 1 + (REFIT_ROUNDS if cfg.inference == "oracle" else 0)
     return 2
@@ -154,7 +156,7 @@ class MethodResult:
 
 def collect(method: str, strategy) -> MethodResult:
     """What a finished strategy produced (coefficients on the input scale)."""
-    if method in GLOBAL_METHODS:
+    if method in FEDAVG_FAMILY:
         return MethodResult(
             method,
             list(strategy.sites),

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from strategies.experiments.plots import (
-    GLOBAL_COLORS,
-    GLOBAL_LABELS,
+    COMPARATOR_COLORS,
+    COMPARATOR_LABELS,
     figure_cell,
     finish,
     method_boxes,
@@ -42,13 +42,13 @@ LABELS = {
     "individual": "Individual",
     "fedavg": "FedAvg",
     "pooled": "Pooled",
-    **GLOBAL_LABELS,
+    **COMPARATOR_LABELS,
 }
 COLORS = {
     "grauc": "#d62728",
     "individual": "#1f77b4",
     "pooled": "#7f7f7f",
-    **GLOBAL_COLORS,
+    **COMPARATOR_COLORS,
 }
 
 

@@ -26,7 +26,7 @@ import time
 
 import pandas as pd
 
-from strategies.config import GLOBAL_METHODS, ROWFED_METHODS, RowFedConfig, rowfed_run_config
+from strategies.config import FEDAVG_FAMILY, ROWFED_METHODS, RowFedConfig, rowfed_run_config
 from strategies.errors import InputError
 from strategies.predict import add_predict_parser, cmd_predict, read_rowfed_model
 from strategies.report import add_report_parser, cmd_report
@@ -128,7 +128,7 @@ def fit(args) -> int:
         raise InputError(
             f"{key}: chosen by --tune {args.tune}; give --{key}-grid to set its values"
         )
-    if args.tune is not None and args.method in GLOBAL_METHODS:
+    if args.tune is not None and args.method in FEDAVG_FAMILY:
         raise InputError(f"tune: {args.tune} is available for rowfed, perfl-lsma and nonfed")
     if args.tune == "gic" and args.engine == "flower":
         raise InputError("tune: gic refits every grid point; use --engine inprocess or --tune cv")

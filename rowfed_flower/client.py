@@ -30,6 +30,12 @@ features``, the packed sums ``sum_x, sum_x2`` and ``p, q, sum_y``
                  penalty (and FedProx's ``proximal_mu``): proximal-gradient steps ->
                  ``[Theta]``, metrics ``task, site, loss`` (the loss at the received
                  ``Theta``); every global-model comparator sends this task.
+``personalize`` <- ``[W]`` (FedAvg's common model), ``how``: ``ditto`` -> ``argmin f_m +
+                 P_lam2 + (ditto-mu/2)||Theta - W||^2`` (:meth:`LocalLeastSquares.local_fit`);
+                 ``finetune`` -> ``ft-steps`` of the ``fedavg`` task's steps from ``W``;
+                 ``choose`` (``W`` holds IFCA's k models) -> the one of least loss.
+``ifca``      <- ``[W]`` (k models): the one of least loss, then the ``fedavg`` task's
+                 steps from it -> ``[Theta]``, metrics ``site, loss, cluster``.
 ``evaluate``  <- ``[Theta_m]``: metrics ``site, mse_pred`` (on its test data, else on its
                  training data; ``split`` says which), ``rss`` (training data), ``n_train``,
                  ``n_test``.
@@ -47,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.client import NumPyClient
 
-from strategies.local import admm_update, local_descent, newton_answer
+from strategies.local import admm_update, best_model, local_descent, newton_answer
 from strategies.penalties import Penalty
 from strategies.registry import registration_properties, rowfed_meta
 from strategies.wire import unpack
@@ -219,6 +225,40 @@ class RowFedClient(NumPyClient):
                 float(config.get("proximal_mu", 0.0)),
             )
             return [new], d.n, {"task": task, "site": d.site, "loss": f.value(theta)}
+        if task == "ifca":  # the best of the k models, then FedAvg's local steps from it
+            (models,) = parameters
+            j, loss = best_model(f, models)
+            new = fedavg_local_steps(
+                f,
+                models[j],
+                _penalty(config),
+                float(config["lam2"]),
+                str(config["sparsity"]),
+                int(config["fedavg-local-steps"]),
+                float(config.get("fedavg-lr", 0.0)),
+            )
+            return [new], d.n, {"task": task, "site": d.site, "loss": loss, "cluster": j}
+        if task == "personalize":  # Ditto's model, fine-tuning, or IFCA's choice
+            (w,) = parameters
+            penalty, lam2, sparsity = _penalty(config), float(config["lam2"]), config["sparsity"]
+            metrics = {"task": task, "site": d.site}
+            if config["how"] == "ditto":
+                mu = float(config["ditto-mu"])
+                new = f.local_fit(penalty, lam2, str(sparsity), theta0=w, anchor=w, mu=mu)
+            elif config["how"] == "choose":
+                metrics["cluster"], _ = best_model(f, w)
+                new = w[metrics["cluster"]]
+            else:
+                new = fedavg_local_steps(
+                    f,
+                    w,
+                    penalty,
+                    lam2,
+                    str(sparsity),
+                    int(config["ft-steps"]),
+                    float(config.get("fedavg-lr", 0.0)),
+                )
+            return [new], d.n, {**metrics, "loss": f.value(new)}
         raise ValueError(f"task: unknown task {task!r}")
 
     def evaluate(self, parameters, config):

@@ -161,8 +161,12 @@ class LocalLeastSquares:
         theta0: np.ndarray | None = None,
         tol: float = 1e-10,
         max_iter: int = 20000,
+        anchor: np.ndarray | None = None,
+        mu: float = 0.0,
     ) -> np.ndarray:
-        """The NonFed fit ``argmin_T f(T) + sum P_lam2`` (entrywise or by rows).
+        """The NonFed fit ``argmin_T f(T) + sum P_lam2`` (entrywise or by rows); with
+        ``anchor`` and ``mu > 0``, plus ``(mu/2) ||T - anchor||_F^2`` (Ditto's personal
+        model around the global ``anchor``).
 
         Parameters
         ----------
@@ -194,7 +198,8 @@ class LocalLeastSquares:
         group = sparsity == "row"
         p, q = self.n_features, self.n_responses
         theta = np.zeros((p, q)) if theta0 is None else np.array(theta0, dtype=float)
-        rho = max(self.lipschitz(), 1e-12)
+        center = np.zeros((p, q)) if anchor is None else np.asarray(anchor, dtype=float)
+        rho = max(self.lipschitz() + mu, 1e-12)
         while True:
             try:
                 penalty.check_rho(rho)
@@ -205,7 +210,8 @@ class LocalLeastSquares:
         z = theta.copy()
         t = 1.0
         for _ in range(max_iter):
-            new = penalty.threshold(z - self.grad(z) / rho, lam2, rho, group)
+            grad = self.grad(z) + mu * (z - center) if mu > 0 else self.grad(z)
+            new = penalty.threshold(z - grad / rho, lam2, rho, group)
             change = np.linalg.norm(new - theta)
             if accelerate:
                 if np.sum((z - new) * (new - theta)) > 0:  # restart momentum

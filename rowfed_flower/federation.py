@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from strategies.config import GLOBAL_METHODS, ROWFED_METHODS, RowFedConfig
+from strategies.config import FEDAVG_FAMILY, PERSONAL_METHODS, ROWFED_METHODS, RowFedConfig
 from strategies.datasets.tables import read_table
 from strategies.errors import InputError
-from strategies.fedavg import global_strategy
+from strategies.fedavg import comparator_class
 from strategies.registry import Registry
 from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy, rowfed_registry
 from strategies.runtime.engine import run_inprocess
@@ -272,22 +272,24 @@ def make_strategy(
         return RowFedStrategy(cfg, n_sites, registry, grouping, theta0, progress, graph, timeout)
     if method == "nonfed":
         return NonFedStrategy(cfg, n_sites, registry, timeout)
-    if method in GLOBAL_METHODS:
-        cls = global_strategy(RowFedAvg, method)
+    if method in FEDAVG_FAMILY:
+        cls = comparator_class(RowFedAvg, method)
         return cls(cfg, n_sites, registry, progress=progress, timeout=timeout)
     raise InputError(f"method: must be one of {', '.join(ROWFED_METHODS)}, got {method!r}")
 
 
 def round_limit(method: str, cfg) -> int:
     """The method's own round limit (what a progress line counts against)."""
-    return cfg.fedavg_rounds if method in GLOBAL_METHODS else cfg.max_rounds
+    if method in FEDAVG_FAMILY:  # a personalized one adds its personalizing round
+        return cfg.fedavg_rounds + (method in PERSONAL_METHODS)
+    return cfg.max_rounds
 
 
 def max_rounds_for(method: str, cfg: RowFedConfig) -> int:
     """A round budget for Flower's server loop: initialization, the method's own rounds and
     the evaluation after the last (the loop stops as soon as the method has finished)."""
-    if method in GLOBAL_METHODS:
-        return cfg.fedavg_rounds + 1
+    if method in FEDAVG_FAMILY:
+        return round_limit(method, cfg) + 1
     if method in ("rowfed", "perfl-lsma"):
         return cfg.max_rounds + 2
     return 2

@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from strategies.experiments.plots import (
-    GLOBAL_COLORS,
-    GLOBAL_LABELS,
+    COMPARATOR_COLORS,
+    COMPARATOR_LABELS,
     figure_cell,
     finish,
     method_boxes,
@@ -34,14 +34,14 @@ LABELS = {
     "rowfed": "RowFed",
     "perfl-lsma": "PerFL-LSMA",
     "nonfed": "NonFed",
-    **GLOBAL_LABELS,
+    **COMPARATOR_LABELS,
     "truth": "truth",
 }
 COLORS = {
     "rowfed": "#d62728",
     "perfl-lsma": "#9467bd",
     "nonfed": "#1f77b4",
-    **GLOBAL_COLORS,
+    **COMPARATOR_COLORS,
 }
 METRICS = (
     ("mse_est", "MSE-Est"),

@@ -4,7 +4,7 @@ One task = one (cell, replication): simulate the §2.8 federation with the task'
 RowFed, PerFL-LSMA and NonFed by GIC over a ``(lam1, lam2)`` grid (the existing
 :func:`rowfed_flower.tuning.tune_gic`, warm starts along the grid), fit FedAvg with
 NonFed's chosen ``lam2`` (both have only the sparsity penalty; so do the other global-model
-methods, :data:`strategies.config.GLOBAL_METHODS`), and score every method:
+methods, :data:`strategies.config.FEDAVG_FAMILY`), and score every method:
 MSE-Est, MSE-Pred (test data) and RI (docs/methods.md 2.7).
 
 Config (``configs/rowfed_dims.toml``, ``configs/rowfed_sizes.toml``)::
@@ -59,7 +59,7 @@ import logging
 import numpy as np
 import pandas as pd
 
-from strategies.config import GLOBAL_METHODS, ROWFED_METHODS, RowFedConfig, from_run_config
+from strategies.config import FEDAVG_FAMILY, ROWFED_METHODS, RowFedConfig, from_run_config
 from strategies.errors import InputError
 from strategies.experiments.coverage import coverage_setting
 from strategies.experiments.design import (
@@ -334,7 +334,7 @@ def fit_methods(st: dict, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
                 res, _ = grid_search.tune_gic(cfg, data, method, [lam1], [lam2])
         fits[method] = res
         tables.append(table)
-    shared = [m for m in st["methods"] if m in GLOBAL_METHODS]
+    shared = [m for m in st["methods"] if m in FEDAVG_FAMILY]
     if shared:
         lam2 = st["fedavg_lam2"]
         if lam2 == "nonfed":

@@ -28,7 +28,13 @@ GLOBAL_METHODS = (
     "fedtrimmedavg",
     "krum",
 )
-GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled", *GLOBAL_METHODS[1:])
+#: Personalized comparators built on FedAvg (:mod:`strategies.fedavg`): Ditto's personal
+#: models ``argmin f_z + (mu/2)||b - w||^2`` around FedAvg's ``w``, local fine-tuning of
+#: ``w``, and IFCA's clustered models.
+PERSONAL_METHODS = ("ditto", "fedavg-ft", "ifca")
+#: Every method whose server is Flower's FedAvg or one of its kin.
+FEDAVG_FAMILY = GLOBAL_METHODS + PERSONAL_METHODS
+GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled", *FEDAVG_FAMILY[1:])
 #: ``curvature`` values: the pqn models learned from gradients, or the sites' Hessians.
 CURVATURE_CHOICES = ("learned", "exact")
 
@@ -110,12 +116,12 @@ def fedavg_settings(step: str, default_lr: str) -> tuple:
 
 
 @dataclass(frozen=True)
-class FlowerStrategySettings:
-    """The settings of Flower's strategies beyond FedAvg, the same for both methods (both
-    configs derive from this; docs/methods.md 3.7): FedProx's proximal ``mu``;
+class ComparatorSettings:
+    """The comparators' settings beyond FedAvg's, the same for both methods (both configs
+    derive from this; docs/methods.md 3.7–3.9): FedProx's proximal ``mu``;
     FedAdagrad/FedAdam/FedYogi's server step ``eta``, moment decays and ``tau``; FedAvgM's
     server step and momentum; FedTrimmedAvg's cut share; Krum's assumed malicious sites and
-    the models it keeps."""
+    the models it keeps; Ditto's ``mu``; fine-tuning's local steps; IFCA's ``k``."""
 
     fedprox_mu: float = setting(
         0.01, "fedprox: proximal mu >= 0 on the sites' local steps", at_least=0
@@ -137,6 +143,11 @@ class FlowerStrategySettings:
     )
     krum_malicious: int = setting(0, "krum: malicious sites assumed, >= 0", at_least=0)
     krum_keep: int = setting(0, "krum: models averaged (0: the one Krum picks), >= 0", at_least=0)
+    ditto_mu: float = setting(
+        0.1, "ditto: pull mu > 0 of each personal model toward the global one", above=0
+    )
+    ft_steps: int = setting(10, "fedavg-ft: local steps from the global model, >= 1", at_least=1)
+    ifca_k: int = setting(2, "ifca: cluster models k >= 1", at_least=1)
 
 
 def curvature_setting():
@@ -167,7 +178,7 @@ def inference_settings(refit: str) -> tuple:
 
 
 @dataclass(frozen=True)
-class GrAUCConfig(FlowerStrategySettings):
+class GrAUCConfig(ComparatorSettings):
     """Settings of a GrAUC-PFL fit and its baselines (run-config keys in brackets)."""
 
     lam: float = setting(0.1, "fused-lasso level lambda >= 0", at_least=0)
@@ -327,13 +338,13 @@ def parse_methods(value: str, allowed: tuple[str, ...]) -> list[str]:
 # RowFed
 # ---------------------------------------------------------------------------------------
 #: Method names accepted by ``method`` when ``task = "rowfed"``.
-ROWFED_METHODS = ("rowfed", "nonfed", "fedavg", "perfl-lsma", *GLOBAL_METHODS[1:])
+ROWFED_METHODS = ("rowfed", "nonfed", "fedavg", "perfl-lsma", *FEDAVG_FAMILY[1:])
 #: Run-config prefix of :class:`RowFedConfig`'s keys.
 PREFIX = "rowfed"
 
 
 @dataclass(frozen=True)
-class RowFedConfig(FlowerStrategySettings):
+class RowFedConfig(ComparatorSettings):
     """Settings of a RowFed fit and its baselines (run-config keys in brackets).
 
     Notes

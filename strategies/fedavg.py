@@ -40,7 +40,7 @@ from flwr.server.strategy import (
 
 from . import admm
 from .base import EvaluatedOnce
-from .config import GLOBAL_METHODS
+from .config import GLOBAL_METHODS, PERSONAL_METHODS
 from .registry import Registry
 
 #: Flower's class behind each global-model method name.
@@ -156,14 +156,21 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounds={self.n_rounds})"
 
-    def _begin(self, parameters: Parameters) -> None:
-        """The first round's model is the start of the server optimizers' state (FedAdam's
-        and its kin's current weights, FedAvgM's previous model)."""
+    def _begin(self, parameters: Parameters) -> Parameters:
+        """The first round's model (returned, to be sent) is the start of the server
+        optimizers' state (FedAdam's and its kin's current weights, FedAvgM's previous
+        model)."""
         if isinstance(self, FedOpt):
             self.current_weights = parameters_to_ndarrays(parameters)
         if isinstance(self, FedAvgM):
             self.initial_parameters = parameters
         self._begun = True
+        return parameters
+
+    def _combine(self, server_round: int, results, failures) -> Parameters | None:
+        """The new model from the round's answers (sorted by site): Flower's step."""
+        params, _ = super().aggregate_fit(server_round, results, failures)
+        return params
 
     @property
     def sites(self) -> list[str]:
@@ -207,7 +214,7 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
         if self.done:
             return []
         if not self._begun:
-            self._begin(parameters)
+            parameters = self._begin(parameters)
         return super().configure_fit(server_round, parameters, client_manager)
 
     def aggregate_fit(
@@ -224,7 +231,7 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
         results = sorted(results, key=lambda r: order.get(str(r[1].metrics["site"]), -1))
         losses = {str(r.metrics["site"]): float(r.metrics["loss"]) for _, r in results}
         n = {str(r.metrics["site"]): r.num_examples for _, r in results}
-        params, metrics = super().aggregate_fit(server_round, results, failures)
+        params = self._combine(server_round, results, failures)
         previous = self.global_model
         if params is not None:
             self.global_model = parameters_to_ndarrays(params)[0]
@@ -242,7 +249,7 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
             self.progress(self.rounds, objective, None, time.perf_counter() - self._t0)
         self.done = self.rounds >= self.n_rounds
         self.converged = self.done
-        return params, metrics
+        return params, {}
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -268,7 +275,189 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
         return beta / self.registry.scale.reshape((-1,) + (1,) * (beta.ndim - 2))
 
 
+class PersonalStage:
+    """A personalizing round after FedAvg's: each site turns the global model ``w`` into its
+    own (docs/methods.md 3.8), sent as ``task = personalize`` with ``how``:
+
+    - ``ditto`` (Li et al. 2021): ``argmin_b f_z(b) + (mu/2) ||b - w||^2`` (with RowFed's
+      sparsity penalty), solved by the site -- Ditto's personal objective at the global
+      model, ``mu = ditto-mu``;
+    - ``finetune``: ``ft-steps`` of FedAvg's local steps from ``w``;
+    - ``choose`` (IFCA, :class:`ClusterStage`): of the ``k`` models, the one with the least
+      loss on the site's data.
+
+    Each site is then evaluated on its own model.  Mixed in before a method's FedAvg
+    comparator by :func:`comparator_class`."""
+
+    personal = "ditto"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.personal_coef: dict[str, np.ndarray] = {}
+        self.assignment: dict[str, int] = {}  # IFCA: each site's model
+        self.global_done = False
+
+    def personal_config(self) -> dict:
+        """The personalizing round's instruction (besides the site and the scale)."""
+        return {
+            **self.local_config(),
+            "task": "personalize",
+            "how": self.personal,
+            "ditto-mu": float(self.cfg.ditto_mu),
+            "ft-steps": int(self.cfg.ft_steps),
+        }
+
+    def _per_site(self, client_manager: ClientManager, make) -> list:
+        out = []
+        for cid in sorted(client_manager.all()):
+            site = self.registry.cid_to_site.get(cid)
+            if site is not None and site in self.sites:
+                out.append((client_manager.all()[cid], make(site)))
+        return out
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        if not self.global_done:
+            return super().configure_fit(server_round, parameters, client_manager)
+        if self.done:
+            return []
+        params = ndarrays_to_parameters([self.global_model])
+        config = {**self.personal_config(), **self.work_config()}
+        return self._per_site(client_manager, lambda s: FitIns(params, {**config, "site": s}))
+
+    def aggregate_fit(self, server_round, results, failures):
+        if not self.global_done:
+            params, metrics = super().aggregate_fit(server_round, results, failures)
+            if self.done:  # FedAvg's rounds are over: one personalizing round follows
+                self.global_done, self.done, self.converged = True, False, False
+            return params, metrics
+        self.registry.log_failures(failures, server_round)
+        for _, res in results:
+            site = str(res.metrics.get("site"))
+            arrays = parameters_to_ndarrays(res.parameters)
+            if site in self.sites and len(arrays) == 1 and np.all(np.isfinite(arrays[0])):
+                self.personal_coef[site] = arrays[0]
+                if "cluster" in res.metrics:
+                    self.assignment[site] = int(res.metrics["cluster"])
+        self.rounds += 1
+        self.done = self.converged = True
+        return None, {}
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        if not self.done or self.evaluated:
+            return []
+        coef = self.coefficients_std()
+        index = {s: k for k, s in enumerate(self.sites)}
+        return self._per_site(
+            client_manager,
+            lambda s: EvaluateIns(
+                ndarrays_to_parameters([coef[index[s]]]), {"site": s, **self.evaluate_config(s)}
+            ),
+        )
+
+    def fallback(self, site: str) -> np.ndarray:
+        """The model of a site that did not answer the personalizing round: the global one."""
+        return self.global_model
+
+    def coefficients_std(self) -> np.ndarray:
+        """Each site's personal model (:meth:`fallback` for a site that did not answer)."""
+        return np.stack([self.personal_coef.get(s, self.fallback(s)) for s in self.sites])
+
+
+class ClusterStage:
+    """IFCA (Ghosh et al. 2020): ``k = ifca-k`` models instead of one.  Every round each site
+    receives all of them (one ``(k, ...)`` array, ``task = ifca``), takes the one with the
+    least loss on its own data, runs FedAvg's local steps from it and answers the new model
+    with the chosen index (``cluster``); the server averages the answers of each cluster
+    (weighted by the sites' sizes) and a cluster no site chose keeps its model.  The first
+    round is a FedAvg round from zero; the ``k`` starting models are the centres of a
+    k-means of its answers (:func:`kmeans`, seeded by ``seed``).  After ``fedavg-rounds``
+    rounds the personalizing round (``how = choose``) gives each site the model it fits
+    best (docs/methods.md 3.9).  Mixed in before a method's FedAvg comparator, with
+    :class:`PersonalStage`, by :func:`comparator_class`."""
+
+    def local_config(self) -> dict:
+        return {**super().local_config(), "task": "ifca" if self.rounds else "fedavg"}
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        ins = super().configure_fit(server_round, parameters, client_manager)
+        if ins and not self.global_done:
+            self._sent = parameters_to_ndarrays(ins[0][1].parameters)[0]
+        return ins
+
+    def _combine(self, server_round: int, results, failures) -> Parameters | None:
+        if self.rounds == 0:  # the FedAvg round: k-means of its answers starts the k models
+            answers = [parameters_to_ndarrays(r.parameters)[0] for _, r in results]
+            rng = np.random.default_rng(int(self.cfg.seed))
+            return ndarrays_to_parameters([kmeans(np.stack(answers), int(self.cfg.ifca_k), rng)])
+        models = np.array(self._sent, dtype=float)
+        k = models.shape[0]
+        total = np.zeros(k)
+        summed = np.zeros_like(models)
+        for _, res in results:
+            j = int(res.metrics.get("cluster", -1))
+            arrays = parameters_to_ndarrays(res.parameters)
+            if not 0 <= j < k or len(arrays) != 1 or arrays[0].shape != models.shape[1:]:
+                continue  # a malformed answer counts as none
+            self.assignment[str(res.metrics["site"])] = j
+            summed[j] += res.num_examples * arrays[0]
+            total[j] += res.num_examples
+        chosen = total > 0
+        models[chosen] = summed[chosen] / total[chosen].reshape((-1,) + (1,) * (models.ndim - 1))
+        return ndarrays_to_parameters([models])
+
+    def round_objective(self, losses, n, previous) -> float:
+        """The sites' losses at the models they chose (RowFed: without the sparsity term)."""
+        return super().round_objective(losses, n, None)
+
+    def fallback(self, site: str) -> np.ndarray:
+        """A site that did not answer the last round keeps the model it chose before."""
+        return self.global_model[self.assignment.get(site, 0)]
+
+
+def kmeans(points: np.ndarray, k: int, rng: np.random.Generator, iters: int = 100) -> np.ndarray:
+    """``k`` centres of ``points`` (first axis: the points; any trailing shape): k-means++
+    seeding (Arthur & Vassilvitskii 2007) from ``rng``, then Lloyd's iterations until the
+    assignment no longer changes.  With fewer distinct points than ``k`` a centre repeats."""
+    flat = points.reshape(points.shape[0], -1)
+    centres = [flat[rng.integers(flat.shape[0])]]
+    for _ in range(1, k):
+        d2 = np.min([np.sum((flat - c) ** 2, axis=1) for c in centres], axis=0)
+        total = d2.sum()
+        pick = rng.choice(flat.shape[0], p=d2 / total) if total > 0 else rng.integers(len(flat))
+        centres.append(flat[pick])
+    centres = np.array(centres, dtype=float)
+    labels = None
+    for _ in range(iters):
+        d2 = ((flat[:, None, :] - centres[None, :, :]) ** 2).sum(axis=2)
+        new = np.argmin(d2, axis=1)
+        if labels is not None and np.array_equal(new, labels):
+            break
+        labels = new
+        for j in range(k):
+            if np.any(labels == j):
+                centres[j] = flat[labels == j].mean(axis=0)
+    return centres.reshape((k, *points.shape[1:]))
+
+
 _FAMILY: dict[tuple[type, str], type] = {}
+
+
+def comparator_class(base: type, name: str) -> type:
+    """The strategy class of FedAvg-family method ``name`` (:data:`FLOWER_CLASSES`, or a
+    personalized one: ``ditto``, ``fedavg-ft``, ``ifca``) for a method's FedAvg comparator
+    ``base``."""
+    if name not in PERSONAL_METHODS:
+        return global_strategy(base, name)
+    key = (base, name)
+    if key not in _FAMILY:
+        how = {"ditto": "ditto", "fedavg-ft": "finetune", "ifca": "choose"}[name]
+        stages = (PersonalStage, ClusterStage) if name == "ifca" else (PersonalStage,)
+        _FAMILY[key] = type(
+            f"{base.__name__}[{name}]",
+            (*stages, base),
+            {"personal": how, "__module__": base.__module__},
+        )
+    return _FAMILY[key]
 
 
 def global_strategy(base: type, name: str) -> type:

@@ -159,3 +159,11 @@ def local_descent(
         if prox is not None:
             b = prox(b, r)
     return b
+
+
+def best_model(f: Datafit, models: np.ndarray) -> tuple[int, float]:
+    """IFCA's choice: the index of the model (along the first axis of ``models``) with the
+    least loss ``f`` on the site's own data, and that loss (the first of equal ones)."""
+    losses = [float(f.value(m)) for m in models]
+    j = int(np.argmin(losses))
+    return j, losses[j]

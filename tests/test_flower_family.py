@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
-from strategies.config import GLOBAL_METHODS, GrAUCConfig, RowFedConfig
+from strategies.config import FEDAVG_FAMILY, GLOBAL_METHODS, GrAUCConfig, RowFedConfig
 
 ROUNDS = 4
 
@@ -181,14 +181,15 @@ def test_bad_flower_settings_name_the_key():
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["grauc", "rowfed"])
 def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
-    """One ``flwr run`` whose ``method`` list holds every global-model name; each name's
-    coefficients equal the in-process engine's (1e-8)."""
+    """One ``flwr run`` whose ``method`` list holds every FedAvg-family name (Flower's
+    strategies, Ditto, fine-tuning); each name's coefficients equal the in-process
+    engine's (1e-8)."""
     from strategies.runtime.simulation import flwr_run
 
     out = str(tmp_path / "run")
     os.makedirs(out)
     rounds = 3
-    names = ",".join(GLOBAL_METHODS)
+    names = ",".join(FEDAVG_FAMILY)
     if family == "grauc":
         from grauc_flower import federation as fed
 
@@ -204,7 +205,7 @@ def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
         spec = fed.DataSpec(n_sites=5, n_features=4)
         sites, _ = fed.load_sites(spec)
         cfg = GrAUCConfig(fedavg_rounds=rounds, fedprox_mu=0.3)
-        inproc = fed.run_methods_inprocess(cfg, sites, list(GLOBAL_METHODS))
+        inproc = fed.run_methods_inprocess(cfg, sites, list(FEDAVG_FAMILY))
         for name, res in inproc.items():
             got = pd.read_csv(os.path.join(out, name, "coefficients.csv"))
             assert list(got["site"]) == res.sites
@@ -225,7 +226,7 @@ def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
         flwr_run(ROOT, rc, 5)
         spec = fed.RowFedDataSpec(num_clients=5, num_features=4, num_responses=2)
         cfg = RowFedConfig(fedavg_rounds=rounds, fedprox_mu=0.3)
-        inproc = fed.run_methods_inprocess(cfg, fed.load_data(spec), list(GLOBAL_METHODS))
+        inproc = fed.run_methods_inprocess(cfg, fed.load_data(spec), list(FEDAVG_FAMILY))
         for name, res in inproc.items():
             got = pd.read_csv(os.path.join(out, name, "coefficients.csv"))
             want = fed.coefficients_frame(res, *_names(res))
@@ -238,3 +239,129 @@ def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
 def _names(res):
     m, p, q = res.theta.shape
     return [f"x{k + 1}" for k in range(p)], [f"y{k + 1}" for k in range(q)]
+
+
+# ---------------------------------------------------------------------------------------
+# Personalized comparators on FedAvg's global model: ditto, fedavg-ft
+
+
+def test_grauc_ditto_and_finetuning_against_direct_computations():
+    """Ditto's personal models are each site's ``argmin f_z + (mu/2)||b - w||^2`` at FedAvg's
+    final ``w`` (scipy's L-BFGS on the site's own loss, tight); fine-tuning is ``ft-steps``
+    gradient steps of size ``1/L_z`` from ``w``, written out; both share FedAvg's ``w``."""
+    from scipy.optimize import minimize
+
+    from grauc_flower import federation as fed
+    from grauc_flower.auc import PairwiseLogistic, split_by_class
+    from grauc_flower.data import simulate
+
+    sites = simulate(simulation=1, n_sites=5, n_features=3, n_train=40, seed=2024)
+    cfg = GrAUCConfig(fedavg_rounds=6, ditto_mu=0.3, ft_steps=7)
+    res = fed.run_methods_inprocess(cfg, sites, ["fedavg", "ditto", "fedavg-ft"])
+    w = res["fedavg"].coefficients[0]
+    assert res["ditto"].rounds == res["fedavg-ft"].rounds == cfg.fedavg_rounds + 1
+    for z, s in enumerate(sites):
+        f = PairwiseLogistic(*split_by_class(s.x_train, s.y_train), eta=cfg.ridge)
+        mu = cfg.ditto_mu
+        opt = minimize(
+            lambda b, f=f, mu=mu: f.value(b) + 0.5 * mu * np.sum((b - w) ** 2),
+            w,
+            jac=lambda b, f=f, mu=mu: f.grad(b) + mu * (b - w),
+            method="L-BFGS-B",
+            options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 10000},
+        )
+        np.testing.assert_allclose(res["ditto"].coefficients[z], opt.x, atol=1e-6)
+        b = w.copy()
+        for _ in range(cfg.ft_steps):
+            b = b - f.grad(b) / f.lipschitz()
+        np.testing.assert_allclose(res["fedavg-ft"].coefficients[z], b, rtol=1e-10, atol=1e-12)
+    # personal: the sites differ, and each is scored with its own model
+    assert np.ptp(res["ditto"].coefficients[:, 0]) > 1e-3
+    assert set(res["ditto"].evaluation) == {s.site for s in sites}
+
+
+def test_rowfed_ditto_is_the_penalized_proximal_problem():
+    """RowFed's Ditto model of each client: ``argmin ||Y - X T - 1 a'||^2/(2n) + lam2 |T|_1 +
+    (mu/2)||T - W||^2`` over ``T`` and a free intercept ``a`` (cvxpy)."""
+    import cvxpy as cp
+
+    from rowfed_flower import federation as fed
+
+    spec = fed.RowFedDataSpec(num_clients=4, num_features=3, num_responses=2, n_train=25, seed=3)
+    data = fed.load_data(spec)
+    cfg = RowFedConfig(fedavg_rounds=5, ditto_mu=0.5, lam2=0.05)
+    res = fed.run_methods_inprocess(cfg, data, ["fedavg", "ditto"])
+    w = res["fedavg"].theta[0]
+    for m, c in enumerate(data.clients):
+        n, p = c.x.shape
+        t, a = cp.Variable((p, c.y.shape[1])), cp.Variable(c.y.shape[1])
+        fit = cp.sum_squares(
+            c.y - c.x @ t - np.ones((n, 1)) @ cp.reshape(a, (1, -1), order="C")
+        ) / (2 * n)
+        obj = fit + cfg.lam2 * cp.sum(cp.abs(t)) + cfg.ditto_mu / 2 * cp.sum_squares(t - w)
+        cp.Problem(cp.Minimize(obj)).solve(solver=cp.CLARABEL, tol_gap_abs=1e-12, tol_gap_rel=1e-12)
+        np.testing.assert_allclose(res["ditto"].theta[m], t.value, atol=1e-6)
+
+
+def _gd(f, start, steps):
+    b = np.array(start, dtype=float)
+    for _ in range(steps):
+        b = b - f.grad(b) / f.lipschitz()
+    return b
+
+
+def test_grauc_ifca_against_the_algorithm_written_out():
+    """IFCA: round 1 is FedAvg's local work from zero and its answers' k-means gives the k
+    models (checked as a k-means fixed point: each centre the mean of the answers nearest
+    to it); each later round every site takes the model of least loss, steps from it, and
+    each model becomes the size-weighted mean of its sites' answers; the last round gives
+    each site the model of least loss."""
+    from grauc_flower import federation as fed
+    from grauc_flower.auc import PairwiseLogistic, split_by_class
+    from grauc_flower.client import GrAUCClient
+    from grauc_flower.data import simulate
+    from strategies.registry import Registry
+    from strategies.runtime.engine import run_inprocess
+
+    sites = simulate(simulation=1, n_sites=8, n_features=3, n_train=40, seed=77)
+    fs = [PairwiseLogistic(*split_by_class(s.x_train, s.y_train), eta=1e-3) for s in sites]
+    sizes = np.array([s.y_train.shape[0] for s in sites], dtype=float)
+    steps = GrAUCConfig().fedavg_local_steps
+    cfg = GrAUCConfig(fedavg_rounds=1, ifca_k=2, seed=3)
+    first = fed.make_strategy("ifca", cfg, len(sites), Registry())
+    clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
+    run_inprocess(first, clients, fed.max_rounds_for("ifca", cfg))
+    models = first.global_model
+    answers = np.stack([_gd(f, np.zeros(3), steps) for f in fs])
+    nearest = np.argmin(((answers[:, None] - models[None]) ** 2).sum(axis=2), axis=1)
+    assert set(nearest) == {0, 1}
+    for j in range(2):
+        np.testing.assert_allclose(models[j], answers[nearest == j].mean(axis=0), atol=1e-12)
+    # four rounds from the same start (the same seed gives the same k-means)
+    res = fed.run_methods_inprocess(cfg.replace(fedavg_rounds=5), sites, ["ifca"])["ifca"]
+    for _ in range(4):
+        chosen = [int(np.argmin([f.value(m) for m in models])) for f in fs]
+        new = np.stack([_gd(f, models[j], steps) for f, j in zip(fs, chosen, strict=True)])
+        for j in range(2):
+            member = np.array(chosen) == j
+            if member.any():
+                models[j] = (sizes[member, None] * new[member]).sum(0) / sizes[member].sum()
+    final = [models[int(np.argmin([f.value(m) for m in models]))] for f in fs]
+    np.testing.assert_allclose(res.coefficients, np.stack(final), rtol=1e-10, atol=1e-12)
+    assert np.ptp(res.coefficients[:, 0]) > 0.1  # two groups of sites, two models
+
+
+def test_rowfed_ifca_gives_each_client_its_best_model():
+    from rowfed_flower import federation as fed
+    from rowfed_flower.core import LocalLeastSquares
+
+    spec = fed.RowFedDataSpec(num_clients=6, num_features=4, num_responses=2, n_train=30, seed=5)
+    data = fed.load_data(spec)
+    cfg = RowFedConfig(fedavg_rounds=6, ifca_k=3, intercept=False)
+    res = fed.run_methods_inprocess(cfg, data, ["ifca"])["ifca"]
+    models = np.unique(res.theta.reshape(len(data.clients), -1), axis=0)
+    assert 1 <= len(models) <= 3
+    for m, c in enumerate(data.clients):
+        f = LocalLeastSquares(c.x, c.y)
+        losses = [f.value(t.reshape(res.theta.shape[1:])) for t in models]
+        assert f.value(res.theta[m]) == pytest.approx(min(losses), rel=1e-12)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-#: Display names and colours of Flower's global-model strategies, the same in both methods'
-#: figures (their own methods add theirs).
-GLOBAL_LABELS = {
+#: Display names and colours of the comparators both methods share (Flower's global-model
+#: strategies, Ditto, fine-tuning), the same in both methods' figures.
+COMPARATOR_LABELS = {
     "fedavg": "FedAvg",
     "fedprox": "FedProx",
     "fedavgm": "FedAvgM",
@@ -17,8 +17,10 @@ GLOBAL_LABELS = {
     "fedmedian": "FedMedian",
     "fedtrimmedavg": "FedTrimmedAvg",
     "krum": "Krum",
+    "ditto": "Ditto",
+    "fedavg-ft": "FedAvg-FT",
 }
-GLOBAL_COLORS = {
+COMPARATOR_COLORS = {
     "fedavg": "#2ca02c",
     "fedprox": "#98df8a",
     "fedavgm": "#17becf",
@@ -28,6 +30,8 @@ GLOBAL_COLORS = {
     "fedmedian": "#ff7f0e",
     "fedtrimmedavg": "#ffbb78",
     "krum": "#c5b0d5",
+    "ditto": "#393b79",
+    "fedavg-ft": "#637939",
 }
 #: Legend entries per row.
 LEGEND_COLUMNS = 7
