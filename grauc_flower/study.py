@@ -64,7 +64,7 @@ from strategies.experiments.design import (
     Study,
     figure_cell_setting,
     load_study,
-    read_toml,
+    read_config,
     study_methods,
 )
 from strategies.experiments.runner import add_study_parser, run_study_args
@@ -331,7 +331,7 @@ def check_cell(cell: dict, data: dict) -> None:
 
 
 def load(path: str) -> tuple[Study, Settings]:
-    raw = read_toml(path)
+    raw = read_config(path)
     coverage_setting(raw, "grauc", COVERAGE_FIXED)  # before the design's keys are checked
     source = _source(raw.get("data", {}))
     if source == "simulated":

@@ -66,7 +66,7 @@ from strategies.experiments.design import (
     Study,
     figure_cell_setting,
     load_study,
-    read_toml,
+    read_config,
     study_methods,
 )
 from strategies.experiments.runner import add_study_parser, run_study_args
@@ -275,7 +275,7 @@ def check_cell(cell: dict) -> None:
 
 
 def load(path: str) -> tuple[Study, dict]:
-    raw = read_toml(path)
+    raw = read_config(path)
     coverage_setting(raw, "rowfed", COVERAGE_FIXED)  # before the design's keys are checked
     if _source(raw.get("data", {})) == "simulated":
         study = load_study(path, "rowfed", DESIGN_TYPES, REQUIRED, SECTIONS)

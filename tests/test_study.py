@@ -490,3 +490,48 @@ def test_one_replication_shows_points_with_intervals(tmp_path):
     assert patches == 0 and "DeLong 95% interval" in title
     assert lines >= 2 * 2 * 2  # an interval and a point per site and method
     assert drawn[two][0] == 2 * 2  # a box per site and method
+
+
+@pytest.mark.parametrize("family", ["grauc", "rowfed"])
+def test_a_config_extending_another_runs_every_method(tmp_path, capsys, family):
+    """``extends``: the base config's design and settings with this one's ``methods`` (every
+    name the method family accepts); each method has its rows, summary line and place in the
+    figures."""
+    from strategies.config import GRAUC_METHODS, ROWFED_METHODS
+
+    base = GRAUC_TOML if family == "grauc" else ROWFED_TOML
+    _config(tmp_path, base, "base.toml")
+    names = [m for m in (GRAUC_METHODS if family == "grauc" else ROWFED_METHODS) if m != "pooled"]
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    listed = ", ".join(f'"{m}"' for m in names)
+    cfg = _config(sub, f'extends = "../base.toml"\nmethods = [{listed}]\n', "all.toml")
+    out = str(tmp_path / "out")
+    only = ["--only", "prevalence=0.3"] if family == "grauc" else ["--only", "p=6"]
+    main = grauc_main if family == "grauc" else rowfed_main
+    code, err = _run(main, capsys, "--config", cfg, "--out", out, "--reps", "1", *only)
+    assert code == 0, err
+    res = pd.read_csv(os.path.join(out, "results.csv"))
+    assert set(res["method"]) == set(names)
+    summary = pd.read_csv(os.path.join(out, "summary.csv"))
+    assert set(summary["method"]) == set(names)
+    if family == "grauc":  # the base's design and data came along
+        assert (res["n_train"] == 40).all() and res["site"].nunique() == 6
+    else:
+        assert (res["M"] == 4).all() and (res["p"] == 6).all()
+    _check_study_page(out)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('extends = "missing.toml"\n', "file not found"),
+        ('extends = "loop.toml"\n', "cycle"),
+        ("extends = 3\n", "extends: must be the path"),
+    ],
+)
+def test_extends_errors(tmp_path, capsys, text, words):
+    cfg = _config(tmp_path, text, "loop.toml")
+    code, err = _run(grauc_main, capsys, "--config", cfg, "--out", str(tmp_path / "o"))
+    assert code == 2 and words in err and "Traceback" not in err
+    assert not os.path.exists(tmp_path / "o")

@@ -33,6 +33,32 @@ def read_toml(path: str) -> dict:
         raise InputError(f"config: cannot read {path}: {exc}") from None
 
 
+def read_config(path: str, _seen: tuple[str, ...] = ()) -> dict:
+    """A study config with its ``extends`` resolved: ``extends = "base.toml"`` (relative to
+    the config's own folder) reads that config first and lays this one over it, table by
+    table (a key given here replaces the base's; a table is merged key by key)."""
+    raw = read_toml(path)
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not base:
+        raise InputError(f"extends: must be the path of another config, got {base!r}")
+    full = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), base))
+    if full in _seen or full == os.path.abspath(path):
+        raise InputError(f"extends: {base!r} extends itself (a cycle)")
+    return _lay_over(read_config(full, (*_seen, os.path.abspath(path))), raw)
+
+
+def _lay_over(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _lay_over(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def _kind(value) -> type:
     if isinstance(value, bool):
         return bool
@@ -218,8 +244,9 @@ def load_study(
 ) -> Study:
     """Read a study config: top-level ``study``, ``replications``, ``seed``, ``methods``,
     ``[design]`` and the method's ``sections``; anything else is an error naming the key.
-    A ``[data] path`` is made absolute (relative to the working directory)."""
-    raw = read_toml(path)
+    A ``[data] path`` is made absolute (relative to the working directory); ``extends``
+    reads a base config first (:func:`read_config`)."""
+    raw = read_config(path)
     if raw.get("study", kind) != kind:
         raise InputError(
             f"config: study = {raw.get('study')!r}; this command runs {kind!r} studies"
