@@ -268,11 +268,14 @@ def _grid(a) -> tuning.Grid:
         w_dist=given("w-dist", tuning.W_DIST_GRID),
         ridge=given("ridge", tuning.RIDGE_GRID),
         fedavg_rounds=tuple(int(r) for r in rounds),
+        knob=a.knob_grid or None,
     )
 
 
 def _check_tuning(a) -> None:
-    grids = ("lam_grid", "w_dist_grid", "ridge_grid", "rounds_grid")
+    from strategies.tuning import KNOBS
+
+    grids = ("lam_grid", "w_dist_grid", "ridge_grid", "rounds_grid", "knob_grid")
     if not a.tune:
         for g in grids:
             if getattr(a, g):
@@ -280,10 +283,11 @@ def _check_tuning(a) -> None:
         return
     if a.method not in tuning.PARAMS:
         raise InputError(f"tune: cv is available for {', '.join(tuning.PARAMS)}, not {a.method}")
+    knob = KNOBS[a.method].name if a.method in KNOBS else None
     for name in tuning.PARAMS[a.method]:
         if getattr(a, name, None) is not None:
             key = name.replace("_", "-")
-            grid = "rounds" if name == "fedavg_rounds" else key
+            grid = {"fedavg_rounds": "rounds", knob: "knob"}.get(name, key)
             raise InputError(f"{key}: chosen by --tune cv; give --{grid}-grid to set its values")
 
 

@@ -6,7 +6,9 @@ path is fitted in descending order with warm starts.  By default the ``lam`` gri
 ``lam_max`` (:func:`lam_max_of`: the smallest level at which every site of a component has
 the same coefficients) and goes down to ``lam_max * 1e-3`` (12 values) and 0.  Individual
 fits: a grid over ``ridge``.  FedAvg: ``ridge x fedavg_rounds`` (the rounds path continues
-one run: FedAvg's next round depends only on the global model).  The criterion is the mean
+one run: FedAvg's next round depends only on the global model).  The other comparators:
+``ridge x`` their own setting (:data:`strategies.tuning.KNOBS`: FedProx's and Ditto's
+``mu``, the adaptive servers' ``eta``, IFCA's ``k``, ...).  The criterion is the mean
 validation AUC over sites (sites whose validation fold lacks a class are left out).
 
 The pieces run in a process pool, one per ``(fold, ridge)``.
@@ -21,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from strategies import tuning
-from strategies.config import GrAUCConfig
+from strategies.config import FEDAVG_FAMILY, GrAUCConfig
 from strategies.errors import InputError
 from strategies.registry import Registry
 
@@ -44,6 +46,7 @@ class Grid:
     w_dist: tuple[float, ...] = W_DIST_GRID
     ridge: tuple[float, ...] = RIDGE_GRID
     fedavg_rounds: tuple[int, ...] = ROUNDS_GRID
+    knob: tuple | None = None  # a comparator's own setting (strategies.tuning.KNOBS)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lam", tuple(sorted(set(self.lam), reverse=True)))
@@ -53,17 +56,28 @@ class Grid:
         object.__setattr__(self, "fedavg_rounds", rounds)
 
 
-#: The columns naming a setting, per method (``cv.csv``; ``metrics.json: tuned``).
+#: The columns naming a setting, per method (``cv.csv``; ``metrics.json: tuned``): the
+#: ridge and, for a comparator, its knob (:data:`strategies.tuning.KNOBS`).
 PARAMS = {
     "grauc": ("lam", "w_dist", "ridge"),
     "individual": ("ridge",),
     "fedavg": ("ridge", "fedavg_rounds"),
+    **{
+        m: ("ridge", tuning.KNOBS[m].name) if m in tuning.KNOBS else ("ridge",)
+        for m in FEDAVG_FAMILY[1:]
+    },
 }
 #: The most regularized first, for the ``1se`` rule.
 SIMPLEST = {
     "grauc": ("lam", "ridge"),
     "individual": ("ridge",),
     "fedavg": ("ridge",),
+    **{
+        m: ("ridge", tuning.KNOBS[m].name)
+        if m in tuning.KNOBS and tuning.KNOBS[m].larger_is_simpler
+        else ("ridge",)
+        for m in FEDAVG_FAMILY[1:]
+    },
 }
 
 
@@ -188,7 +202,7 @@ def cv_piece(piece) -> list[dict]:
 
     from .federation import make_strategy, max_rounds_for
 
-    method, k, sites, cfg, w_grid, lams, rounds_grid = piece
+    method, k, sites, cfg, w_grid, lams, rounds_grid, knobs = piece
     clients = _clients(sites, cfg.ridge)
     registry = Registry()
     rows = []
@@ -219,6 +233,14 @@ def cv_piece(piece) -> list[dict]:
             row = _row(k, {"ridge": cfg.ridge, "fedavg_rounds": total}, strategy)
             row["rounds"] = total
             rows.append(row)
+    else:  # a comparator: its knob's values at this ridge (one fit without a knob)
+        name = tuning.KNOBS[method].name if knobs else None
+        for value in knobs or (None,):
+            point = cfg if name is None else cfg.replace(**{name: value})
+            strategy = make_strategy(method, point, len(sites), registry)
+            run_inprocess(strategy, clients, max_rounds_for(method, point))
+            setting = {"ridge": cfg.ridge, **({name: value} if name else {})}
+            rows.append(_row(k, setting, strategy))
     return rows
 
 
@@ -238,7 +260,8 @@ def cross_validate(
     grid = grid or Grid()
     opts = opts or tuning.CVOptions()
     if method not in PARAMS:
-        raise InputError(f"tune: cv is available for grauc, individual and fedavg, not {method}")
+        raise InputError(f"tune: cv is available for {', '.join(PARAMS)}, not {method}")
+    knobs = tuning.knob_values(method, cfg, grid.knob) if method in FEDAVG_FAMILY[1:] else ()
     rng = np.random.default_rng([opts.seed, 1])
     folds = [tuning.stratified_folds(s.y_train, opts.folds, rng) for s in sites]
     lams = lam_grids(sites, cfg, grid) if method == "grauc" else {}
@@ -249,7 +272,7 @@ def cross_validate(
         for ridge in grid.ridge:
             path = {w: lams[(ridge, w)] for w in grid.w_dist} if lams else {}
             point = base.replace(ridge=ridge)
-            pieces.append((method, k, train, point, grid.w_dist, path, grid.fedavg_rounds))
+            pieces.append((method, k, train, point, grid.w_dist, path, grid.fedavg_rounds, knobs))
     progress = tuning.Progress(f"{method} cv", len(pieces), opts.quiet)
     rows = tuning.run_items(cv_piece, pieces, opts.workers(len(pieces)), progress)
     table = pd.DataFrame([r for piece in rows for r in piece])
@@ -271,8 +294,9 @@ def tune(
     chosen, summary = tuning.choose(
         table, PARAMS[method], "val_auc", True, opts.rule, SIMPLEST[method]
     )
-    if "fedavg_rounds" in chosen:
-        chosen["fedavg_rounds"] = int(chosen["fedavg_rounds"])
+    for name in ("fedavg_rounds", "ft_steps", "ifca_k"):  # integer settings
+        if name in chosen:
+            chosen[name] = int(chosen[name])
     return cfg.replace(**chosen), table, summary
 
 

@@ -44,7 +44,7 @@ from strategies.runtime.cli import (
     tuning_metrics,
     warn_no_intervals,
 )
-from strategies.tuning import parse_grid
+from strategies.tuning import KNOBS, parse_grid
 
 from . import tuning as grid_search
 
@@ -123,13 +123,20 @@ def fit(args) -> int:
     if args.tune is None and (args.lam1_grid is not None or args.lam2_grid is not None):
         key = "lam1-grid" if args.lam1_grid is not None else "lam2-grid"
         raise InputError(f"{key}: grids need --tune gic or --tune cv")
-    if args.tune is not None and (args.lam1 is not None or args.lam2 is not None):
-        key = "lam1" if args.lam1 is not None else "lam2"
+    if args.knob_grid and args.tune != "cv":
+        raise InputError("knob-grid: grids need --tune cv")
+    fused = args.method not in FEDAVG_FAMILY  # the comparators have no lam1
+    if args.tune is not None and (args.lam1 is not None and fused or args.lam2 is not None):
+        key = "lam1" if args.lam1 is not None and fused else "lam2"
         raise InputError(
             f"{key}: chosen by --tune {args.tune}; give --{key}-grid to set its values"
         )
-    if args.tune is not None and args.method in FEDAVG_FAMILY:
-        raise InputError(f"tune: {args.tune} is available for rowfed, perfl-lsma and nonfed")
+    if args.tune == "gic" and args.method in FEDAVG_FAMILY:
+        raise InputError("tune: gic is available for rowfed, perfl-lsma and nonfed; use --tune cv")
+    knob = KNOBS[args.method].name if args.method in KNOBS else None
+    if args.tune == "cv" and knob and getattr(args, knob) is not None:
+        flag = knob.replace("_", "-")
+        raise InputError(f"{flag}: chosen by --tune cv; give --knob-grid to set its values")
     if args.tune == "gic" and args.engine == "flower":
         raise InputError("tune: gic refits every grid point; use --engine inprocess or --tune cv")
     check_test_arguments(args)
@@ -161,14 +168,15 @@ def fit(args) -> int:
         if args.tune == "cv":
             opts = cv_options(args, args.data_seed)
             cfg, table, summary = grid_search.tune_cv(
-                cfg, data, args.method, lam1_grid, lam2_grid, opts
+                cfg, data, args.method, lam1_grid, lam2_grid, opts, args.knob_grid or None
             )
             table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
-            extra.update(tuning_metrics(summary, grid_search.PARAMS, "val_mse", False, opts))
+            params = grid_search.params_of(args.method)
+            extra.update(tuning_metrics(summary, params, "val_mse", False, opts))
+            chosen = ", ".join(f"{k} = {v:g}" for k, v in extra["tuned"].items())
             print(
-                f"cv: chose lam1 = {cfg.lam1:g}, lam2 = {cfg.lam2:g} (mean validation MSE "
-                f"{extra['cv']['mean']:.6g} over {opts.folds} folds); refitting on all "
-                "training data",
+                f"cv: chose {chosen} (mean validation MSE {extra['cv']['mean']:.6g} over "
+                f"{opts.folds} folds); refitting on all training data",
                 file=sys.stderr,
             )
         if args.engine == "flower":

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from strategies import tuning
-from strategies.config import RowFedConfig
+from strategies.config import FEDAVG_FAMILY, RowFedConfig
 from strategies.errors import InputError
 from strategies.problems import degrees_of_freedom
 from strategies.rowfed import rowfed_registry
@@ -28,20 +28,50 @@ from .client import ClientSamples
 DEFAULT_LAM1_GRID = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01)
 DEFAULT_LAM2_GRID = (0.1, 0.05, 0.02, 0.01, 0.005)
 PARAMS = ("lam1", "lam2")
+#: The methods ``--tune gic`` chooses levels for (GIC needs a fused structure's df).
 TUNABLE = ("rowfed", "perfl-lsma", "nonfed")
+#: The methods ``--tune cv`` chooses settings for: also the FedAvg family (``lam2`` and the
+#: comparator's own setting, :data:`strategies.tuning.KNOBS`).
+CV_TUNABLE = TUNABLE + FEDAVG_FAMILY
+
+
+def params_of(method: str) -> tuple[str, ...]:
+    """The columns naming a setting of ``method`` (``cv.csv``; ``metrics.json: tuned``)."""
+    if method in FEDAVG_FAMILY:
+        return ("lam2", tuning.KNOBS[method].name) if method in tuning.KNOBS else ("lam2",)
+    return PARAMS
+
+
+def settings_grid(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid, knob_grid=None):
+    """The grid of ``method`` in walking order, as ``[{setting: value}, ...]``: the fused
+    methods' ``(lam1, lam2)`` snake (:func:`_levels`); a comparator's ``lam2`` (descending)
+    crossed with its knob."""
+    if method not in FEDAVG_FAMILY:
+        if knob_grid is not None:
+            raise InputError(f"knob-grid: {method} has no setting to tune besides its levels")
+        return [{"lam1": a, "lam2": b} for a, b in _levels(method, cfg, lam1_grid, lam2_grid)]
+    lam2s = _checked("lam2", lam2_grid)
+    knobs = tuning.knob_values(method, cfg, knob_grid)
+    name = tuning.KNOBS[method].name if knobs else None
+    return [
+        {"lam2": lam2, **({name: v} if name else {})} for lam2 in lam2s for v in knobs or (None,)
+    ]
+
+
+def _checked(key: str, grid) -> list[float]:
+    values = sorted({float(v) for v in grid}, reverse=True)
+    if not values:
+        raise InputError(f"{key}-grid: give one or more values")
+    if min(values) < 0:
+        raise InputError(f"{key}-grid: values must be >= 0, got {min(values)!r}")
+    return values
 
 
 def _levels(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid):
     """The grid, checked, in walking order: ``[(lam1, lam2), ...]`` (NonFed: ``lam2`` only)."""
     if method not in TUNABLE:
         raise InputError(f"tune: available for {', '.join(TUNABLE)}, not {method}")
-    lam1s = sorted({float(v) for v in lam1_grid}, reverse=True)
-    lam2s = sorted({float(v) for v in lam2_grid}, reverse=True)
-    for key, grid in (("lam1", lam1s), ("lam2", lam2s)):
-        if not grid:
-            raise InputError(f"{key}-grid: give one or more values")
-        if min(grid) < 0:
-            raise InputError(f"{key}-grid: values must be >= 0, got {min(grid)!r}")
+    lam1s, lam2s = _checked("lam1", lam1_grid), _checked("lam2", lam2_grid)
     if method == "nonfed":
         lam1s = [cfg.lam1]
     return [
@@ -117,22 +147,21 @@ def cv_piece(piece) -> list[dict]:
     clients = data.make_clients()
     registry = rowfed_registry()
     rows, theta0 = [], None
-    for lam1, lam2 in levels:
-        point = cfg.replace(lam1=lam1, lam2=lam2)
+    for setting in levels:
+        point = cfg.replace(**setting)
         strategy = fed.make_strategy(method, point, len(clients), registry, theta0)
         run_inprocess(strategy, clients, fed.max_rounds_for(method, point))
         mse = [m["mse_pred"] for m in strategy.evaluation.values()]
         rows.append(
             {
                 "fold": k,
-                "lam1": lam1,
-                "lam2": lam2,
+                **setting,
                 "val_mse": float(np.mean(mse)) if mse else float("nan"),
                 "rounds": int(strategy.rounds),
                 "converged": bool(strategy.converged),
             }
         )
-        if method != "nonfed":
+        if method in ("rowfed", "perfl-lsma"):  # warm starts along the fused path
             theta0 = np.array(strategy.warm_start())
     return rows
 
@@ -144,11 +173,15 @@ def cross_validate(
     lam1_grid,
     lam2_grid,
     opts: tuning.CVOptions | None = None,
+    knob_grid=None,
 ) -> pd.DataFrame:
-    """Validation MSE for every ``(lam1, lam2)`` and fold: ``fold, lam1, lam2, val_mse,
-    rounds, converged``.  CV fits use ``opts.tol`` and ``opts.max_rounds``."""
+    """Validation MSE for every setting and fold: ``fold``, the settings
+    (:func:`params_of`), ``val_mse, rounds, converged``.  CV fits use ``opts.tol`` and
+    ``opts.max_rounds``."""
     opts = opts or tuning.CVOptions()
-    levels = _levels(method, cfg, lam1_grid, lam2_grid)
+    if method not in CV_TUNABLE:
+        raise InputError(f"tune: cv is available for {', '.join(CV_TUNABLE)}, not {method}")
+    levels = settings_grid(method, cfg, lam1_grid, lam2_grid, knob_grid)
     small = [c.site for c in data.clients if c.n < opts.folds]
     if small:
         raise InputError(f"folds: client {small[0]!r} has fewer rows than the {opts.folds} folds")
@@ -168,21 +201,31 @@ def tune_cv(
     lam1_grid,
     lam2_grid,
     opts: tuning.CVOptions | None = None,
+    knob_grid=None,
 ) -> tuple[RowFedConfig, pd.DataFrame, pd.DataFrame]:
-    """Cross-validate; returns ``cfg`` at the chosen ``(lam1, lam2)`` (lowest mean validation
-    MSE, or the ``1se`` rule: the largest ``lam1``, then ``lam2``, within one standard
-    error), the per-fold table (``cv.csv``) and the per-setting summary."""
+    """Cross-validate; returns ``cfg`` at the chosen setting (lowest mean validation MSE,
+    or the ``1se`` rule: the largest ``lam1``, then ``lam2`` -- for a comparator ``lam2``,
+    then a knob whose larger values are simpler -- within one standard error), the per-fold
+    table (``cv.csv``) and the per-setting summary."""
     opts = opts or tuning.CVOptions()
-    table = cross_validate(cfg, data, method, lam1_grid, lam2_grid, opts)
-    chosen, summary = tuning.choose(table, PARAMS, "val_mse", False, opts.rule, PARAMS)
+    table = cross_validate(cfg, data, method, lam1_grid, lam2_grid, opts, knob_grid)
+    params = params_of(method)
+    knob = tuning.KNOBS.get(method)
+    simplest = params if knob is None or knob.larger_is_simpler else params[:1]
+    chosen, summary = tuning.choose(table, params, "val_mse", False, opts.rule, simplest)
+    if knob is not None and knob.integer and knob.name in chosen:
+        chosen[knob.name] = int(chosen[knob.name])
     return cfg.replace(**chosen), table, summary
 
 
 __all__ = [
+    "CV_TUNABLE",
     "DEFAULT_LAM1_GRID",
     "DEFAULT_LAM2_GRID",
     "PARAMS",
     "cross_validate",
+    "params_of",
+    "settings_grid",
     "cv_piece",
     "fold_data",
     "tune_cv",

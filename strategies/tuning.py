@@ -44,6 +44,56 @@ RULES = ("best", "1se")
 
 
 @dataclass(frozen=True)
+class Knob:
+    """A comparator's own setting that cross-validation chooses (besides the method's
+    level: GrAUC-PFL's ridge, RowFed's ``lam2``): the settings field, its default grid, and
+    whether larger values are nearer one shared model (the ``1se`` rule's simpler end)."""
+
+    name: str
+    grid: tuple
+    larger_is_simpler: bool = False
+    integer: bool = False
+
+
+_ETA = Knob("fedopt_eta", (0.01, 0.03, 0.1, 0.3))
+#: The knob of each FedAvg-family comparator that has one (docs/methods.md 3.4, 3.7–3.9);
+#: FedAvg's is its number of rounds (GrAUC-PFL), FedMedian and Krum have none.
+KNOBS = {
+    "fedprox": Knob("fedprox_mu", (0.001, 0.01, 0.1, 1.0), larger_is_simpler=True),
+    "fedavgm": Knob("fedavgm_momentum", (0.0, 0.5, 0.9)),
+    "fedadagrad": _ETA,
+    "fedadam": _ETA,
+    "fedyogi": _ETA,
+    "fedtrimmedavg": Knob("fedtrimmedavg_beta", (0.1, 0.2, 0.3, 0.4)),
+    "ditto": Knob("ditto_mu", (0.01, 0.1, 1.0, 10.0), larger_is_simpler=True),
+    "fedavg-ft": Knob("ft_steps", (1, 3, 10, 30), integer=True),
+    "ifca": Knob("ifca_k", (1, 2, 3, 4), integer=True),
+}
+
+
+def knob_values(method: str, cfg, given=None) -> tuple:
+    """The values of ``method``'s knob to try (``given``: ``--knob-grid``'s text or a
+    sequence; else the default grid), each checked against the setting's own range; ``()``
+    for a method without a knob."""
+    knob = KNOBS.get(method)
+    if knob is None:
+        if given is not None:
+            raise InputError(f"knob-grid: {method} has no setting to tune besides its level")
+        return ()
+    values = knob.grid if given is None else parse_grid(given, "knob-grid")
+    if knob.integer:
+        if any(float(v) != int(v) for v in values):
+            raise InputError(f"knob-grid: {knob.name.replace('_', '-')} takes integers")
+        values = tuple(dict.fromkeys(int(v) for v in values))
+    for v in values:
+        try:
+            cfg.replace(**{knob.name: v})
+        except InputError as exc:
+            raise InputError(f"knob-grid: {exc}") from None
+    return tuple(values)
+
+
+@dataclass(frozen=True)
 class CVOptions:
     """How a cross-validation runs, for either method (``fit --tune cv``, the studies)."""
 
@@ -411,6 +461,8 @@ def parse_grid(text: str | Sequence[float], key: str, minimum: float = 0.0) -> t
 
 __all__ = [
     "CVOptions",
+    "KNOBS",
+    "Knob",
     "Progress",
     "RULES",
     "choose",
@@ -418,6 +470,7 @@ __all__ = [
     "components",
     "default_jobs",
     "holdout_mask",
+    "knob_values",
     "lam_max",
     "log_path",
     "parse_grid",

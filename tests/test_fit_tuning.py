@@ -172,6 +172,34 @@ def test_grauc_baselines_tune_their_ridge_and_rounds(grauc_files, capsys, tmp_pa
     assert m["rounds"] == best[1]
 
 
+@pytest.mark.parametrize(
+    ("method", "knob", "grid"),
+    [("ditto", "ditto_mu", "0.01,1"), ("ifca", "ifca_k", "1,2"), ("fedprox", "fedprox_mu", None)],
+)
+def test_grauc_comparators_tune_their_own_setting(
+    grauc_files, capsys, tmp_path, method, knob, grid
+):
+    """A comparator's CV: ridge x its own setting (the default grid, or --knob-grid); the
+    choice is the best mean validation AUC of cv.csv, and the refit uses it."""
+    from strategies.tuning import KNOBS
+
+    out = str(tmp_path / method)
+    extra = ("--method", method, "--tune", "cv", "--folds", "2", "--ridge-grid", "0.01,1")
+    extra += ("--fedavg-rounds", "8", "--jobs", "1")
+    code, err = _grauc(capsys, grauc_files, out, *extra, *(("--knob-grid", grid) if grid else ()))
+    assert code == 0, err
+    cv = _read(out, "cv.csv")
+    assert list(cv.columns) == ["fold", "ridge", knob, "val_auc", "rounds", "converged"]
+    values = [float(v) for v in grid.split(",")] if grid else list(KNOBS[method].grid)
+    assert sorted(set(cv[knob])) == sorted(values)
+    assert len(cv) == 2 * 2 * len(values)
+    mean = cv.groupby(["ridge", knob], sort=False)["val_auc"].mean()
+    best = mean.index[int(np.argmax(mean.to_numpy()))]  # ties: the first in grid order
+    m = _metrics(out)
+    assert (m["tuned"]["ridge"], m["tuned"][knob]) == pytest.approx(best)
+    assert m["config"][knob.replace("_", "-")] == pytest.approx(best[1])
+
+
 def test_fedavg_rounds_path_continues_one_run(grauc_files):
     """The CV's rounds path (5, then 15 more from the 5-round model) equals 20 rounds."""
     from grauc_flower.tuning import cv_piece
@@ -182,7 +210,7 @@ def test_fedavg_rounds_path_continues_one_run(grauc_files):
 
     sites = grauc_files[0]
     cfg = GrAUCConfig(ridge=0.1)
-    rows = cv_piece(("fedavg", 0, sites, cfg, (), {}, (5, 20)))
+    rows = cv_piece(("fedavg", 0, sites, cfg, (), {}, (5, 20), ()))
     from grauc_flower.client import GrAUCClient
 
     clients = [GrAUCClient(s, cfg.ridge, index=z) for z, s in enumerate(sites)]
@@ -231,6 +259,11 @@ def test_grauc_holdout(grauc_files, capsys, tmp_path):
         (("--tune", "cv", "--lam-grid", "1,x"), ("lam-grid:",)),
         (("--tune", "cv", "--method", "pooled"), ("tune:",)),
         (("--tune", "cv", "--method", "fedavg", "--rounds-grid", "2.5"), ("rounds-grid:",)),
+        (("--method", "ditto", "--knob-grid", "1"), ("knob-grid:", "--tune cv")),
+        (("--tune", "cv", "--method", "ifca", "--knob-grid", "1.5"), ("knob-grid:", "integers")),
+        (("--tune", "cv", "--method", "ditto", "--knob-grid", "0"), ("knob-grid:", "ditto-mu")),
+        (("--tune", "cv", "--method", "krum", "--knob-grid", "1"), ("knob-grid:", "krum")),
+        (("--tune", "cv", "--method", "ditto", "--ditto-mu", "1"), ("ditto-mu:", "--knob-grid")),
     ],
 )
 def test_grauc_bad_tuning_and_test_input(grauc_files, capsys, tmp_path, extra, words):
@@ -328,6 +361,23 @@ def test_rowfed_tune_cv_and_test_file(rowfed_files, capsys, tmp_path):
     assert m["test"]["mse"] == pytest.approx(table["mse"].mean())
 
 
+def test_rowfed_comparator_tunes_lam2_and_its_own_setting(rowfed_files, capsys, tmp_path):
+    """RowFed's Ditto by CV: lam2 x ditto-mu; the choice is cv.csv's least mean validation
+    MSE, and the refit uses it."""
+    out = str(tmp_path / "ditto")
+    extra = ("--method", "ditto", "--tune", "cv", "--folds", "3", "--lam2-grid", "0.05,0.005")
+    code, err = _rowfed(capsys, rowfed_files, out, *extra, "--knob-grid", "0.01,1", "--jobs", "1")
+    assert code == 0, err
+    cv = _read(out, "cv.csv")
+    assert list(cv.columns) == ["fold", "lam2", "ditto_mu", "val_mse", "rounds", "converged"]
+    assert len(cv) == 3 * 2 * 2
+    mean = cv.groupby(["lam2", "ditto_mu"], sort=False)["val_mse"].mean()
+    best = mean.index[int(np.argmin(mean.to_numpy()))]
+    m = _metrics(out)
+    assert (m["tuned"]["lam2"], m["tuned"]["ditto_mu"]) == pytest.approx(best)
+    assert (m["config"]["lam2"], m["config"]["ditto-mu"]) == pytest.approx(best)
+
+
 def test_rowfed_one_se_rule_picks_no_less_regularization(rowfed_files, capsys, tmp_path):
     grids = ("--lam1-grid", "0.3,0.05,0.01", "--lam2-grid", "0.05,0.005", "--folds", "3")
     chosen = {}
@@ -367,6 +417,11 @@ def test_rowfed_holdout(rowfed_files, capsys, tmp_path):
         (("--tune", "cv", "--folds", "1"), ("folds:",)),
         (("--tune", "cv", "--folds", "31"), ("folds:", "'c0'")),
         (("--lam2-grid", "0.1"), ("lam2-grid:", "--tune")),
+        (("--method", "ditto", "--knob-grid", "1"), ("knob-grid:", "--tune cv")),
+        (("--tune", "gic", "--method", "ditto"), ("tune:", "--tune cv")),
+        (("--tune", "cv", "--method", "ifca", "--knob-grid", "0"), ("knob-grid:", "ifca-k")),
+        (("--tune", "cv", "--method", "rowfed", "--knob-grid", "1"), ("knob-grid:", "rowfed")),
+        (("--tune", "cv", "--method", "ditto", "--ditto-mu", "1"), ("ditto-mu:", "--knob-grid")),
     ],
 )
 def test_rowfed_bad_tuning_and_test_input(rowfed_files, capsys, tmp_path, extra, words):

@@ -84,6 +84,13 @@ def add_tuning_arguments(parser: argparse.ArgumentParser, tunes: tuple[str, ...]
         metavar="N",
         help="cv: processes (default: one per core)",
     )
+    parser.add_argument(
+        "--knob-grid",
+        default="",
+        metavar="LIST",
+        help="cv, a comparator: values of its own setting (fedprox-mu, ditto-mu, ifca-k, "
+        "fedopt-eta, ...; default: strategies/tuning.py KNOBS)",
+    )
 
 
 def cv_options(args: argparse.Namespace, seed: int):
