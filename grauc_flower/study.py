@@ -108,7 +108,16 @@ REAL_DATA_DEFAULTS = {
     "num_counties": 18,
     "missing_levels": "level",
 }
-TUNING_KEYS = ("folds", "lam", "w_dist", "ridge", "rule", "cv_tol", "cv_max_rounds")
+TUNING_KEYS = (
+    "folds",
+    "lam",
+    "w_dist",
+    "ridge",
+    "rule",
+    "cv_tol",
+    "cv_max_rounds",
+    "comparators",
+)
 TASK = "grauc_flower.study:run_task"
 
 
@@ -128,6 +137,7 @@ class Settings:
     cfg: GrAUCConfig
     figure_cell: dict | None
     coverage: float | None = None  # [coverage] level: a coverage study at fixed lam, w_dist
+    comparators: bool = False  # [tuning] comparators: tune each comparator by the same CV
 
 
 def _number_list(value, key: str, minimum: float = 0.0) -> tuple[float, ...]:
@@ -208,6 +218,9 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     if "ridge" in tuning and "grauc.ridge" in rc:
         raise InputError("grauc.ridge: tuned by [tuning] ridge; set one or the other")
     ridges = _number_list(tuning.get("ridge", [cfg.ridge]), "tuning.ridge")
+    comparators = tuning.get("comparators", False)
+    if not isinstance(comparators, bool):
+        raise InputError(f"tuning.comparators: must be true or false, got {comparators!r}")
     cell = figure_cell_setting(settings, keys)
     return Settings(
         tuple(methods),
@@ -222,6 +235,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
         cfg,
         cell,
         coverage,
+        comparators,
     )
 
 
@@ -350,11 +364,9 @@ def load(path: str) -> tuple[Study, Settings]:
 # ---------------------------------------------------------------------------------------
 # One task
 # ---------------------------------------------------------------------------------------
-def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataFrame:
-    """The task's cross-validation table (:func:`grauc_flower.tuning.cross_validate` on the
-    config's grid, in this process: the study runs its tasks in parallel)."""
-    grid = Grid(lam=st.lam_grid, w_dist=st.w_dist_grid, ridge=st.ridge_grid)
-    opts = CVOptions(
+def _cv_options(st: Settings, seed: int) -> CVOptions:
+    """The study's CV (in this process: the study runs its tasks in parallel)."""
+    return CVOptions(
         folds=st.folds,
         rule=st.rule,
         tol=st.cv_tol,
@@ -363,7 +375,24 @@ def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataF
         seed=seed,
         quiet=True,
     )
-    return cv.cross_validate(sites, cfg, "grauc", grid, opts)
+
+
+def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataFrame:
+    """The task's cross-validation table (:func:`grauc_flower.tuning.cross_validate` on the
+    config's grid)."""
+    grid = Grid(lam=st.lam_grid, w_dist=st.w_dist_grid, ridge=st.ridge_grid)
+    return cv.cross_validate(sites, cfg, "grauc", grid, _cv_options(st, seed))
+
+
+def tuned_comparator(sites, cfg: GrAUCConfig, method: str, st: Settings, seed: int):
+    """With ``[tuning] comparators = true``: ``method``'s settings chosen by the same folds,
+    rule and ridge grid as GrAUC-PFL's (:func:`grauc_flower.tuning.tune`: the ridge and the
+    comparator's own setting); ``(cfg at the choice, {setting: value})``."""
+    tuned, _, summary = cv.tune(
+        sites, cfg, method, Grid(ridge=st.ridge_grid), _cv_options(st, seed)
+    )
+    chosen = summary[summary["chosen"]].iloc[0]
+    return tuned, {k: chosen[k] for k in cv.PARAMS[method]}
 
 
 def choose(table: pd.DataFrame, rule: str = "best") -> dict:
@@ -424,15 +453,27 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
         chosen = choose(table, st.rule)
         lam, w_dist, ridge = chosen["lam"], chosen["w_dist"], chosen["ridge"]
         frames["cv"] = table
-    results = {}
+    results, tuned = {}, {}
     for method in st.methods:  # GrAUC-PFL at its tuned setting; the baselines at the config's
-        point = cfg.replace(lam=lam, w_dist=w_dist, ridge=ridge) if method == "grauc" else cfg
+        point = cfg  # or, with [tuning] comparators, at theirs
+        if method == "grauc":
+            point = cfg.replace(lam=lam, w_dist=w_dist, ridge=ridge)
+        elif st.comparators and method in cv.PARAMS:
+            point, tuned[method] = tuned_comparator(sites, cfg, method, st, seed)
         results.update(run_methods_inprocess(point, sites, [method]))
     table = auc_table(results)
     is_grauc = table["method"] == "grauc"
     table["lam"] = np.where(is_grauc, lam, np.nan)
     table["w_dist"] = np.where(is_grauc, w_dist, np.nan)
-    table["ridge"] = np.where(is_grauc, ridge, cfg.ridge)
+    ridges = {m: float(t["ridge"]) for m, t in tuned.items()}
+    table["ridge"] = np.where(is_grauc, ridge, table["method"].map(ridges).fillna(cfg.ridge))
+    if st.comparators:  # each comparator's own tuned setting, as "name=value"
+        table["tuned"] = table["method"].map(
+            {
+                m: ";".join(f"{k}={v:g}" for k, v in t.items() if k != "ridge")
+                for m, t in tuned.items()
+            }
+        )
     table["rounds"] = table["method"].map({m: r.rounds for m, r in results.items()})
     table["converged"] = table["method"].map({m: r.converged for m, r in results.items()})
     n_train = {s.site: (s.n_pos, s.n_neg) for s in sites}

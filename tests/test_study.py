@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT as ROOT_DIR
 from conftest import assert_self_contained, parse_page
 
 from grauc_flower.cli import main as grauc_main
@@ -535,3 +536,71 @@ def test_extends_errors(tmp_path, capsys, text, words):
     code, err = _run(grauc_main, capsys, "--config", cfg, "--out", str(tmp_path / "o"))
     assert code == 2 and words in err and "Traceback" not in err
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_study_tunes_the_comparators_by_the_same_cv(tmp_path, capsys):
+    """``[tuning] comparators = true``: each comparator's ridge and own setting chosen by the
+    study's folds and rule, recorded per row; a method without a knob gets only its ridge."""
+    from strategies.tuning import KNOBS
+
+    text = GRAUC_TOML.replace(
+        'methods = ["grauc", "individual", "fedavg"]',
+        'methods = ["grauc", "individual", "ditto", "ifca", "krum"]',
+    ).replace("cv_max_rounds = 15", "cv_max_rounds = 15\ncomparators = true\nridge = [0.01, 1.0]")
+    cfg = _config(tmp_path, text)
+    out = str(tmp_path / "out")
+    args = ("--config", cfg, "--out", out, "--reps", "1", "--only", "prevalence=0.3")
+    code, err = _run(grauc_main, capsys, *args, "--no-figures")
+    assert code == 0, err
+    res = pd.read_csv(os.path.join(out, "results.csv")).drop_duplicates("method")
+    tuned = dict(zip(res["method"], res["tuned"].fillna(""), strict=True))
+    for method in ("ditto", "ifca"):
+        name, value = tuned[method].split("=")
+        assert name == KNOBS[method].name and float(value) in KNOBS[method].grid
+    assert tuned["krum"] == "" and tuned["individual"] == ""
+    assert set(res["ridge"]) <= {0.01, 1.0}
+
+
+def test_every_method_has_a_label_and_a_colour():
+    """Each name a study accepts is drawn with its own label and colour (none falls back to
+    the default white box or repeats another's colour)."""
+    from grauc_flower import figures as gf
+    from rowfed_flower import figures as rf
+    from strategies.config import GRAUC_METHODS, ROWFED_METHODS
+
+    for names, fig in ((GRAUC_METHODS, gf), (ROWFED_METHODS, rf)):
+        assert set(names) <= set(fig.LABELS) and set(names) <= set(fig.COLORS)
+        colours = [fig.COLORS[m] for m in names]
+        assert len(set(colours)) == len(colours)
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(f for f in os.listdir(os.path.join(ROOT_DIR, "configs")) if f.endswith(".toml")),
+)
+def test_every_shipped_config_loads(name):
+    """Each config in configs/ (study configs, with their ``extends`` resolved) parses; an
+    ``_all`` config holds every name of its family and its base's design."""
+    from grauc_flower import study as gs
+    from rowfed_flower import study as rs
+    from strategies.config import GRAUC_METHODS, ROWFED_METHODS
+    from strategies.experiments.design import read_config
+
+    path = os.path.join(ROOT_DIR, "configs", name)
+    raw = read_config(path)
+    if "study" not in raw or raw.get("data", {}).get("source") == "cdc":
+        return  # a Flower run config (rowfed_sim.toml); the CDC file is downloaded separately
+    family = raw["study"]
+    study, _ = (gs if family == "grauc" else rs).load(path)
+    if name.endswith("_all.toml"):
+        names = GRAUC_METHODS if family == "grauc" else ROWFED_METHODS
+        assert set(raw["methods"]) == set(names) - {"pooled"}
+        base = read_config(os.path.join(ROOT_DIR, "configs", raw_base(path)))
+        assert raw["design"] == base["design"]
+
+
+def raw_base(path: str) -> str:
+    import tomllib
+
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)["extends"]

@@ -19,6 +19,7 @@ COMPARATOR_LABELS = {
     "krum": "Krum",
     "ditto": "Ditto",
     "fedavg-ft": "FedAvg-FT",
+    "ifca": "IFCA",
 }
 COMPARATOR_COLORS = {
     "fedavg": "#2ca02c",
@@ -32,6 +33,7 @@ COMPARATOR_COLORS = {
     "krum": "#c5b0d5",
     "ditto": "#393b79",
     "fedavg-ft": "#637939",
+    "ifca": "#e7969c",
 }
 #: Legend entries per row.
 LEGEND_COLUMNS = 7
