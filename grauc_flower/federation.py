@@ -52,6 +52,10 @@ def pooled_objective(sites, cfg: GrAUCConfig, beta, registry: Registry | None) -
     return pooled_datafit(sites, cfg, registry).value(beta)
 
 
+#: GrAUC-PFL, and the same fused penalty toward the federation's mean (docs/methods.md 3.10).
+FUSED_METHODS = ("grauc", "mean-fusion")
+
+
 def make_strategy(
     method: str,
     cfg: GrAUCConfig,
@@ -67,7 +71,7 @@ def make_strategy(
     """The Strategy object for a method name.  ``checkpoint`` (GrAUC-PFL): ``checkpoint``
     (file written every ``checkpoint_every`` rounds) and ``resume`` (file to start from);
     ``timeout``: seconds registration and each round wait for the sites."""
-    if method == "grauc":
+    if method in FUSED_METHODS:
         return GrAUCStrategy(
             cfg,
             n_sites,
@@ -78,6 +82,7 @@ def make_strategy(
             beta0=beta0,
             graph_builder=build_graph,
             timeout=timeout,
+            fusion="graph" if method == "grauc" else "mean",
         )
     if method == "individual":
         return IndividualStrategy(cfg, n_sites, registry, timeout=timeout)
@@ -135,7 +140,7 @@ def max_rounds_for(method: str, cfg: GrAUCConfig) -> int:
     evaluation after the last (the loop stops as soon as the method has finished)."""
     if method in FEDAVG_FAMILY:
         return round_limit(method, cfg) + 1
-    if method == "grauc":
+    if method in FUSED_METHODS:
         return cfg.max_rounds + 1 + (REFIT_ROUNDS if cfg.inference == "oracle" else 0)
     return 2
 
@@ -167,13 +172,11 @@ def collect(method: str, strategy) -> MethodResult:
             strategy.rounds,
         )
     extra = {}
-    if method == "grauc":
-        extra = {
-            "graph": strategy.graph,
-            "weights": strategy.graph.weights(strategy.cfg.w_dist, strategy.cfg.q),
-            "clusters": strategy.clusters(),
-            "beta_std": strategy.coefficients_std(),
-        }
+    if method in FUSED_METHODS:
+        extra = {"clusters": strategy.clusters(), "beta_std": strategy.coefficients_std()}
+        if method == "grauc":  # mean-fusion has no graph (its map shows the sites alone)
+            extra["graph"] = strategy.graph
+            extra["weights"] = strategy.graph.weights(strategy.cfg.w_dist, strategy.cfg.q)
         history = strategy.history.rows
         rounds = strategy.rounds
         if strategy.refit is not None:
@@ -319,6 +322,7 @@ def write_result(
             }
         )
         edges.to_csv(os.path.join(out_dir, "edges.csv"), index=False)
+    if "clusters" in res.extra:
         clusters = pd.DataFrame(res.extra["clusters"], columns=list(features))
         clusters.insert(0, "site", res.sites)
         clusters.to_csv(os.path.join(out_dir, "clusters.csv"), index=False)

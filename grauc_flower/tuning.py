@@ -17,7 +17,7 @@ The pieces run in a process pool, one per ``(fold, ridge)``.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -60,6 +60,7 @@ class Grid:
 #: ridge and, for a comparator, its knob (:data:`strategies.tuning.KNOBS`).
 PARAMS = {
     "grauc": ("lam", "w_dist", "ridge"),
+    "mean-fusion": ("lam", "ridge"),
     "individual": ("ridge",),
     "fedavg": ("ridge", "fedavg_rounds"),
     **{
@@ -70,6 +71,7 @@ PARAMS = {
 #: The most regularized first, for the ``1se`` rule.
 SIMPLEST = {
     "grauc": ("lam", "ridge"),
+    "mean-fusion": ("lam", "ridge"),
     "individual": ("ridge",),
     "fedavg": ("ridge",),
     **{
@@ -149,11 +151,54 @@ def lam_maxes(sites, cfg: GrAUCConfig, ridges, w_dists) -> dict[tuple[float, flo
     return out
 
 
-def lam_grids(sites, cfg: GrAUCConfig, grid: Grid) -> dict[tuple[float, float], tuple]:
+def lam_maxes_mean(sites, cfg: GrAUCConfig, ridges) -> dict[float, float]:
+    """``lam_max`` of the mean-fusion comparator per ridge: the sites' gradients at the
+    common fit of all of them (as :func:`lam_maxes`), then
+    :func:`strategies.tuning.lam_max_mean`."""
+    p = sites[0].x_train.shape[1]
+    out = {}
+    for ridge in ridges:
+        clients = _clients(sites, ridge)
+        registry = Registry()
+        for z, c in enumerate(clients):
+            registry.register(str(z), c.get_properties({}))
+        if cfg.standardize == "federated":
+            registry.standardize()
+        work = registry.scaling_config()
+
+        def answers(b, clients=clients, work=work):
+            got = []
+            for z, c in enumerate(clients):
+                config = {"task": "gradient", "site": sites[z].site, **work}
+                arrays, _, metrics = c.fit([b], config)
+                got.append((float(metrics["loss"]), arrays[0]))
+            return got
+
+        def oracle(b):
+            got = answers(b)
+            return sum(v for v, _ in got), np.sum([g for _, g in got], axis=0)
+
+        b, _ = tuning.common_fit(oracle, p)
+        grads = np.array([g for _, g in answers(b)])
+        out[ridge], _ = tuning.lam_max_mean(grads, cfg.penalty == "group")
+    return out
+
+
+def lam_grids(
+    sites, cfg: GrAUCConfig, grid: Grid, method: str = "grauc"
+) -> dict[tuple[float, float], tuple]:
     """The ``lam`` values per ``(ridge, w_dist)``: ``grid.lam`` when given, else
-    :func:`strategies.tuning.log_path` below :func:`lam_maxes`."""
+    :func:`strategies.tuning.log_path` below :func:`lam_maxes` (mean-fusion:
+    :func:`lam_maxes_mean`, the same for every ``w_dist``)."""
     if grid.lam:
         return {(r, w): grid.lam for r in grid.ridge for w in grid.w_dist}
+    if method == "mean-fusion":
+        tops = lam_maxes_mean(sites, cfg, grid.ridge)
+        return {
+            (r, w): tuning.log_path(tops[r], N_LAM, LAM_RATIO)
+            for r in grid.ridge
+            for w in grid.w_dist
+        }
     tops = lam_maxes(sites, cfg, grid.ridge, grid.w_dist)
     return {key: tuning.log_path(top, N_LAM, LAM_RATIO) for key, top in tops.items()}
 
@@ -206,17 +251,18 @@ def cv_piece(piece) -> list[dict]:
     clients = _clients(sites, cfg.ridge)
     registry = Registry()
     rows = []
-    if method == "grauc":
+    if method in ("grauc", "mean-fusion"):
         start = None
         for w in w_grid:
             beta0 = start
             for lam in lams[w]:
                 point = cfg.replace(lam=lam, w_dist=w)
-                strategy = make_strategy("grauc", point, len(sites), registry, beta0=beta0)
-                run_inprocess(strategy, clients, max_rounds_for("grauc", point))
+                strategy = make_strategy(method, point, len(sites), registry, beta0=beta0)
+                run_inprocess(strategy, clients, max_rounds_for(method, point))
                 beta0 = strategy.coefficients_std()
                 start = beta0 if start is None else start
-                rows.append(_row(k, {"lam": lam, "w_dist": w, "ridge": cfg.ridge}, strategy))
+                setting = {"lam": lam, "w_dist": w, "ridge": cfg.ridge}
+                rows.append(_row(k, {p: setting[p] for p in PARAMS[method]}, strategy))
     elif method == "individual":
         strategy = make_strategy("individual", cfg, len(sites), registry)
         run_inprocess(strategy, clients, max_rounds_for("individual", cfg))
@@ -264,7 +310,9 @@ def cross_validate(
     knobs = tuning.knob_values(method, cfg, grid.knob) if method in FEDAVG_FAMILY[1:] else ()
     rng = np.random.default_rng([opts.seed, 1])
     folds = [tuning.stratified_folds(s.y_train, opts.folds, rng) for s in sites]
-    lams = lam_grids(sites, cfg, grid) if method == "grauc" else {}
+    if method == "mean-fusion":  # no graph: one lam path per ridge
+        grid = replace(grid, w_dist=(cfg.w_dist,))
+    lams = lam_grids(sites, cfg, grid, method) if method in ("grauc", "mean-fusion") else {}
     base = opts.fit_config(cfg)
     pieces = []
     for k in range(opts.folds):

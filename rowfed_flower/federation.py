@@ -255,6 +255,10 @@ def with_test_set(
 # ----------------------------------------------------------------------------------------
 # Methods
 # ----------------------------------------------------------------------------------------
+#: The fused methods: RowFed, PerFL-LSMA, and row-wise fusion toward the clients' mean.
+FUSED_METHODS = ("rowfed", "perfl-lsma", "mean-fusion")
+
+
 def make_strategy(
     method: str,
     cfg: RowFedConfig,
@@ -266,10 +270,20 @@ def make_strategy(
 ):
     """The Strategy object for a method name (``timeout``: seconds registration and each
     round wait for the clients)."""
-    if method in ("rowfed", "perfl-lsma"):
-        grouping = "row" if method == "rowfed" else "block"
+    if method in FUSED_METHODS:
+        grouping = "block" if method == "perfl-lsma" else "row"
         graph = functools.partial(read_graph, cfg.graph)
-        return RowFedStrategy(cfg, n_sites, registry, grouping, theta0, progress, graph, timeout)
+        return RowFedStrategy(
+            cfg,
+            n_sites,
+            registry,
+            grouping,
+            theta0,
+            progress,
+            graph,
+            timeout,
+            toward_mean=method == "mean-fusion",
+        )
     if method == "nonfed":
         return NonFedStrategy(cfg, n_sites, registry, timeout)
     if method in FEDAVG_FAMILY:
@@ -290,7 +304,7 @@ def max_rounds_for(method: str, cfg: RowFedConfig) -> int:
     the evaluation after the last (the loop stops as soon as the method has finished)."""
     if method in FEDAVG_FAMILY:
         return round_limit(method, cfg) + 1
-    if method in ("rowfed", "perfl-lsma"):
+    if method in FUSED_METHODS:
         return cfg.max_rounds + 2
     return 2
 

@@ -79,7 +79,7 @@ REQUIRED = ("M", "n_m", "p", "q")
 #: The tuning values a coverage study fixes in the method's table.
 COVERAGE_FIXED = ("lam1", "lam2")
 SECTIONS = ("data", "tuning", "rowfed", "figures", "coverage")
-TUNED = ("rowfed", "perfl-lsma", "nonfed")
+TUNED = ("rowfed", "perfl-lsma", "mean-fusion", "nonfed")
 CRITERIA = ("gic", "gic-nq")
 TASK = "rowfed_flower.study:run_task"
 DEFAULT_LAM1 = (0.5, 0.3, 0.2, 0.1)
@@ -346,7 +346,7 @@ def fit_methods(st: dict, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
 
 def _tuning_columns(method: str, res) -> dict:
     return {
-        "lam1": res.lam1 if method in ("rowfed", "perfl-lsma") else np.nan,
+        "lam1": res.lam1 if method in TUNED[:3] else np.nan,
         "lam2": res.lam2,
         "gic": res.gic,
         "rounds": res.rounds,

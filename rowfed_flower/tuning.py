@@ -29,7 +29,7 @@ DEFAULT_LAM1_GRID = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01)
 DEFAULT_LAM2_GRID = (0.1, 0.05, 0.02, 0.01, 0.005)
 PARAMS = ("lam1", "lam2")
 #: The methods ``--tune gic`` chooses levels for (GIC needs a fused structure's df).
-TUNABLE = ("rowfed", "perfl-lsma", "nonfed")
+TUNABLE = ("rowfed", "perfl-lsma", "mean-fusion", "nonfed")
 #: The methods ``--tune cv`` chooses settings for: also the FedAvg family (``lam2`` and the
 #: comparator's own setting, :data:`strategies.tuning.KNOBS`).
 CV_TUNABLE = TUNABLE + FEDAVG_FAMILY
@@ -161,7 +161,7 @@ def cv_piece(piece) -> list[dict]:
                 "converged": bool(strategy.converged),
             }
         )
-        if method in ("rowfed", "perfl-lsma"):  # warm starts along the fused path
+        if method in fed.FUSED_METHODS:  # warm starts along the fused path
             theta0 = np.array(strategy.warm_start())
     return rows
 

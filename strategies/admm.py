@@ -315,6 +315,28 @@ def fused_groups(edges: np.ndarray, delta: np.ndarray, n_sites: int) -> np.ndarr
     return labels.reshape((n_sites,) + block)
 
 
+def centering_matrix(n_sites: int) -> sp.csr_matrix:
+    """``I - J/Z``: row ``z`` of ``A beta`` is ``beta_z - mean(beta)`` (fusion toward the
+    federation's mean, the ``mean-fusion`` comparator; docs/methods.md 3.10)."""
+    return sp.csr_matrix(np.eye(n_sites) - 1.0 / n_sites)
+
+
+def split_groups(matrix: sp.spmatrix, delta: np.ndarray, n_sites: int) -> np.ndarray:
+    """Cluster labels per coordinate from a fusion split's ``delta``, for either kind of
+    fusion matrix: a signed incidence (rows ``e_u - e_v``: :func:`fused_groups` along the
+    edges with ``delta_e = 0``) or :func:`centering_matrix` (the sites whose ``delta_z = 0``
+    equal the mean and form one cluster; the others stand alone)."""
+    m = sp.csr_matrix(matrix)
+    if np.all(np.diff(m.indptr) == 2) and np.all(np.abs(m.data) == 1.0):
+        cols = m.indices.reshape(-1, 2)
+        plus = np.take_along_axis(cols, np.argsort(-m.data.reshape(-1, 2), axis=1), axis=1)
+        return fused_groups(plus, delta, n_sites)
+    if m.shape != (n_sites, n_sites):
+        raise ValueError("matrix: neither an incidence nor a centering matrix")
+    edges = np.column_stack([np.arange(n_sites), np.full(n_sites, n_sites)])  # z -- the mean
+    return fused_groups(edges, delta, n_sites + 1)[:n_sites]
+
+
 @dataclass
 class History:
     """Per-round history: one dict per round (``round, objective, primal_residual,

@@ -34,7 +34,7 @@ GLOBAL_METHODS = (
 PERSONAL_METHODS = ("ditto", "fedavg-ft", "ifca")
 #: Every method whose server is Flower's FedAvg or one of its kin.
 FEDAVG_FAMILY = GLOBAL_METHODS + PERSONAL_METHODS
-GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled", *FEDAVG_FAMILY[1:])
+GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled", "mean-fusion", *FEDAVG_FAMILY[1:])
 #: ``curvature`` values: the pqn models learned from gradients, or the sites' Hessians.
 CURVATURE_CHOICES = ("learned", "exact")
 
@@ -338,7 +338,7 @@ def parse_methods(value: str, allowed: tuple[str, ...]) -> list[str]:
 # RowFed
 # ---------------------------------------------------------------------------------------
 #: Method names accepted by ``method`` when ``task = "rowfed"``.
-ROWFED_METHODS = ("rowfed", "nonfed", "fedavg", "perfl-lsma", *FEDAVG_FAMILY[1:])
+ROWFED_METHODS = ("rowfed", "nonfed", "fedavg", "perfl-lsma", "mean-fusion", *FEDAVG_FAMILY[1:])
 #: Run-config prefix of :class:`RowFedConfig`'s keys.
 PREFIX = "rowfed"
 

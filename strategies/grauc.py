@@ -77,6 +77,7 @@ class GrAUCStrategy(FusedSiteStrategy):
         beta0: np.ndarray | None = None,
         graph_builder=None,
         timeout: float | None = None,
+        fusion: str = "graph",
     ) -> None:
         super().__init__(
             n_sites,
@@ -100,6 +101,7 @@ class GrAUCStrategy(FusedSiteStrategy):
         if graph_builder is None:
             raise ValueError("graph_builder: GrAUC-PFL needs the function that builds its graph")
         self.cfg = cfg
+        self.fusion = fusion  # "graph" (GrAUC-PFL), or "mean" (the mean-fusion comparator)
         self.graph_edges = graph_edges
         self.graph_builder = graph_builder
         self.beta0 = beta0
@@ -111,12 +113,13 @@ class GrAUCStrategy(FusedSiteStrategy):
         lat = np.array([float(m["lat"]) for m in meta])
         lon = np.array([float(m["lon"]) for m in meta])
         self.graph = self.graph_builder(lat, lon, cfg.graph, cfg.knn_k, self.graph_edges)
-        self._set_problem(grauc_problem(self.graph, len(self.sites), cfg))
+        self._set_problem(grauc_problem(self.graph, len(self.sites), cfg, self.fusion))
+        self.fusing = self.problem.splits[0].matrix.shape[0] > 0 and len(self.sites) > 1
         if self.beta0 is not None:
             beta0 = np.array(self.beta0, dtype=float).reshape(len(self.sites), self.n_features)
         else:
             beta0 = initial_beta(len(self.sites), self.n_features, cfg)
-        self._start(beta0, use_qn=cfg.algorithm == "pqn" and len(self.graph.edges) > 0)
+        self._start(beta0, use_qn=cfg.algorithm == "pqn" and self.fusing)
         log(
             INFO,
             "GrAUC-PFL: %d sites, %d edges (%s), p = %d, sigma_max = %.4g",
@@ -137,7 +140,7 @@ class GrAUCStrategy(FusedSiteStrategy):
                 params = ndarrays_to_parameters([point[self.site_index[site]]])
                 ins.append((c, FitIns(params, {**common, "site": site})))
             return ins
-        if len(self.graph.edges) == 0:  # no edges: each site's model is its own fit
+        if not self.fusing:  # no edges: each site's model is its own fit
             return _local_instructions(self.registry, clients, self.work_config())
         return super()._instructions(clients)
 
@@ -150,7 +153,7 @@ class GrAUCStrategy(FusedSiteStrategy):
         return out
 
     def _fit_round(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
-        if len(self.graph.edges) > 0:
+        if self.fusing:
             return super()._aggregate(server_round, answered)
         beta = self.state.beta.copy()
         for site, (_, res) in answered.items():
@@ -223,9 +226,10 @@ class GrAUCStrategy(FusedSiteStrategy):
     def clusters(self) -> np.ndarray:
         """Fused groups per coordinate, ``(Z, p)`` labels, read off ``delta`` (for ``pqn``:
         the last model problem's ``delta``)."""
+        delta = self.state.delta[0]
         if self.qn is not None and self.qn.inner is not None:
-            return admm.fused_groups(self.graph.edges, self.qn.inner.delta[0], len(self.sites))
-        return admm.fused_groups(self.graph.edges, self.state.delta[0], len(self.sites))
+            delta = self.qn.inner.delta[0]
+        return admm.split_groups(self.problem.splits[0].matrix, delta, len(self.sites))
 
 
 class IndividualStrategy(LocalOnlyStrategy):

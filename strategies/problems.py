@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import scipy.sparse as sp
 
-from .admm import AdmmState, Problem, Split, all_pairs, fused_groups, incidence_matrix
+from .admm import (
+    AdmmState,
+    Problem,
+    Split,
+    all_pairs,
+    centering_matrix,
+    fused_groups,
+    incidence_matrix,
+    split_groups,
+)
 from .penalties import Penalty
 
 if TYPE_CHECKING:
@@ -33,15 +42,21 @@ FUSION_GROUPINGS = ("row", "block")
 # ----------------------------------------------------------------------------------------
 # GrAUC-PFL
 # ----------------------------------------------------------------------------------------
-def grauc_problem(graph, n_sites: int, cfg: GrAUCConfig) -> Problem:
-    """The fused-lasso split ``delta = Omega beta`` with per-edge level ``lam w_e``.
+def grauc_problem(graph, n_sites: int, cfg: GrAUCConfig, fusion: str = "graph") -> Problem:
+    """The fused-lasso split ``delta = Omega beta`` with per-edge level ``lam w_e``; with
+    ``fusion = "mean"`` instead ``delta = (I - J/Z) beta`` at level ``lam`` for every site,
+    the same penalty toward the federation's mean (the ``mean-fusion`` comparator).
 
     ``graph`` has ``edges`` ``(n_edges, 2)`` and ``weights(w_dist, q)`` (the geographic
     graph of :mod:`grauc_flower.graph`, handed in by the app).
     """
+    grouping = "block" if cfg.penalty == "group" else "entry"
+    if fusion == "mean":
+        return Problem(
+            (Split(centering_matrix(n_sites), Penalty("lasso"), cfg.lam, grouping),), n_sites
+        )
     d = incidence_matrix(graph.edges, n_sites)
     lam = cfg.lam * graph.weights(cfg.w_dist, cfg.q)
-    grouping = "block" if cfg.penalty == "group" else "entry"
     return Problem((Split(d, Penalty("lasso"), lam, grouping),), n_sites)
 
 
@@ -56,8 +71,11 @@ def build_problem(
     sparsity: str = "entry",
     graph_edges: np.ndarray | None = None,
     fusion_grouping: str = "row",
+    toward_mean: bool = False,
 ) -> Problem:
-    """The penalty side of SROF (docs/methods.md 2.2) as an ADMM :class:`Problem`.
+    """The penalty side of SROF (docs/methods.md 2.2) as an ADMM :class:`Problem`; with
+    ``toward_mean`` the fusion is of each client's rows toward the clients' mean rows,
+    ``(I - J/M) Theta`` (the ``mean-fusion`` comparator, docs/methods.md 3.10).
 
     Parameters
     ----------
@@ -97,7 +115,8 @@ def build_problem(
     edges = edges.reshape(-1, 2)
     if edges.size and (edges.min() < 0 or edges.max() >= n_sites):
         raise ValueError(f"graph_edges: site indices must lie in [0, {n_sites - 1}]")
-    fusion = Split(incidence_matrix(edges, n_sites), penalty, lam1, grouping=fusion_grouping)
+    matrix = centering_matrix(n_sites) if toward_mean else incidence_matrix(edges, n_sites)
+    fusion = Split(matrix, penalty, lam1, grouping=fusion_grouping)
     sparse = Split(sp.identity(n_sites, format="csr"), penalty, lam2, grouping=sparsity)
     return Problem(splits=(fusion, sparse), n_sites=n_sites)
 
@@ -122,12 +141,20 @@ def rowfed_problem(
     edges: np.ndarray | None = None,
     weights: np.ndarray | None = None,
     fusion_grouping: str = "row",
+    toward_mean: bool = False,
 ) -> Problem:
     """:func:`build_problem` with the settings of ``cfg`` (``weights`` multiply ``lam1``
     per edge)."""
     lam1 = cfg.lam1 if weights is None else cfg.lam1 * np.asarray(weights, dtype=float)
     return build_problem(
-        n_sites, cfg.penalty_obj(), lam1, cfg.lam2, cfg.sparsity, edges, fusion_grouping
+        n_sites,
+        cfg.penalty_obj(),
+        lam1,
+        cfg.lam2,
+        cfg.sparsity,
+        edges,
+        fusion_grouping,
+        toward_mean,
     )
 
 
@@ -148,8 +175,9 @@ def fitted_structure(problem: Problem, state: AdmmState) -> tuple[np.ndarray, np
     Clusters come from the fusion split's ``delta`` (exact zeros, docs/methods.md 2.3); the
     support from the sparsity split's ``delta`` (``eta``, exactly sparse) **[choice]**.
     """
-    edges = edges_from_incidence(problem.splits[FUSION].matrix)
-    labels = row_clusters(edges, state.delta[FUSION], problem.n_sites)
+    delta = np.asarray(state.delta[FUSION], dtype=float)
+    row_norm = np.sqrt(np.sum(delta * delta, axis=-1))  # (n_rows, p); 0 iff whole row is 0
+    labels = split_groups(problem.splits[FUSION].matrix, row_norm, problem.n_sites)
     support = state.delta[SPARSITY] != 0.0
     return labels, support
 

@@ -261,6 +261,23 @@ def lam_max(
     return level, exact
 
 
+def lam_max_mean(grads: np.ndarray, group: bool = False) -> tuple[float, bool]:
+    """``lam_max`` of the fusion toward the mean (``lam sum_z ||b_z - mean(b)||``, the
+    ``mean-fusion`` comparator) from the sites' gradients ``(Z, p)`` at the common fit, and
+    whether it is exact.  The common point is optimal iff some ``s_z`` in the dual-norm unit
+    ball has ``s_z - mean(s) = -g_z / lam``; as the ``g_z`` sum to zero, ``s_z = c - g_z/lam``
+    for any ``c``: with L1, ``lam_max = max_k (max_z g_zk - min_z g_zk) / 2`` (exact); with
+    the group norm the radius of the smallest ball holding the ``g_z``, bounded here by the
+    ball around their centre of range, ``max_z ||g_z - c||`` (an upper bound)."""
+    grads = np.asarray(grads, dtype=float)
+    if grads.shape[0] < 2:
+        return 0.0, True
+    mid = 0.5 * (grads.max(axis=0) + grads.min(axis=0))
+    if not group:
+        return float(np.max(grads.max(axis=0) - mid)), True
+    return float(np.max(np.linalg.norm(grads - mid, axis=1))), False
+
+
 def _l1_level(dt: np.ndarray, w: np.ndarray, g: np.ndarray) -> float:
     """``min t`` subject to ``D' u = -g`` and ``|u_e| <= t w_e`` (one coordinate)."""
     n_edges = dt.shape[1]
@@ -472,6 +489,7 @@ __all__ = [
     "holdout_mask",
     "knob_values",
     "lam_max",
+    "lam_max_mean",
     "log_path",
     "parse_grid",
     "row_folds",

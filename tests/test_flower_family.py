@@ -181,15 +181,16 @@ def test_bad_flower_settings_name_the_key():
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["grauc", "rowfed"])
 def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
-    """One ``flwr run`` whose ``method`` list holds every FedAvg-family name (Flower's
-    strategies, Ditto, fine-tuning); each name's coefficients equal the in-process
-    engine's (1e-8)."""
+    """One ``flwr run`` whose ``method`` list holds every comparator name (Flower's
+    strategies, Ditto, fine-tuning, IFCA, mean fusion); each name's coefficients equal the
+    in-process engine's (1e-8)."""
     from strategies.runtime.simulation import flwr_run
 
     out = str(tmp_path / "run")
     os.makedirs(out)
     rounds = 3
-    names = ",".join(FEDAVG_FAMILY)
+    every = ("mean-fusion", *FEDAVG_FAMILY)
+    names = ",".join(every)
     if family == "grauc":
         from grauc_flower import federation as fed
 
@@ -205,7 +206,7 @@ def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
         spec = fed.DataSpec(n_sites=5, n_features=4)
         sites, _ = fed.load_sites(spec)
         cfg = GrAUCConfig(fedavg_rounds=rounds, fedprox_mu=0.3)
-        inproc = fed.run_methods_inprocess(cfg, sites, list(FEDAVG_FAMILY))
+        inproc = fed.run_methods_inprocess(cfg, sites, list(every))
         for name, res in inproc.items():
             got = pd.read_csv(os.path.join(out, name, "coefficients.csv"))
             assert list(got["site"]) == res.sites
@@ -226,7 +227,7 @@ def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
         flwr_run(ROOT, rc, 5)
         spec = fed.RowFedDataSpec(num_clients=5, num_features=4, num_responses=2)
         cfg = RowFedConfig(fedavg_rounds=rounds, fedprox_mu=0.3)
-        inproc = fed.run_methods_inprocess(cfg, fed.load_data(spec), list(FEDAVG_FAMILY))
+        inproc = fed.run_methods_inprocess(cfg, fed.load_data(spec), list(every))
         for name, res in inproc.items():
             got = pd.read_csv(os.path.join(out, name, "coefficients.csv"))
             want = fed.coefficients_frame(res, *_names(res))

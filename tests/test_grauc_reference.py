@@ -337,3 +337,60 @@ def test_fedavg_one_step_is_gradient_descent_on_standardized_data(methods):
         fedavg_rounds=rounds,
     )["fedavg"]
     assert_allclose(res.coefficients * scale, np.tile(beta, (Z, 1)), rtol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------
+# mean-fusion: the same penalty toward the federation's mean (docs/methods.md 3.10)
+# ---------------------------------------------------------------------------------------
+def mean_objective(beta, ds, lam, ridge, penalty):
+    loss = sum(f_numpy(d, b, ridge) for d, b in zip(ds, beta, strict=True))
+    dev = beta - beta.mean(axis=0)
+    pen = np.abs(dev).sum() if penalty == "l1" else np.linalg.norm(dev, axis=1).sum()
+    return loss + lam * pen
+
+
+@pytest.mark.parametrize("penalty", ["l1", "group"])
+@pytest.mark.parametrize("algorithm", ["pqn", "admm"])
+def test_mean_fusion_matches_cvxpy(penalty, algorithm):
+    """``sum_z f_z(b_z) + lam sum_z ||b_z - mean(b)||`` (cvxpy) at a level where part of
+    the sites are pulled onto the mean; the fused groups are the sites at the mean."""
+    ds = site_pairs(SITES)
+    lam = 0.05 if penalty == "l1" else 0.35
+    b = cp.Variable((len(ds), P))
+    loss = sum(f_cvxpy(d, b[k], RIDGE) for k, d in enumerate(ds))
+    dev = b - cp.sum(b, axis=0, keepdims=True) / len(ds)
+    pen = cp.sum(cp.abs(dev)) if penalty == "l1" else cp.sum(cp.norm(dev, 2, axis=1))
+    solve(cp.Problem(cp.Minimize(loss + lam * pen)))
+    f_ref = mean_objective(b.value, ds, lam, RIDGE, penalty)
+    res = run(["mean-fusion"], lam=lam, penalty=penalty, algorithm=algorithm)["mean-fusion"]
+    f_ours = mean_objective(res.coefficients, ds, lam, RIDGE, penalty)
+    assert -GAP <= (f_ours - f_ref) / abs(f_ref) <= GAP
+    assert_allclose(res.coefficients, b.value, atol=2e-3)
+    # the sites the reference puts at the mean share one cluster, the others stand alone
+    at_mean = np.abs(b.value - b.value.mean(axis=0)) < 1e-5  # (Z, P)
+    for k in range(P):
+        if penalty == "group":
+            at_mean[:, k] = np.all(at_mean, axis=1)
+        labels = res.extra["clusters"][:, k]
+        on = labels[at_mean[:, k]]
+        assert len(set(on)) <= 1
+        assert len(set(labels[~at_mean[:, k]])) == int((~at_mean[:, k]).sum())
+        assert not set(on) & set(labels[~at_mean[:, k]])
+    assert at_mean.any() and not at_mean.all()  # a level that does something
+
+
+def test_mean_fusion_lam_max_is_where_the_sites_meet():
+    """lam_max of the fusion toward the mean (L1, exact): cvxpy's solution at 1.01 lam_max
+    gives every site the same coefficients, at 0.97 lam_max it does not."""
+    from grauc_flower.tuning import lam_maxes_mean
+
+    ds = site_pairs(SITES)
+    top = lam_maxes_mean(SITES, GrAUCConfig(ridge=RIDGE), (RIDGE,))[RIDGE]
+    spreads = []
+    for factor in (1.01, 0.97):
+        b = cp.Variable((len(ds), P))
+        loss = sum(f_cvxpy(d, b[k], RIDGE) for k, d in enumerate(ds))
+        dev = b - cp.sum(b, axis=0, keepdims=True) / len(ds)
+        solve(cp.Problem(cp.Minimize(loss + factor * top * cp.sum(cp.abs(dev)))))
+        spreads.append(np.ptp(b.value, axis=0).max())
+    assert spreads[0] < 1e-6 < 1e-4 < spreads[1]

@@ -452,3 +452,38 @@ def test_load_crime():
     assert np.all(raw.y[0] >= 0.0)
     with pytest.raises(ValueError, match="responses"):
         load_crime(CRIME, ["no_such_column"])
+
+
+@pytest.mark.parametrize("algorithm", ["pqn", "admm"])
+def test_mean_fusion_matches_cvxpy(algorithm):
+    """The mean-fusion comparator: ``sum_m f_m + lam1 sum_m sum_j ||theta_m(j) -
+    mean_m' theta_m'(j)||_2 + lam2 |Theta|_1`` (cvxpy), through the strategy; its clusters
+    are the clients whose row sits at the mean."""
+    from rowfed_flower import federation as fed
+    from strategies.config import RowFedConfig
+
+    spec = fed.RowFedDataSpec(num_clients=5, num_features=3, num_responses=2, n_train=30, seed=4)
+    data = fed.load_data(spec)
+    lam1, lam2 = 0.15, 0.02
+    cfg = RowFedConfig(
+        lam1=lam1, lam2=lam2, intercept=False, tol=1e-10, max_rounds=5000, algorithm=algorithm
+    )
+    res = fed.run_methods_inprocess(cfg, data, ["mean-fusion"])["mean-fusion"]
+    t = cp.Variable((5 * 3, 2))
+    blocks = [t[3 * m : 3 * m + 3] for m in range(5)]
+    mean = sum(blocks) / 5
+    loss = sum(
+        cp.sum_squares(c.y - c.x @ b) / (2 * c.x.shape[0])
+        for c, b in zip(data.clients, blocks, strict=True)
+    )
+    fusion = sum(cp.sum(cp.norm(b - mean, 2, axis=1)) for b in blocks)
+    prob = cp.Problem(cp.Minimize(loss + lam1 * fusion + lam2 * cp.sum(cp.abs(t))))
+    prob.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    want = t.value.reshape(5, 3, 2)
+    assert_allclose(res.theta, want, atol=1e-5)
+    at_mean = np.linalg.norm(want - want.mean(axis=0), axis=2) < 1e-6  # (M, p)
+    assert at_mean.any() and not at_mean.all()
+    for j in range(3):
+        labels = res.clusters[:, j]
+        assert len(set(labels[at_mean[:, j]])) <= 1
+        assert len(set(labels[~at_mean[:, j]])) == int((~at_mean[:, j]).sum())

@@ -20,6 +20,7 @@ COMPARATOR_LABELS = {
     "ditto": "Ditto",
     "fedavg-ft": "FedAvg-FT",
     "ifca": "IFCA",
+    "mean-fusion": "Mean fusion",
 }
 COMPARATOR_COLORS = {
     "fedavg": "#2ca02c",
@@ -34,6 +35,7 @@ COMPARATOR_COLORS = {
     "ditto": "#393b79",
     "fedavg-ft": "#637939",
     "ifca": "#e7969c",
+    "mean-fusion": "#843c39",
 }
 #: Legend entries per row.
 LEGEND_COLUMNS = 7
