@@ -94,6 +94,29 @@ def lam_max_of(sites, cfg: GrAUCConfig) -> float:
     return lam_maxes(sites, cfg, (cfg.ridge,), (cfg.w_dist,))[(cfg.ridge, cfg.w_dist)]
 
 
+def _gradients(sites, cfg: GrAUCConfig, ridge: float):
+    """``answers(members, b)``: the listed sites' ``(loss, gradient)`` at ``b``, each from its
+    own client (a ``gradient`` instruction, as in a ``pqn`` round; the pooled scaling when
+    ``standardize = "federated"``)."""
+    clients = _clients(sites, ridge)
+    registry = Registry()
+    for z, c in enumerate(clients):
+        registry.register(str(z), c.get_properties({}))
+    if cfg.standardize == "federated":
+        registry.standardize()
+    work = registry.scaling_config()
+
+    def answers(members, b):
+        got = []
+        for z in members:
+            config = {"task": "gradient", "site": sites[z].site, **work}
+            arrays, _, metrics = clients[z].fit([b], config)
+            got.append((float(metrics["loss"]), arrays[0]))
+        return got
+
+    return answers
+
+
 def lam_maxes(sites, cfg: GrAUCConfig, ridges, w_dists) -> dict[tuple[float, float], float]:
     """``lam_max`` per ``(ridge, w_dist)``, from the sites' own gradients at each graph
     component's common fit (:func:`strategies.tuning.common_fit`, then
@@ -111,23 +134,7 @@ def lam_maxes(sites, cfg: GrAUCConfig, ridges, w_dists) -> dict[tuple[float, flo
     p = sites[0].x_train.shape[1]
     out = {}
     for ridge in ridges:
-        clients = _clients(sites, ridge)
-        registry = Registry()
-        for z, c in enumerate(clients):
-            registry.register(str(z), c.get_properties({}))
-        if cfg.standardize == "federated":
-            registry.standardize()
-        work = registry.scaling_config()
-
-        def answers(members, b, clients=clients, work=work):
-            got = []
-            for z in members:
-                arrays, _, metrics = clients[z].fit(
-                    [b], {"task": "gradient", "site": sites[z].site, **work}
-                )
-                got.append((float(metrics["loss"]), arrays[0]))
-            return got
-
+        answers = _gradients(sites, cfg, ridge)
         fitted: dict[tuple, np.ndarray] = {}  # component -> its sites' gradients
         for w in w_dists:
             weights = graph.weights(w, cfg.q)
@@ -139,7 +146,7 @@ def lam_maxes(sites, cfg: GrAUCConfig, ridges, w_dists) -> dict[tuple[float, flo
                     continue
                 if members not in fitted:
 
-                    def oracle(b, members=members):
+                    def oracle(b, members=members, answers=answers):
                         got = answers(members, b)
                         return sum(v for v, _ in got), np.sum([g for _, g in got], axis=0)
 
@@ -156,30 +163,17 @@ def lam_maxes_mean(sites, cfg: GrAUCConfig, ridges) -> dict[float, float]:
     common fit of all of them (as :func:`lam_maxes`), then
     :func:`strategies.tuning.lam_max_mean`."""
     p = sites[0].x_train.shape[1]
+    everyone = tuple(range(len(sites)))
     out = {}
     for ridge in ridges:
-        clients = _clients(sites, ridge)
-        registry = Registry()
-        for z, c in enumerate(clients):
-            registry.register(str(z), c.get_properties({}))
-        if cfg.standardize == "federated":
-            registry.standardize()
-        work = registry.scaling_config()
+        answers = _gradients(sites, cfg, ridge)
 
-        def answers(b, clients=clients, work=work):
-            got = []
-            for z, c in enumerate(clients):
-                config = {"task": "gradient", "site": sites[z].site, **work}
-                arrays, _, metrics = c.fit([b], config)
-                got.append((float(metrics["loss"]), arrays[0]))
-            return got
-
-        def oracle(b):
-            got = answers(b)
+        def oracle(b, answers=answers):
+            got = answers(everyone, b)
             return sum(v for v, _ in got), np.sum([g for _, g in got], axis=0)
 
         b, _ = tuning.common_fit(oracle, p)
-        grads = np.array([g for _, g in answers(b)])
+        grads = np.array([g for _, g in answers(everyone, b)])
         out[ridge], _ = tuning.lam_max_mean(grads, cfg.penalty == "group")
     return out
 
