@@ -70,6 +70,7 @@ from strategies.experiments.design import (
     study_methods,
 )
 from strategies.experiments.runner import add_study_parser, run_study_args
+from strategies.tuning import KNOBS, CVOptions
 
 from . import tuning as grid_search
 from .data import N_CLUSTERS
@@ -128,7 +129,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
     else:
         real = parse_real_data(data)
     tuning = dict(settings.get("tuning", {}))
-    allowed = {"lam1", "lam2", "criterion", "fedavg_lam2", *TUNED}
+    allowed = {"lam1", "lam2", "criterion", "fedavg_lam2", "comparators", *TUNED}
     for key in tuning:
         if key not in allowed:
             raise InputError(f"tuning.{key}: unknown setting (allowed: {', '.join(allowed)})")
@@ -158,6 +159,9 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
         or fedavg_lam2 < 0
     ):
         raise InputError(f"tuning.fedavg_lam2: 'nonfed' or a number >= 0, got {fedavg_lam2!r}")
+    comparators = tuning.get("comparators", False)
+    if not isinstance(comparators, bool):
+        raise InputError(f"tuning.comparators: must be true or false, got {comparators!r}")
     rc = {f"rowfed.{k}": v for k, v in settings.get("rowfed", {}).items()}
     for key in ("rowfed.lam1", "rowfed.lam2"):
         if key in rc and coverage is None:
@@ -178,6 +182,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
         "grids": grids,
         "criterion": criterion,
         "fedavg_lam2": fedavg_lam2,
+        "comparators": comparators,
         "cfg": cfg,
         "figure_cell": cell,
         "clusters": clusters,
@@ -340,7 +345,15 @@ def fit_methods(st: dict, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
         if lam2 == "nonfed":
             lam2 = fits["nonfed"].lam2 if "nonfed" in fits else cfg.lam2
         point = cfg.replace(lam2=float(lam2))
-        fits.update(fed.run_methods_inprocess(point, data, shared))
+        for method in shared:
+            own = point
+            if st.get("comparators") and method in KNOBS:  # its own setting, by CV
+                opts = CVOptions(folds=5, jobs=1, seed=int(cfg.seed), quiet=True)
+                own, _, _ = grid_search.tune_cv(point, data, method, [], [point.lam2], opts)
+            fits.update(fed.run_methods_inprocess(own, data, [method]))
+            if own is not point:
+                name = KNOBS[method].name
+                fits[method].extra["tuned"] = f"{name}={getattr(own, name):g}"
     return fits, tables
 
 
@@ -351,6 +364,7 @@ def _tuning_columns(method: str, res) -> dict:
         "gic": res.gic,
         "rounds": res.rounds,
         "converged": res.converged,
+        "tuned": res.extra.get("tuned", ""),  # a comparator's own setting, when tuned
     }
 
 

@@ -604,3 +604,30 @@ def raw_base(path: str) -> str:
 
     with open(path, "rb") as fh:
         return tomllib.load(fh)["extends"]
+
+
+def test_rowfed_study_tunes_the_comparators_own_setting(tmp_path, capsys):
+    """``[tuning] comparators = true`` in a RowFed study: each comparator with a knob gets it
+    by 5-fold CV at NonFed's lam2, and its fit equals a direct fit at that choice."""
+    from rowfed_flower import study as rs
+    from strategies.tuning import KNOBS
+
+    text = ROWFED_TOML.replace(
+        'methods = ["rowfed", "perfl-lsma", "nonfed", "fedavg"]',
+        'methods = ["nonfed", "ditto", "ifca"]',
+    ).replace("lam2 = [0.1]", "lam2 = [0.1]\ncomparators = true")
+    cfg = _config(tmp_path, text)
+    study, settings = rs.load(cfg)
+    assert settings["comparators"] is True
+    out = str(tmp_path / "out")
+    code, err = _run(rowfed_main, capsys, "--config", cfg, "--out", out, "--only", "p=6")
+    assert code == 0, err
+    res = pd.read_csv(os.path.join(out, "results.csv")).drop_duplicates("method")
+    assert set(res["method"]) == {"nonfed", "ditto", "ifca"}
+    tuned = dict(zip(res["method"], res["tuned"].fillna(""), strict=True))
+    assert tuned["nonfed"] == ""
+    for method in ("ditto", "ifca"):
+        name, value = tuned[method].split("=")
+        assert name == KNOBS[method].name and float(value) in KNOBS[method].grid
+    lam2 = dict(zip(res["method"], res["lam2"], strict=True))
+    assert lam2["ditto"] == lam2["ifca"] == lam2["nonfed"]  # at NonFed's GIC-chosen lam2
