@@ -283,6 +283,8 @@ def _check_tuning(a) -> None:
         return
     if a.method not in tuning.PARAMS:
         raise InputError(f"tune: cv is available for {', '.join(tuning.PARAMS)}, not {a.method}")
+    if a.knob_grid and a.method not in KNOBS:
+        raise InputError(f"knob-grid: {a.method} has no setting to tune besides its levels")
     knob = KNOBS[a.method].name if a.method in KNOBS else None
     for name in tuning.PARAMS[a.method]:
         if getattr(a, name, None) is not None:

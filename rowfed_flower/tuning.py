@@ -54,7 +54,9 @@ def settings_grid(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid, knob_gri
     knobs = tuning.knob_values(method, cfg, knob_grid)
     name = tuning.KNOBS[method].name if knobs else None
     return [
-        {"lam2": lam2, **({name: v} if name else {})} for lam2 in lam2s for v in knobs or (None,)
+        {"lam2": lam2, **({name: v} if name else {})}
+        for lam2 in lam2s
+        for v in sorted(knobs, reverse=True) or (None,)
     ]
 
 

@@ -60,7 +60,7 @@ assert tuple(FLOWER_CLASSES) == GLOBAL_METHODS
 
 def flower_options(name: str, cfg) -> dict:
     """The keyword arguments of Flower's class for ``name`` from the settings
-    (:func:`strategies.config.flower_settings`; docs/methods.md 3.7)."""
+    (:class:`strategies.config.ComparatorSettings`; docs/methods.md 3.7)."""
     if name == "fedprox":
         return {"proximal_mu": float(cfg.fedprox_mu)}
     if name == "fedavgm":
@@ -331,10 +331,12 @@ class PersonalStage:
                 self.global_done, self.done, self.converged = True, False, False
             return params, metrics
         self.registry.log_failures(failures, server_round)
+        shape = self.fallback(self.sites[0]).shape
         for _, res in results:
             site = str(res.metrics.get("site"))
             arrays = parameters_to_ndarrays(res.parameters)
-            if site in self.sites and len(arrays) == 1 and np.all(np.isfinite(arrays[0])):
+            ok = len(arrays) == 1 and arrays[0].shape == shape and np.all(np.isfinite(arrays[0]))
+            if site in self.sites and ok:  # a malformed answer counts as none
                 self.personal_coef[site] = arrays[0]
                 if "cluster" in res.metrics:
                     self.assignment[site] = int(res.metrics["cluster"])
@@ -451,7 +453,8 @@ def comparator_class(base: type, name: str) -> type:
     key = (base, name)
     if key not in _FAMILY:
         how = {"ditto": "ditto", "fedavg-ft": "finetune", "ifca": "choose"}[name]
-        stages = (PersonalStage, ClusterStage) if name == "ifca" else (PersonalStage,)
+        # IFCA's stage first: its fallback (the model a site chose) overrides the global one
+        stages = (ClusterStage, PersonalStage) if name == "ifca" else (PersonalStage,)
         _FAMILY[key] = type(
             f"{base.__name__}[{name}]",
             (*stages, base),

@@ -122,10 +122,11 @@ class GrAUCStrategy(FusedSiteStrategy):
         self._start(beta0, use_qn=cfg.algorithm == "pqn" and self.fusing)
         log(
             INFO,
-            "GrAUC-PFL: %d sites, %d edges (%s), p = %d, sigma_max = %.4g",
+            "GrAUC-PFL: %d sites, %s, p = %d, sigma_max = %.4g",
             len(self.sites),
-            len(self.graph.edges),
-            cfg.graph,
+            f"{len(self.graph.edges)} edges ({cfg.graph})"
+            if self.fusion == "graph"
+            else "fusion toward the mean",
             self.n_features,
             self.sigma_max,
         )

@@ -263,6 +263,8 @@ def test_grauc_holdout(grauc_files, capsys, tmp_path):
         (("--tune", "cv", "--method", "ifca", "--knob-grid", "1.5"), ("knob-grid:", "integers")),
         (("--tune", "cv", "--method", "ditto", "--knob-grid", "0"), ("knob-grid:", "ditto-mu")),
         (("--tune", "cv", "--method", "krum", "--knob-grid", "1"), ("knob-grid:", "krum")),
+        (("--tune", "cv", "--method", "fedavg", "--knob-grid", "1"), ("knob-grid:", "fedavg")),
+        (("--tune", "cv", "--knob-grid", "1"), ("knob-grid:", "grauc")),
         (("--tune", "cv", "--method", "ditto", "--ditto-mu", "1"), ("ditto-mu:", "--knob-grid")),
     ],
 )
