@@ -168,8 +168,11 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
         return parameters
 
     def _combine(self, server_round: int, results, failures) -> Parameters | None:
-        """The new model from the round's answers (sorted by site): Flower's step."""
-        params, _ = super().aggregate_fit(server_round, results, failures)
+        """The new model from the round's answers (sorted by site): Flower's step, told the
+        number of this aggregation rather than Flower's round (a round nobody answered does
+        not count: FedAvgM's momentum starts, and FedAdam's bias correction counts, at the
+        first round that aggregates)."""
+        params, _ = super().aggregate_fit(self.rounds + 1, results, failures)
         return params
 
     @property

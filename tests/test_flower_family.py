@@ -376,3 +376,35 @@ def test_rowfed_ifca_gives_each_client_its_best_model():
         np.testing.assert_array_equal(theta[m], models[best])
         chosen.add(best)
     assert len(chosen) >= 2
+
+
+@pytest.mark.parametrize("name", ["fedavgm", "fedadam"])
+def test_a_round_nobody_answered_does_not_count(name):
+    """Every site fails the first round: the server's optimizer starts at the first round
+    that aggregates (no crash of FedAvgM's momentum, FedAdam's bias correction counted from
+    there), and the model equals that of a run without the failure."""
+    from grauc_flower import federation as fed
+    from grauc_flower.client import GrAUCClient
+    from grauc_flower.data import simulate
+    from strategies.registry import Registry
+    from strategies.runtime.engine import run_inprocess
+
+    class FailsOnce(GrAUCClient):
+        failed = False
+
+        def fit(self, parameters, config):
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("the site's first round fails")
+            return super().fit(parameters, config)
+
+    sites = simulate(simulation=1, n_sites=5, n_features=3, n_train=40, seed=31)
+    cfg = GrAUCConfig(fedavg_rounds=4)
+    models = []
+    for kind in (GrAUCClient, FailsOnce):
+        clients = [kind(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
+        strategy = fed.make_strategy(name, cfg, len(sites), Registry())
+        run_inprocess(strategy, clients, fed.max_rounds_for(name, cfg) + 1)
+        assert strategy.rounds == cfg.fedavg_rounds
+        models.append(strategy.global_model)
+    np.testing.assert_allclose(models[1], models[0], rtol=1e-12, atol=1e-14)
