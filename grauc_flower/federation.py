@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 
 from strategies import admm
-from strategies.config import FEDAVG_FAMILY, GRAUC_METHODS, PERSONAL_METHODS, GrAUCConfig
+from strategies.config import FEDAVG_FAMILY, GRAUC_METHODS, GrAUCConfig
 from strategies.errors import InputError
-from strategies.fedavg import comparator_class
+from strategies.fedavg import comparator_class, round_limit
 from strategies.grauc import (
     FixedModelStrategy,
     GrAUCFedAvg,
@@ -126,13 +126,6 @@ def checkpoint_settings(rc: dict) -> dict:
     if out["checkpoint_every"] < 1:
         raise InputError(f"checkpoint.every: must be >= 1, got {out['checkpoint_every']}")
     return out
-
-
-def round_limit(method: str, cfg) -> int:
-    """The method's own round limit (what a progress line counts against)."""
-    if method in FEDAVG_FAMILY:  # a personalized one adds its personalizing round
-        return cfg.fedavg_rounds + (method in PERSONAL_METHODS)
-    return cfg.max_rounds
 
 
 def max_rounds_for(method: str, cfg: GrAUCConfig) -> int:

@@ -75,9 +75,7 @@ SIMPLEST = {
     "individual": ("ridge",),
     "fedavg": ("ridge",),
     **{
-        m: ("ridge", tuning.KNOBS[m].name)
-        if m in tuning.KNOBS and tuning.KNOBS[m].larger_is_simpler
-        else ("ridge",)
+        m: ("ridge", *(tuning.KNOBS[m].simplest if m in tuning.KNOBS else ()))
         for m in FEDAVG_FAMILY[1:]
     },
 }
@@ -336,7 +334,9 @@ def tune(
     chosen, summary = tuning.choose(
         table, PARAMS[method], "val_auc", True, opts.rule, SIMPLEST[method]
     )
-    for name in ("fedavg_rounds", "ft_steps", "ifca_k"):  # integer settings
+    knob = tuning.KNOBS.get(method)
+    integers = ["fedavg_rounds"] + ([knob.name] if knob is not None and knob.integer else [])
+    for name in integers:
         if name in chosen:
             chosen[name] = int(chosen[name])
     return cfg.replace(**chosen), table, summary

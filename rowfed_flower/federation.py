@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from strategies.config import FEDAVG_FAMILY, PERSONAL_METHODS, ROWFED_METHODS, RowFedConfig
+from strategies.config import FEDAVG_FAMILY, ROWFED_METHODS, RowFedConfig
 from strategies.datasets.tables import read_table
 from strategies.errors import InputError
-from strategies.fedavg import comparator_class
+from strategies.fedavg import comparator_class, round_limit
 from strategies.registry import Registry
 from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy, rowfed_registry
 from strategies.runtime.engine import run_inprocess
@@ -290,13 +290,6 @@ def make_strategy(
         cls = comparator_class(RowFedAvg, method)
         return cls(cfg, n_sites, registry, progress=progress, timeout=timeout)
     raise InputError(f"method: must be one of {', '.join(ROWFED_METHODS)}, got {method!r}")
-
-
-def round_limit(method: str, cfg) -> int:
-    """The method's own round limit (what a progress line counts against)."""
-    if method in FEDAVG_FAMILY:  # a personalized one adds its personalizing round
-        return cfg.fedavg_rounds + (method in PERSONAL_METHODS)
-    return cfg.max_rounds
 
 
 def max_rounds_for(method: str, cfg: RowFedConfig) -> int:

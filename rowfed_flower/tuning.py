@@ -207,13 +207,14 @@ def tune_cv(
 ) -> tuple[RowFedConfig, pd.DataFrame, pd.DataFrame]:
     """Cross-validate; returns ``cfg`` at the chosen setting (lowest mean validation MSE,
     or the ``1se`` rule: the largest ``lam1``, then ``lam2`` -- for a comparator ``lam2``,
-    then a knob whose larger values are simpler -- within one standard error), the per-fold
+    then its knob's simpler end (:class:`strategies.tuning.Knob`) -- within one standard
+    error), the per-fold
     table (``cv.csv``) and the per-setting summary."""
     opts = opts or tuning.CVOptions()
     table = cross_validate(cfg, data, method, lam1_grid, lam2_grid, opts, knob_grid)
     params = params_of(method)
     knob = tuning.KNOBS.get(method)
-    simplest = params if knob is None or knob.larger_is_simpler else params[:1]
+    simplest = params if knob is None else (params[0], *knob.simplest)
     chosen, summary = tuning.choose(table, params, "val_mse", False, opts.rule, simplest)
     if knob is not None and knob.integer and knob.name in chosen:
         chosen[knob.name] = int(chosen[knob.name])

@@ -227,14 +227,16 @@ class SiteStrategy(EvaluatedOnce, Strategy):
         if not self.done or self.evaluated:
             return []
         coef = self.coefficients_std()
-        ins = []
-        for proxy in [client_manager.all()[cid] for cid in sorted(client_manager.all())]:
-            site = self.registry.cid_to_site.get(proxy.cid)
-            if site is None or site not in self.site_index:
-                continue
-            params = ndarrays_to_parameters([coef[self.site_index[site]]])
-            ins.append((proxy, EvaluateIns(params, {"site": site, **self.evaluate_config(site)})))
-        return ins
+        return [
+            (
+                proxy,
+                EvaluateIns(
+                    ndarrays_to_parameters([coef[self.site_index[site]]]),
+                    {"site": site, **self.evaluate_config(site)},
+                ),
+            )
+            for proxy, site in self.registry.proxies(client_manager, self.site_index)
+        ]
 
     def evaluate(
         self, server_round: int, parameters: Parameters

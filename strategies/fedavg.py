@@ -40,7 +40,7 @@ from flwr.server.strategy import (
 
 from . import admm
 from .base import EvaluatedOnce
-from .config import GLOBAL_METHODS, PERSONAL_METHODS
+from .config import FEDAVG_FAMILY, GLOBAL_METHODS, PERSONAL_METHODS
 from .registry import Registry
 
 #: Flower's class behind each global-model method name.
@@ -81,6 +81,15 @@ def flower_options(name: str, cfg) -> dict:
             "num_clients_to_keep": int(cfg.krum_keep),
         }
     return {}
+
+
+def round_limit(method: str, cfg) -> int:
+    """A method's own round limit (what a progress line counts against): ``fedavg-rounds``
+    for the FedAvg family (a personalized one adds its personalizing round), ``max-rounds``
+    for the others."""
+    if method in FEDAVG_FAMILY:
+        return cfg.fedavg_rounds + (method in PERSONAL_METHODS)
+    return cfg.max_rounds
 
 
 def _no_metrics(metrics) -> dict:
@@ -311,12 +320,7 @@ class PersonalStage:
         }
 
     def _per_site(self, client_manager: ClientManager, make) -> list:
-        out = []
-        for cid in sorted(client_manager.all()):
-            site = self.registry.cid_to_site.get(cid)
-            if site is not None and site in self.sites:
-                out.append((client_manager.all()[cid], make(site)))
-        return out
+        return [(p, make(s)) for p, s in self.registry.proxies(client_manager, set(self.sites))]
 
     def configure_fit(self, server_round, parameters, client_manager):
         if not self.global_done:
@@ -383,18 +387,12 @@ class ClusterStage:
     def local_config(self) -> dict:
         return {**super().local_config(), "task": "ifca" if self.rounds else "fedavg"}
 
-    def configure_fit(self, server_round, parameters, client_manager):
-        ins = super().configure_fit(server_round, parameters, client_manager)
-        if ins and not self.global_done:
-            self._sent = parameters_to_ndarrays(ins[0][1].parameters)[0]
-        return ins
-
     def _combine(self, server_round: int, results, failures) -> Parameters | None:
         if self.rounds == 0:  # the FedAvg round: k-means of its answers starts the k models
             answers = [parameters_to_ndarrays(r.parameters)[0] for _, r in results]
             rng = np.random.default_rng(int(self.cfg.seed))
             return ndarrays_to_parameters([kmeans(np.stack(answers), int(self.cfg.ifca_k), rng)])
-        models = np.array(self._sent, dtype=float)
+        models = np.array(self.global_model, dtype=float)  # the k models this round sent
         k = models.shape[0]
         total = np.zeros(k)
         summed = np.zeros_like(models)
@@ -447,23 +445,27 @@ def kmeans(points: np.ndarray, k: int, rng: np.random.Generator, iters: int = 10
 _FAMILY: dict[tuple[type, str], type] = {}
 
 
+def _family_class(base: type, name: str, label: str, bases: tuple, attrs: dict) -> type:
+    """The class ``base[label]`` with ``bases``, made once per ``(base, name)``: every
+    strategy of one method is of one class."""
+    key = (base, name)
+    if key not in _FAMILY:
+        _FAMILY[key] = type(
+            f"{base.__name__}[{label}]", bases, {**attrs, "__module__": base.__module__}
+        )
+    return _FAMILY[key]
+
+
 def comparator_class(base: type, name: str) -> type:
     """The strategy class of FedAvg-family method ``name`` (:data:`FLOWER_CLASSES`, or a
     personalized one: ``ditto``, ``fedavg-ft``, ``ifca``) for a method's FedAvg comparator
     ``base``."""
     if name not in PERSONAL_METHODS:
         return global_strategy(base, name)
-    key = (base, name)
-    if key not in _FAMILY:
-        how = {"ditto": "ditto", "fedavg-ft": "finetune", "ifca": "choose"}[name]
-        # IFCA's stage first: its fallback (the model a site chose) overrides the global one
-        stages = (ClusterStage, PersonalStage) if name == "ifca" else (PersonalStage,)
-        _FAMILY[key] = type(
-            f"{base.__name__}[{name}]",
-            (*stages, base),
-            {"personal": how, "__module__": base.__module__},
-        )
-    return _FAMILY[key]
+    how = {"ditto": "ditto", "fedavg-ft": "finetune", "ifca": "choose"}[name]
+    # IFCA's stage first: its fallback (the model a site chose) overrides the global one
+    stages = (ClusterStage, PersonalStage) if name == "ifca" else (PersonalStage,)
+    return _family_class(base, name, name, (*stages, base), {"personal": how})
 
 
 def global_strategy(base: type, name: str) -> type:
@@ -476,12 +478,5 @@ def global_strategy(base: type, name: str) -> type:
         raise ValueError(f"method: not a global-model method: {name!r}")
     if name == "fedavg":
         return base
-    key = (base, name)
-    if key not in _FAMILY:
-        flower = FLOWER_CLASSES[name]
-        _FAMILY[key] = type(
-            f"{base.__name__}[{flower.__name__}]",
-            (base, flower),
-            {"flower_name": name, "__module__": base.__module__},
-        )
-    return _FAMILY[key]
+    flower = FLOWER_CLASSES[name]
+    return _family_class(base, name, flower.__name__, (base, flower), {"flower_name": name})

@@ -20,6 +20,7 @@ from logging import INFO, WARNING
 
 import numpy as np
 from flwr.common import Code, GetPropertiesIns, Parameters, log
+from flwr.server.client_proxy import ClientProxy
 
 from .config import RegistrationConfig
 from .errors import InputError, site_input_error
@@ -136,6 +137,17 @@ class Registry:
         self.sites[site] = info
         self.cid_to_site[cid] = site
         return site
+
+    def proxies(self, client_manager, sites) -> list[tuple[ClientProxy, str]]:
+        """The connected nodes serving ``sites`` (any container of site ids), with their
+        site, in the order of the nodes' ids (unregistered and other sites' nodes left out)."""
+        nodes = client_manager.all()
+        out = []
+        for cid in sorted(nodes):
+            site = self.cid_to_site.get(cid)
+            if site is not None and site in sites:
+                out.append((nodes[cid], site))
+        return out
 
     def make_info(self, props: dict) -> SiteInfo:
         """The site's record; its feature names must agree with every other site's."""

@@ -47,27 +47,34 @@ RULES = ("best", "1se")
 class Knob:
     """A comparator's own setting that cross-validation chooses (besides the method's
     level: GrAUC-PFL's ridge, RowFed's ``lam2``): the settings field, its default grid, and
-    whether larger values are nearer one shared model (the ``1se`` rule's simpler end)."""
+    which end is nearer one shared model -- the ``1se`` rule's simpler end: ``"larger"``
+    (a proximal weight), ``"smaller"`` (IFCA's number of models, fine-tuning's steps) or
+    ``""`` (no order: an optimizer's step or momentum)."""
 
     name: str
     grid: tuple
-    larger_is_simpler: bool = False
+    simpler: str = ""
     integer: bool = False
+
+    @property
+    def simplest(self) -> tuple[str, ...]:
+        """The knob's entry in :func:`choose`'s ``simplest``: ``name``, ``-name`` or none."""
+        return {"larger": (self.name,), "smaller": (f"-{self.name}",), "": ()}[self.simpler]
 
 
 _ETA = Knob("fedopt_eta", (0.01, 0.03, 0.1, 0.3))
 #: The knob of each FedAvg-family comparator that has one (docs/methods.md 3.4, 3.7–3.9);
 #: FedAvg's is its number of rounds (GrAUC-PFL), FedMedian and Krum have none.
 KNOBS = {
-    "fedprox": Knob("fedprox_mu", (0.001, 0.01, 0.1, 1.0), larger_is_simpler=True),
+    "fedprox": Knob("fedprox_mu", (0.001, 0.01, 0.1, 1.0), simpler="larger"),
     "fedavgm": Knob("fedavgm_momentum", (0.0, 0.5, 0.9)),
     "fedadagrad": _ETA,
     "fedadam": _ETA,
     "fedyogi": _ETA,
     "fedtrimmedavg": Knob("fedtrimmedavg_beta", (0.1, 0.2, 0.3, 0.4)),
-    "ditto": Knob("ditto_mu", (0.01, 0.1, 1.0, 10.0), larger_is_simpler=True),
-    "fedavg-ft": Knob("ft_steps", (1, 3, 10, 30), integer=True),
-    "ifca": Knob("ifca_k", (1, 2, 3, 4), integer=True),
+    "ditto": Knob("ditto_mu", (0.01, 0.1, 1.0, 10.0), simpler="larger"),
+    "fedavg-ft": Knob("ft_steps", (1, 3, 10, 30), simpler="smaller", integer=True),
+    "ifca": Knob("ifca_k", (1, 2, 3, 4), simpler="smaller", integer=True),
 }
 
 
@@ -340,7 +347,8 @@ def choose(
     ``best``: the highest (``maximize``) or lowest mean score; ties go to the earlier
     setting in grid order.  ``1se``: among the settings whose mean is within one standard
     error (of the best setting) of the best mean, the most regularized: the largest values
-    of ``simplest`` (in that order of priority), then the best mean.
+    of ``simplest`` (in that order of priority; ``-name``: the smallest values of ``name``),
+    then the best mean.
     """
     if rule not in RULES:
         raise InputError(f"cv-rule: must be one of {', '.join(RULES)}, got {rule!r}")
@@ -355,9 +363,12 @@ def choose(
         se = summary["se"].iloc[best]
         se = 0.0 if not np.isfinite(se) else float(se)
         near = np.flatnonzero(np.isfinite(mean) & (sign * mean >= sign * mean[best] - se))
+        signed = [(c[1:], 1.0) if c.startswith("-") else (c, -1.0) for c in simplest]
         order = sorted(
             near,
-            key=lambda i: tuple(-float(summary[c].iloc[i]) for c in simplest) + (-sign * mean[i],),
+            key=lambda i: (
+                tuple(s * float(summary[c].iloc[i]) for c, s in signed) + (-sign * mean[i],)
+            ),
         )
         pick = int(order[0])
     summary["chosen"] = np.arange(len(summary)) == pick

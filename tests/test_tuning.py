@@ -183,6 +183,23 @@ def test_choose_best_and_one_standard_error():
         tuning.choose(table, ("lam",), "val", True, "worst")
 
 
+def test_one_standard_error_rule_takes_the_smaller_end_when_told():
+    """``-k``: the smallest k within one SE is simplest (IFCA's number of models)."""
+    scores = {1: (0.80, 0.82, 0.84), 2: (0.84, 0.86, 0.88), 3: (0.85, 0.86, 0.87)}
+    table = pd.DataFrame(
+        [{"fold": f, "k": k, "val": v} for k, vals in scores.items() for f, v in enumerate(vals)]
+    )
+    # best mean 0.86 at k = 2 and 3 (ties: grid order); SE 0.02; k = 1 (0.82) is outside
+    assert tuning.choose(table, ("k",), "val", True, "1se", ("-k",))[0] == {"k": 2}
+    assert tuning.choose(table, ("k",), "val", True, "1se", ("k",))[0] == {"k": 3}
+    table.loc[table["k"] == 1, "val"] += 0.03  # now 0.85, within one SE of 0.86
+    assert tuning.choose(table, ("k",), "val", True, "1se", ("-k",))[0] == {"k": 1}
+    assert tuning.KNOBS["ifca"].simplest == ("-ifca_k",)
+    assert tuning.KNOBS["fedavg-ft"].simplest == ("-ft_steps",)
+    assert tuning.KNOBS["ditto"].simplest == ("ditto_mu",)
+    assert tuning.KNOBS["fedadam"].simplest == ()
+
+
 def test_choose_ignores_folds_without_a_score():
     table = cv_table()
     table.loc[(table["lam"] == 1.0) & (table["fold"] == 0), "val"] = np.nan
