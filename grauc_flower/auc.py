@@ -23,7 +23,7 @@ def _row_chunks(n: int, m: int, chunk_elements: int):
 
 @dataclass(frozen=True)
 class PairwiseLogistic:
-    """``f(b) = (1/(n m)) sum_ij log(1 + exp(-b^T (x+_i - x-_j))) + (eta/2) ||b||^2``.
+    """``f(b) = w [(1/(n m)) sum_ij log(1 + exp(-b^T (x+_i - x-_j))) + (eta/2) ||b||^2]``.
 
     Parameters
     ----------
@@ -33,6 +33,10 @@ class PairwiseLogistic:
         Ridge ``eta >= 0``.
     chunk_elements : int
         At most this many pair terms are held in memory at once.
+    weight : float
+        The site's weight ``w > 0`` in the fused objective (1: every site counts once;
+        :func:`strategies.local.site_weight`); it scales the value, gradient, Hessian and
+        Lipschitz bound (and the gradient's covariance by ``w^2``).
 
     Notes
     -----
@@ -46,6 +50,7 @@ class PairwiseLogistic:
     x_neg: np.ndarray
     eta: float = 0.0
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    weight: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "x_pos", np.ascontiguousarray(self.x_pos, dtype=float))
@@ -72,9 +77,10 @@ class PairwiseLogistic:
 
     def value_and_grad(self, b: np.ndarray, need_grad: bool = True):
         b = np.asarray(b, dtype=float)
+        weight = self.weight
         ridge = 0.5 * self.eta * float(b @ b)
         if self.empty:
-            return ridge, self.eta * b
+            return weight * ridge, weight * self.eta * b
         n, m = self.n_pos, self.n_neg
         s_pos = self.x_pos @ b
         s_neg = self.x_neg @ b
@@ -88,14 +94,14 @@ class PairwiseLogistic:
                 w = expit(-diff)
                 row[i0:i1] = w.sum(axis=1)
                 col += w.sum(axis=0)
-        value = total / (n * m) + ridge
+        value = weight * (total / (n * m) + ridge)
         if not need_grad:
             return value, None
         grad = -(self.x_pos.T @ row - self.x_neg.T @ col) / (n * m) + self.eta * b
-        return value, grad
+        return value, weight * grad
 
     def hessian(self, b: np.ndarray) -> np.ndarray:
-        """``(1/(n m)) sum_ij sigma(t_ij) sigma(-t_ij) d_ij d_ij^T + eta I``.
+        """``w [(1/(n m)) sum_ij sigma(t_ij) sigma(-t_ij) d_ij d_ij^T + eta I]``.
 
         Cost ``O(n m p + (n + m) p^2)``, chunked like the gradient.
         """
@@ -103,7 +109,7 @@ class PairwiseLogistic:
         p = b.shape[0]
         h = self.eta * np.eye(p)
         if self.empty:
-            return h
+            return self.weight * h
         n, m = self.n_pos, self.n_neg
         s_pos = self.x_pos @ b
         s_neg = self.x_neg @ b
@@ -117,7 +123,7 @@ class PairwiseLogistic:
             col += w.sum(axis=0)
             cross += self.x_pos[i0:i1].T @ (w @ self.x_neg)
         a = (self.x_pos * row[:, None]).T @ self.x_pos + (self.x_neg * col[:, None]).T @ self.x_neg
-        return h + (a - cross - cross.T) / (n * m)
+        return self.weight * (h + (a - cross - cross.T) / (n * m))
 
     def hajek(self, b: np.ndarray) -> np.ndarray:
         """The estimated covariance of the data term's gradient at ``b`` from its Hájek
@@ -150,7 +156,7 @@ class PairwiseLogistic:
         c = (c + col[:, None] * self.x_neg) / n
         s10 = np.cov(a, rowvar=False, ddof=1).reshape(p, p) if n > 1 else np.zeros((p, p))
         s01 = np.cov(c, rowvar=False, ddof=1).reshape(p, p) if m > 1 else np.zeros((p, p))
-        return s10 / n + s01 / m
+        return self.weight**2 * (s10 / n + s01 / m)
 
     def prox(self, center: np.ndarray, c: float, x0: np.ndarray | None = None) -> np.ndarray:
         """``argmin_b f(b) + (c/2) ||b - center||^2`` by damped Newton from ``x0`` (default
@@ -159,7 +165,7 @@ class PairwiseLogistic:
         return newton_minimize(self, start, c=c, center=center)[0]
 
     def lipschitz(self) -> float:
-        """``mu = lambda_max((1/(4 n m)) sum_ij d_ij d_ij^T) + eta`` in ``O((n+m) p^2)``.
+        """``mu = w [lambda_max((1/(4 n m)) sum_ij d_ij d_ij^T) + eta]`` in ``O((n+m) p^2)``.
 
         Notes
         -----
@@ -174,13 +180,14 @@ class PairwiseLogistic:
 
     def _lipschitz(self) -> float:
         if self.empty:
-            return float(self.eta)
+            return self.weight * float(self.eta)
         n, m = self.n_pos, self.n_neg
         s_pos = self.x_pos.sum(axis=0)
         s_neg = self.x_neg.sum(axis=0)
         outer = np.outer(s_pos, s_neg)
         mat = m * (self.x_pos.T @ self.x_pos) + n * (self.x_neg.T @ self.x_neg) - outer - outer.T
-        return float(np.linalg.eigvalsh(mat / (4.0 * n * m))[-1]) + float(self.eta)
+        top = float(np.linalg.eigvalsh(mat / (4.0 * n * m))[-1])
+        return self.weight * (top + float(self.eta))
 
 
 def rankdata(x: np.ndarray) -> np.ndarray:

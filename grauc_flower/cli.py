@@ -127,6 +127,13 @@ def _fit_parser(sub) -> None:
             + ")",
         )
     p.add_argument(
+        "--size-power-grid",
+        default="",
+        metavar="LIST",
+        help="cv: size-power values of grauc and mean-fusion, each in [0, 1] (default: 0,1 "
+        "when the sites differ in size, else the --size-power value)",
+    )
+    p.add_argument(
         "--checkpoint",
         default="",
         metavar="FILE",
@@ -269,13 +276,21 @@ def _grid(a) -> tuning.Grid:
         ridge=given("ridge", tuning.RIDGE_GRID),
         fedavg_rounds=tuple(int(r) for r in rounds),
         knob=a.knob_grid or None,
+        size_power=given("size-power", ()),
     )
 
 
 def _check_tuning(a) -> None:
     from strategies.tuning import KNOBS
 
-    grids = ("lam_grid", "w_dist_grid", "ridge_grid", "rounds_grid", "knob_grid")
+    grids = (
+        "lam_grid",
+        "w_dist_grid",
+        "ridge_grid",
+        "rounds_grid",
+        "knob_grid",
+        "size_power_grid",
+    )
     if not a.tune:
         for g in grids:
             if getattr(a, g):
@@ -326,6 +341,8 @@ def cmd_fit(a) -> int:
     grid = _grid(a) if a.tune else None
     spec = _data_spec(a)
     sites, features = _load(a, spec)
+    if grid is not None and not grid.size_power:
+        grid = tuning.default_size_powers(grid, sites, cfg)
     t0 = time.perf_counter()
     extra: dict = {}
     with atomic_output_dir(a.out) as tmp:

@@ -41,7 +41,13 @@ from __future__ import annotations
 import numpy as np
 from flwr.client import NumPyClient
 
-from strategies.local import admm_update, best_model, local_descent, newton_answer
+from strategies.local import (
+    admm_update,
+    best_model,
+    local_descent,
+    newton_answer,
+    site_weight,
+)
 from strategies.registry import grauc_meta, registration_properties
 from strategies.wire import unpack
 
@@ -72,11 +78,12 @@ class GrAUCClient(NumPyClient):
         return (x - center) / scale
 
     def _datafit(self, config) -> PairwiseLogistic:
-        key = (config.get("center"), config.get("scale"))
+        weight = site_weight(config, self.data.y_train.shape[0])
+        key = (config.get("center"), config.get("scale"), weight)
         if key not in self._cache:
             x = self._transform(self.data.x_train, config)
             x_pos, x_neg = split_by_class(x, self.data.y_train)
-            self._cache = {key: PairwiseLogistic(x_pos, x_neg, eta=self.ridge)}
+            self._cache = {key: PairwiseLogistic(x_pos, x_neg, eta=self.ridge, weight=weight)}
         return self._cache[key]
 
     def _check_site(self, config) -> None:

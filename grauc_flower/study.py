@@ -27,6 +27,7 @@ Config (``configs/sim1.toml`` and friends; every table but ``[design]`` is optio
     w_dist = [0.0, 2.0]
     cv_tol = 1e-3                           # looser than the final fit's
     cv_max_rounds = 100
+    size_power = [0.0, 1.0]                 # site weighting (default: [grauc]'s size-power)
     [grauc]                                 # GrAUCConfig overrides (run-config names)
     tol = 1e-6
     [figures]
@@ -117,6 +118,7 @@ TUNING_KEYS = (
     "cv_tol",
     "cv_max_rounds",
     "comparators",
+    "size_power",
 )
 TASK = "grauc_flower.study:run_task"
 
@@ -138,6 +140,7 @@ class Settings:
     figure_cell: dict | None
     coverage: float | None = None  # [coverage] level: a coverage study at fixed lam, w_dist
     comparators: bool = False  # [tuning] comparators: tune each comparator by the same CV
+    size_power_grid: tuple[float, ...] = ()  # [tuning] size_power (empty: the config's)
 
 
 def _number_list(value, key: str, minimum: float = 0.0) -> tuple[float, ...]:
@@ -218,6 +221,12 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     if "ridge" in tuning and "grauc.ridge" in rc:
         raise InputError("grauc.ridge: tuned by [tuning] ridge; set one or the other")
     ridges = _number_list(tuning.get("ridge", [cfg.ridge]), "tuning.ridge")
+    if "size_power" in tuning and "grauc.size-power" in rc:
+        raise InputError("grauc.size-power: tuned by [tuning] size_power; set one or the other")
+    powers = _number_list(tuning.get("size_power", [cfg.size_power]), "tuning.size_power")
+    for a in powers:
+        if a > 1:
+            raise InputError(f"tuning.size_power: values must be in [0, 1], got {a!r}")
     comparators = tuning.get("comparators", False)
     if not isinstance(comparators, bool):
         raise InputError(f"tuning.comparators: must be true or false, got {comparators!r}")
@@ -236,6 +245,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
         cell,
         coverage,
         comparators,
+        tuple(dict.fromkeys(powers)),
     )
 
 
@@ -380,7 +390,9 @@ def _cv_options(st: Settings, seed: int) -> CVOptions:
 def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataFrame:
     """The task's cross-validation table (:func:`grauc_flower.tuning.cross_validate` on the
     config's grid)."""
-    grid = Grid(lam=st.lam_grid, w_dist=st.w_dist_grid, ridge=st.ridge_grid)
+    grid = Grid(
+        lam=st.lam_grid, w_dist=st.w_dist_grid, ridge=st.ridge_grid, size_power=st.size_power_grid
+    )
     return cv.cross_validate(sites, cfg, "grauc", grid, _cv_options(st, seed))
 
 
@@ -389,15 +401,19 @@ def tuned_comparator(sites, cfg: GrAUCConfig, method: str, st: Settings, seed: i
     rule and ridge grid as GrAUC-PFL's (:func:`grauc_flower.tuning.tune`: the ridge and the
     comparator's own setting); ``(cfg at the choice, {setting: value})``."""
     tuned, _, summary = cv.tune(
-        sites, cfg, method, Grid(ridge=st.ridge_grid), _cv_options(st, seed)
+        sites,
+        cfg,
+        method,
+        Grid(ridge=st.ridge_grid, size_power=st.size_power_grid),
+        _cv_options(st, seed),
     )
     chosen = summary[summary["chosen"]].iloc[0]
     return tuned, {k: chosen[k] for k in cv.PARAMS[method]}
 
 
 def choose(table: pd.DataFrame, rule: str = "best") -> dict:
-    """``lam``, ``w_dist`` and ``ridge`` by :func:`strategies.tuning.choose` (mean
-    validation AUC over folds)."""
+    """``lam``, ``w_dist``, ``ridge`` and ``size_power`` by :func:`strategies.tuning.choose`
+    (mean validation AUC over folds)."""
     chosen, _ = choose_setting(
         table, cv.PARAMS["grauc"], "val_auc", True, rule, cv.SIMPLEST["grauc"]
     )
@@ -447,17 +463,18 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
     cfg = st.cfg.replace(seed=seed)
     frames: dict[str, pd.DataFrame] = {}
     lam = w_dist = float("nan")
-    ridge = cfg.ridge
+    ridge, power = cfg.ridge, cfg.size_power
     if "grauc" in st.methods:
         table = cross_validate(sites, cfg, st, seed)
         chosen = choose(table, st.rule)
         lam, w_dist, ridge = chosen["lam"], chosen["w_dist"], chosen["ridge"]
+        power = chosen["size_power"]
         frames["cv"] = table
     results, tuned = {}, {}
     for method in st.methods:  # GrAUC-PFL at its tuned setting; the baselines at the config's
         point = cfg  # or, with [tuning] comparators, at theirs
         if method == "grauc":
-            point = cfg.replace(lam=lam, w_dist=w_dist, ridge=ridge)
+            point = cfg.replace(lam=lam, w_dist=w_dist, ridge=ridge, size_power=power)
         elif st.comparators and method in cv.PARAMS:
             point, tuned[method] = tuned_comparator(sites, cfg, method, st, seed)
         results.update(run_methods_inprocess(point, sites, [method]))
@@ -465,6 +482,7 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
     is_grauc = table["method"] == "grauc"
     table["lam"] = np.where(is_grauc, lam, np.nan)
     table["w_dist"] = np.where(is_grauc, w_dist, np.nan)
+    table["size_power"] = np.where(is_grauc, power, np.nan)
     ridges = {m: float(t["ridge"]) for m, t in tuned.items()}
     table["ridge"] = np.where(is_grauc, ridge, table["method"].map(ridges).fillna(cfg.ridge))
     if st.comparators:  # each comparator's own tuned setting, as "name=value"

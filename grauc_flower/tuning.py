@@ -47,6 +47,8 @@ class Grid:
     ridge: tuple[float, ...] = RIDGE_GRID
     fedavg_rounds: tuple[int, ...] = ROUNDS_GRID
     knob: tuple | None = None  # a comparator's own setting (strategies.tuning.KNOBS)
+    #: The fused methods' site weighting ``size_power`` (empty: the config's value).
+    size_power: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lam", tuple(sorted(set(self.lam), reverse=True)))
@@ -56,11 +58,24 @@ class Grid:
         object.__setattr__(self, "fedavg_rounds", rounds)
 
 
+#: ``fit --tune cv``'s site weightings when the sites differ in size: equal, and by rows.
+SIZE_POWER_GRID = (0.0, 1.0)
+
+
+def default_size_powers(grid: Grid, sites, cfg: GrAUCConfig) -> Grid:
+    """``grid`` with :data:`SIZE_POWER_GRID` when the sites' training sizes differ (both
+    weightings are tried: cross-validation chooses), else with ``cfg``'s value alone (equal
+    sizes make every weighting the same)."""
+    sizes = {len(s.y_train) for s in sites}
+    powers = SIZE_POWER_GRID if len(sizes) > 1 else (cfg.size_power,)
+    return replace(grid, size_power=powers)
+
+
 #: The columns naming a setting, per method (``cv.csv``; ``metrics.json: tuned``): the
 #: ridge and, for a comparator, its knob (:data:`strategies.tuning.KNOBS`).
 PARAMS = {
-    "grauc": ("lam", "w_dist", "ridge"),
-    "mean-fusion": ("lam", "ridge"),
+    "grauc": ("lam", "w_dist", "ridge", "size_power"),
+    "mean-fusion": ("lam", "ridge", "size_power"),
     "individual": ("ridge",),
     "fedavg": ("ridge", "fedavg_rounds"),
     **{
@@ -102,7 +117,7 @@ def _gradients(sites, cfg: GrAUCConfig, ridge: float):
         registry.register(str(z), c.get_properties({}))
     if cfg.standardize == "federated":
         registry.standardize()
-    work = registry.scaling_config()
+    work = {**registry.scaling_config(), **registry.weight_config(cfg.size_power)}
 
     def answers(members, b):
         got = []
@@ -253,7 +268,12 @@ def cv_piece(piece) -> list[dict]:
                 run_inprocess(strategy, clients, max_rounds_for(method, point))
                 beta0 = strategy.coefficients_std()
                 start = beta0 if start is None else start
-                setting = {"lam": lam, "w_dist": w, "ridge": cfg.ridge}
+                setting = {
+                    "lam": lam,
+                    "w_dist": w,
+                    "ridge": cfg.ridge,
+                    "size_power": cfg.size_power,
+                }
                 rows.append(_row(k, {p: setting[p] for p in PARAMS[method]}, strategy))
     elif method == "individual":
         strategy = make_strategy("individual", cfg, len(sites), registry)
@@ -294,7 +314,8 @@ def cross_validate(
 
     Folds are stratified within each site (seeded by ``opts.seed``).  For GrAUC-PFL each
     ``w_dist`` path after the first starts from the first one's largest-``lam`` fit (duals at
-    zero).  CV fits use ``opts.tol`` and ``opts.max_rounds``."""
+    zero).  The fused methods' pieces are ``(fold, ridge, size_power)``; the others'
+    ``(fold, ridge)``.  CV fits use ``opts.tol`` and ``opts.max_rounds``."""
     grid = grid or Grid()
     opts = opts or tuning.CVOptions()
     if method not in PARAMS:
@@ -304,15 +325,27 @@ def cross_validate(
     folds = [tuning.stratified_folds(s.y_train, opts.folds, rng) for s in sites]
     if method == "mean-fusion":  # no graph: one lam path per ridge
         grid = replace(grid, w_dist=(cfg.w_dist,))
-    lams = lam_grids(sites, cfg, grid, method) if method in ("grauc", "mean-fusion") else {}
+    fused = method in ("grauc", "mean-fusion")
+    powers = tuple(dict.fromkeys(grid.size_power)) if fused and grid.size_power else ()
+    powers = powers or (cfg.size_power,)
+    for a in powers:
+        cfg.replace(size_power=a)  # each value checked, with the setting's own message
+    # the lam paths per (ridge, w_dist), for each site weighting (lam_max depends on it)
+    lams = (
+        {a: lam_grids(sites, cfg.replace(size_power=a), grid, method) for a in powers}
+        if fused
+        else {}
+    )
     base = opts.fit_config(cfg)
     pieces = []
     for k in range(opts.folds):
         train = fold_sites(sites, folds, k)
         for ridge in grid.ridge:
-            path = {w: lams[(ridge, w)] for w in grid.w_dist} if lams else {}
-            point = base.replace(ridge=ridge)
-            pieces.append((method, k, train, point, grid.w_dist, path, grid.fedavg_rounds, knobs))
+            for a in powers:
+                path = {w: lams[a][(ridge, w)] for w in grid.w_dist} if fused else {}
+                point = base.replace(ridge=ridge, size_power=a)
+                rounds = grid.fedavg_rounds
+                pieces.append((method, k, train, point, grid.w_dist, path, rounds, knobs))
     progress = tuning.Progress(f"{method} cv", len(pieces), opts.quiet)
     rows = tuning.run_items(cv_piece, pieces, opts.workers(len(pieces)), progress)
     table = pd.DataFrame([r for piece in rows for r in piece])
@@ -345,6 +378,8 @@ def tune(
 __all__ = [
     "Grid",
     "PARAMS",
+    "SIZE_POWER_GRID",
+    "default_size_powers",
     "cross_validate",
     "cv_piece",
     "fold_sites",

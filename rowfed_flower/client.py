@@ -53,7 +53,13 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.client import NumPyClient
 
-from strategies.local import admm_update, best_model, local_descent, newton_answer
+from strategies.local import (
+    admm_update,
+    best_model,
+    local_descent,
+    newton_answer,
+    site_weight,
+)
 from strategies.penalties import Penalty
 from strategies.registry import registration_properties, rowfed_meta
 from strategies.wire import unpack
@@ -154,7 +160,8 @@ class RowFedClient(NumPyClient):
         """Datafit on the working scale, and ``(scale, x_mean, y_mean)`` that define it."""
         scale_b = config.get("scale")
         intercept = bool(config.get("intercept", False))
-        key = (scale_b, intercept)
+        weight = site_weight(config, self.data.n)
+        key = (scale_b, intercept, weight)
         if key not in self._cache:
             d = self.data
             scale = unpack(scale_b, d.p)
@@ -164,7 +171,7 @@ class RowFedClient(NumPyClient):
                 x_mean, y_mean = x.mean(axis=0), d.y.mean(axis=0)
             else:
                 x_mean, y_mean = np.zeros(d.p), np.zeros(d.q)
-            f = LocalLeastSquares(x - x_mean, d.y - y_mean)
+            f = LocalLeastSquares(x - x_mean, d.y - y_mean, weight)
             self._cache = {key: (f, scale, x_mean, y_mean)}
         return self._cache[key]
 

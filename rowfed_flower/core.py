@@ -72,13 +72,15 @@ class LocalLeastSquares:
 
     Notes
     -----
-    ``f(Theta) = (1/(2n)) ||Y - X Theta||_F^2`` (docs/methods.md 2.2) with gradient
-    ``grad f(Theta) = -X^T (Y - X Theta) / n = G Theta - X^T Y / n`` where ``G = X^T X / n``,
-    and Lipschitz constant ``L = lambda_max(G)``.  Only ``G``, ``X^T Y / n`` and
-    ``||Y||_F^2`` are kept after construction (besides ``x`` and ``y`` themselves).
+    ``f(Theta) = (w/(2n)) ||Y - X Theta||_F^2`` (docs/methods.md 2.2) with gradient
+    ``grad f(Theta) = -w X^T (Y - X Theta) / n = G Theta - w X^T Y / n`` where
+    ``G = w X^T X / n``, and Lipschitz constant ``L = lambda_max(G)``; the weight ``w`` is 1
+    unless the fused objective weights clients by their rows
+    (:func:`strategies.local.site_weight`).  Only ``G``, ``w X^T Y / n`` and ``||Y||_F^2``
+    are kept after construction (besides ``x`` and ``y`` themselves).
     """
 
-    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+    def __init__(self, x: np.ndarray, y: np.ndarray, weight: float = 1.0) -> None:
         x = np.asarray(x, dtype=float)
         y = np.asarray(y, dtype=float)
         if y.ndim == 1:
@@ -90,8 +92,9 @@ class LocalLeastSquares:
         self.x = x
         self.y = y
         n = x.shape[0]
-        self.gram = x.T @ x / n
-        self.xty = x.T @ y / n
+        self.weight = float(weight)
+        self.gram = self.weight * (x.T @ x) / n
+        self.xty = self.weight * (x.T @ y) / n
         self._lipschitz: float | None = None
         self._chol: tuple[float, tuple] | None = None  # (c, cho_factor(G + c I))
 
@@ -113,8 +116,8 @@ class LocalLeastSquares:
         return float(np.sum(r * r))
 
     def value(self, theta: np.ndarray) -> float:
-        """``f(Theta) = ||Y - X Theta||_F^2 / (2n)``; ``theta`` of shape ``(p, q)``."""
-        return 0.5 * self.rss(theta) / self.n_samples
+        """``f(Theta) = w ||Y - X Theta||_F^2 / (2n)``; ``theta`` of shape ``(p, q)``."""
+        return 0.5 * self.weight * self.rss(theta) / self.n_samples
 
     def grad(self, theta: np.ndarray) -> np.ndarray:
         """``grad f(Theta) = -X^T (Y - X Theta) / n``, shape ``(p, q)``."""

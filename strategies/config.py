@@ -168,6 +168,19 @@ def participation_setting(who: str):
     )
 
 
+def size_power_setting(who: str):
+    """``size-power`` ``a``: each site's loss is weighted by ``w_z = Z n_z^a / sum n^a``
+    in the fused objective (:func:`strategies.local.site_weight`): ``a = 0`` every site
+    counts once (the papers'), ``a = 1`` in proportion to its rows (as FedAvg weights its
+    answers); the same for both methods, used by the fused methods only."""
+    return setting(
+        0.0,
+        f"weight of each {who}'s loss ~ its rows to this power, in [0, 1] (0: equal, 1: rows)",
+        at_least=0,
+        at_most=1,
+    )
+
+
 def inference_settings(refit: str) -> tuple:
     """``inference`` (none, or oracle: ``refit``) and ``level``, the same for both methods
     (:mod:`strategies.inference`)."""
@@ -197,6 +210,7 @@ class GrAUCConfig(ComparatorSettings):
     )
     curvature: str = curvature_setting()
     participation: float = participation_setting("site")
+    size_power: float = size_power_setting("site")
     init: str = setting(
         "random", "start: N(0, I) per site (the paper), or zeros", ("random", "zeros")
     )
@@ -364,6 +378,7 @@ class RowFedConfig(ComparatorSettings):
     sparsity: str = setting("entry", "sparsity by entry or by row", ("entry", "row"))
     graph: str = setting("all-pairs", "all-pairs, or an edge CSV: client_u,client_v[,weight]")
     participation: float = participation_setting("client")
+    size_power: float = size_power_setting("client")
     rho: float = setting(1.0, "initial ADMM penalty > 0", above=0)
     alpha: float = setting(1.0, "rho <- alpha rho each round, >= 1", at_least=1)
     algorithm: str = setting(

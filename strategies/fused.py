@@ -56,6 +56,9 @@ class FusedSiteStrategy(SiteStrategy):
         pqn runs its incremental form (:mod:`strategies.pqn`).
     local_solver : {"prox", "linearized"}
         The sites' ADMM local step.
+    size_power : float
+        Each site's loss is weighted by its rows to this power (0: equal; sent with every
+        instruction: :meth:`work_config`).
     progress : callable, optional
         ``progress(round, objective, residuals_or_step, elapsed)``.
     checkpoint, checkpoint_every, resume : str, int, str
@@ -97,8 +100,10 @@ class FusedSiteStrategy(SiteStrategy):
         checkpoint: str = "",
         checkpoint_every: int = 10,
         resume: str = "",
+        size_power: float = 0.0,
     ) -> None:
         super().__init__(n_sites, registry, standardize, min_fit_fraction, timeout)
+        self.size_power = float(size_power)
         self.algorithm = algorithm
         self.rho = float(rho)
         self.alpha = float(alpha)
@@ -116,6 +121,10 @@ class FusedSiteStrategy(SiteStrategy):
         self.history = admm.History()
         self.qn: pqn.QuasiNewtonState | None = None
         self.state: admm.AdmmState | None = None
+
+    def work_config(self) -> dict:
+        """The working scale, and the sites' weighting when ``size_power > 0``."""
+        return {**super().work_config(), **self.registry.weight_config(self.size_power)}
 
     # -- set-up -----------------------------------------------------------------------------
     def _set_problem(self, problem) -> None:

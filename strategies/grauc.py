@@ -97,6 +97,7 @@ class GrAUCStrategy(FusedSiteStrategy):
             checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
             resume=resume,
+            size_power=cfg.size_power,
         )
         if graph_builder is None:
             raise ValueError("graph_builder: GrAUC-PFL needs the function that builds its graph")

@@ -38,6 +38,16 @@ class Datafit(Protocol):
     def prox(self, center: np.ndarray, c: float, x0: np.ndarray | None = None) -> np.ndarray: ...
 
 
+def site_weight(config, n: int) -> float:
+    """The weight of a site's whole loss in the fused objective, ``n^a * norm`` with the
+    ``size-power`` ``a`` and ``size-norm`` the server sent
+    (:meth:`strategies.registry.Registry.weight_config`), else 1 (docs/methods.md 3.11)."""
+    power = config.get("size-power")
+    if power is None:
+        return 1.0
+    return float(n) ** float(power) * float(config["size-norm"])
+
+
 def curvature(solver: str, lipschitz, rho_sigma: float):
     """The curvature ``c_z`` of a site's local step (scalar or array, as ``lipschitz``).
 

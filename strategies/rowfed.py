@@ -177,6 +177,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
             seed=cfg.seed,
             local_solver=cfg.local_solver,
             curvature=cfg.curvature,
+            size_power=cfg.size_power,
             progress=progress,
         )
         self.cfg = cfg
@@ -187,7 +188,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
         self.phase = "init"
 
     def work_config(self) -> dict:
-        return {"intercept": bool(self.cfg.intercept), **self.registry.scaling_config()}
+        return {"intercept": bool(self.cfg.intercept), **super().work_config()}
 
     def _become_ready(self) -> None:
         self.n_responses = dims(self.registry, self.registry.order())[1]

@@ -44,6 +44,12 @@ def _read(out, name):
     return pd.read_csv(os.path.join(out, name))
 
 
+def _same_coefficients(a, b):
+    """The two fits' coefficients.csv agree (1e-10): a tuned refit and a plain fit."""
+    got, want = _read(a, "coefficients.csv"), _read(b, "coefficients.csv")
+    np.testing.assert_allclose(got.iloc[:, 1:], want.iloc[:, 1:], atol=1e-10)
+
+
 def _metrics(out):
     with open(os.path.join(out, "metrics.json")) as fh:
         return json.load(fh)
@@ -97,10 +103,11 @@ def test_grauc_tune_cv_and_test_file(grauc_files, capsys, tmp_path):
     assert code == 0, err
     cv = _read(out, "cv.csv")
     assert list(cv.columns) == [
-        "fold", "lam", "w_dist", "ridge", "val_auc", "rounds", "converged",
+        "fold", "lam", "w_dist", "ridge", "size_power", "val_auc", "rounds", "converged",
     ]  # fmt: skip
-    # 13 lam values (12 below lam_max and 0) per ridge, each in 3 folds
-    assert len(cv) == 3 * 2 * 13
+    # 13 lam values (12 below lam_max and 0) per ridge, each in 3 folds; sites of one size:
+    # one weighting (size_power 0, the default)
+    assert len(cv) == 3 * 2 * 13 and set(cv["size_power"]) == {0.0}
     for _, grp in cv.groupby("ridge"):
         lams = np.sort(grp["lam"].unique())[::-1]
         assert lams[-1] == 0.0 and len(lams) == 13
@@ -119,10 +126,7 @@ def test_grauc_tune_cv_and_test_file(grauc_files, capsys, tmp_path):
         "--ridge", repr(float(best[2])),
     )  # fmt: skip
     assert code == 0, err
-    np.testing.assert_allclose(
-        _read(out, "coefficients.csv").iloc[:, 1:], _read(plain, "coefficients.csv").iloc[:, 1:],
-        atol=1e-10,
-    )  # fmt: skip
+    _same_coefficients(out, plain)
 
     # test.csv: AUC and DeLong interval from coefficients.csv and the test file
     coef = _read(out, "coefficients.csv").set_index("site")
@@ -295,6 +299,46 @@ def test_real_sources_keep_their_own_split(capsys, tmp_path):
         "grauc_flower", capsys, "fit", "--source", "crime", "--holdout", "0.2", "--out", out
     )
     _rejected(code, err, out, "holdout:", "--train-fraction")
+
+
+def test_grauc_tune_cv_weighs_sites_of_different_sizes_both_ways(capsys, tmp_path):
+    """Sites of different sizes: the default grid tries the equal weighting and the one by
+    rows (size_power 0 and 1), each with its own lam path (lam_max depends on the weights);
+    the choice is cv.csv's best mean and the refit is a plain fit at it."""
+    sites = simulate(2, 4, 3, 0, 60, 0.4, 3, seed=515)
+    assert len({len(s.y_train) for s in sites}) > 1
+    data, site_file = write_grauc_csv(str(tmp_path), sites)
+    out = str(tmp_path / "tuned")
+    base = ("fit", "--data", data, "--sites", site_file, "--quiet", "--ridge", "0.1")
+    code, err = _main(
+        "grauc_flower", capsys, *base[:-2], "--out", out, "--tune", "cv", "--folds", "3",
+        "--w-dist-grid", "1", "--ridge-grid", "0.1", "--jobs", "1",
+    )  # fmt: skip
+    assert code == 0, err
+    cv = _read(out, "cv.csv")
+    assert set(cv["size_power"]) == {0.0, 1.0} and len(cv) == 3 * 2 * 13
+    tops = cv.groupby("size_power")["lam"].max()
+    assert abs(tops[0.0] - tops[1.0]) > 1e-6 * tops[0.0]
+    mean = cv.groupby(["lam", "w_dist", "ridge", "size_power"])["val_auc"].mean()
+    chosen = _metrics(out)["tuned"]
+    got = (chosen["lam"], chosen["w_dist"], chosen["ridge"], chosen["size_power"])
+    assert mean[got] == pytest.approx(mean.max())
+    plain = str(tmp_path / "plain")
+    code, err = _main(
+        "grauc_flower", capsys, *base, "--out", plain, "--lam", repr(float(got[0])),
+        "--w-dist", "1", "--size-power", repr(float(got[3])),
+    )  # fmt: skip
+    assert code == 0, err
+    _same_coefficients(out, plain)
+    bad = str(tmp_path / "bad")
+    code, err = _main(
+        "grauc_flower", capsys, *base[:-2], "--out", bad, "--tune", "cv", "--size-power", "1"
+    )
+    _rejected(code, err, bad, "size-power", "--size-power-grid")
+    code, err = _main(
+        "grauc_flower", capsys, *base[:-2], "--out", bad, "--tune", "cv", "--size-power-grid", "0,2"
+    )
+    _rejected(code, err, bad, "size-power")
 
 
 # ---------------------------------------------------------------------------------------

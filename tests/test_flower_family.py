@@ -183,7 +183,8 @@ def test_bad_flower_settings_name_the_key():
 def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
     """One ``flwr run`` whose ``method`` list holds every comparator name (Flower's
     strategies, Ditto, fine-tuning, IFCA, mean fusion); each name's coefficients equal the
-    in-process engine's (1e-8)."""
+    in-process engine's (1e-8).  GrAUC-PFL's sites differ in size (simulation 2) and its
+    fused comparator weights them by their rows (``size-power = 1``)."""
     from strategies.runtime.simulation import flwr_run
 
     out = str(tmp_path / "run")
@@ -198,14 +199,22 @@ def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
             "method": names,
             "data.num-sites": 5,
             "data.num-features": 4,
+            "data.simulation": 2,
             "grauc.fedavg-rounds": rounds,
             "grauc.fedprox-mu": 0.3,
+            "grauc.size-power": 1.0,
             "out-dir": out,
         }
         flwr_run(ROOT, rc, 5)
-        spec = fed.DataSpec(n_sites=5, n_features=4)
+        spec = fed.DataSpec(simulation=2, n_sites=5, n_features=4)
         sites, _ = fed.load_sites(spec)
-        cfg = GrAUCConfig(fedavg_rounds=rounds, fedprox_mu=0.3)
+        cfg = GrAUCConfig(fedavg_rounds=rounds, fedprox_mu=0.3, size_power=1.0)
+        equal = fed.run_methods_inprocess(cfg.replace(size_power=0.0), sites, ["mean-fusion"])
+        weighted = fed.run_methods_inprocess(cfg, sites, ["mean-fusion"])
+        assert (
+            np.abs(equal["mean-fusion"].coefficients - weighted["mean-fusion"].coefficients).max()
+            > 1e-3
+        )
         inproc = fed.run_methods_inprocess(cfg, sites, list(every))
         for name, res in inproc.items():
             got = pd.read_csv(os.path.join(out, name, "coefficients.csv"))

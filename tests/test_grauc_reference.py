@@ -115,8 +115,10 @@ def objective(beta, ds, edges, w, lam, ridge, penalty):
     return loss + penalty_numpy(beta, edges, w, lam, penalty)
 
 
-def solve(problem):
-    problem.solve(solver="CLARABEL", tol_gap_abs=1e-11, tol_gap_rel=1e-11, tol_feas=1e-11)
+def solve(problem, **extra):
+    """Clarabel to 1e-11 (``extra``: its options, e.g. a smaller static regularization,
+    which the weighted problems need to end ``optimal`` rather than ``optimal_inaccurate``)."""
+    problem.solve(solver="CLARABEL", tol_gap_abs=1e-11, tol_gap_rel=1e-11, tol_feas=1e-11, **extra)
     assert problem.status == "optimal"
 
 
@@ -393,4 +395,75 @@ def test_mean_fusion_lam_max_is_where_the_sites_meet():
         dev = b - cp.sum(b, axis=0, keepdims=True) / len(ds)
         solve(cp.Problem(cp.Minimize(loss + factor * top * cp.sum(cp.abs(dev)))))
         spreads.append(np.ptp(b.value, axis=0).max())
+    assert spreads[0] < 1e-6 < 1e-4 < spreads[1]
+
+
+# ---------------------------------------------------------------------------------------
+# size-power = 1: each site's whole surrogate weighted by Z n_z / sum n (docs 3.11)
+# ---------------------------------------------------------------------------------------
+def row_weights(sites, power=1.0):
+    n = np.array([len(s.y_train) for s in sites], dtype=float)
+    return len(sites) * n**power / np.sum(n**power)
+
+
+def weighted_objective(beta, ds, omega, edges, w, lam, ridge, penalty):
+    loss = sum(c * f_numpy(d, b, ridge) for c, d, b in zip(omega, ds, beta, strict=True))
+    return loss + penalty_numpy(beta, edges, w, lam, penalty)
+
+
+@pytest.mark.parametrize(
+    ("penalty", "algorithm", "power"),
+    [("l1", "pqn", 1.0), ("l1", "admm", 1.0), ("group", "pqn", 1.0), ("l1", "pqn", 0.5)],
+)
+def test_rows_weighting_matches_cvxpy(graph, penalty, algorithm, power):
+    """``sum_z w_z f_z(beta_z) + lam sum_e w_e ||beta_u - beta_v||`` with the weights
+    ``Z n_z^a / sum n^a`` computed here from the row counts; the fit differs from the
+    equally weighted one."""
+    edges, w = graph
+    ds = site_pairs(SITES)
+    omega = row_weights(SITES, power)
+    assert np.ptp(omega) > 0.15 and abs(omega.mean() - 1) < 1e-12
+    b = cp.Variable((Z, P))
+    loss = sum(c * f_cvxpy(d, b[k], RIDGE) for k, (c, d) in enumerate(zip(omega, ds, strict=True)))
+    norm = (lambda v: cp.norm1(v)) if penalty == "l1" else (lambda v: cp.norm(v, 2))
+    pen = sum(w[e] * norm(b[u] - b[v]) for e, (u, v) in enumerate(edges))
+    solve(cp.Problem(cp.Minimize(loss + LAM * pen)), static_regularization_constant=1e-9)
+    f_ref = weighted_objective(b.value, ds, omega, edges, w, LAM, RIDGE, penalty)
+    res = run(["grauc"], penalty=penalty, algorithm=algorithm, size_power=power)["grauc"]
+    f_ours = weighted_objective(res.coefficients, ds, omega, edges, w, LAM, RIDGE, penalty)
+    assert -GAP <= (f_ours - f_ref) / abs(f_ref) <= GAP
+    assert_allclose(res.coefficients, b.value, atol=2e-3)
+    equal = cvxpy_grauc(ds, edges, w, LAM, RIDGE, penalty)
+    assert np.max(np.abs(equal - b.value)) > 1e-2  # the weighting changes the answer
+
+
+def test_rows_weighting_keeps_both_ends_of_the_path(graph, individual_refs):
+    """lam = 0: each site's own fit (its weight scales its whole objective); at the top of
+    the path (1.01 lam_max, from :func:`lam_max_of` with the weights) cvxpy's weighted
+    solution gives every site the row-weighted shared fit, at 0.97 lam_max it does not."""
+    from grauc_flower.tuning import lam_max_of
+
+    res = run(["grauc"], lam=0.0, size_power=1.0)["grauc"]
+    assert_allclose(res.coefficients, individual_refs, atol=1e-5)
+    edges, w = graph
+    ds = site_pairs(SITES)
+    omega = row_weights(SITES)
+    cfg = GrAUCConfig(ridge=RIDGE, w_dist=W_DIST, q=Q, size_power=1.0)
+    top = lam_max_of(SITES, cfg)
+    assert abs(top - lam_max_of(SITES, cfg.replace(size_power=0.0))) > 1e-3 * top
+    shared = cvxpy_shared(ds, RIDGE, omega)
+    spreads = []
+    for factor in (1.01, 0.97):
+        b = cp.Variable((Z, P))
+        loss = sum(
+            c * f_cvxpy(d, b[k], RIDGE) for k, (c, d) in enumerate(zip(omega, ds, strict=True))
+        )
+        pen = sum(w[e] * cp.norm1(b[u] - b[v]) for e, (u, v) in enumerate(edges))
+        solve(
+            cp.Problem(cp.Minimize(loss + factor * top * pen)),
+            static_regularization_constant=1e-9,
+        )
+        spreads.append(np.ptp(b.value, axis=0).max())
+        if factor > 1:
+            assert_allclose(b.value, np.tile(shared, (Z, 1)), atol=1e-5)
     assert spreads[0] < 1e-6 < 1e-4 < spreads[1]

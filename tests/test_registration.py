@@ -151,3 +151,25 @@ def test_expected_sites_must_match_the_number_of_sites():
     reg = Registry(waiting=RegistrationConfig(sites="H1,H2"))
     with pytest.raises(InputError, match="registration.sites: names 2 sites, the run has 3"):
         reg.settle(manager("H1", "H2"), 3, None, 0)
+
+
+def test_weight_config_gives_each_site_its_share_of_the_rows():
+    """``size-power a``: each site weights its loss by ``Z n_z^a / sum n^a`` (brute force
+    over the registered sizes); ``a = 0`` sends nothing and every weight is 1."""
+    from strategies.local import site_weight
+    from strategies.registry import Registry
+
+    sizes = {"a": 10, "b": 30, "c": 60}
+    registry = Registry()
+    for k, (site, n) in enumerate(sizes.items()):
+        registry.register(str(k), {"site": site, "n": n})
+    assert registry.weight_config(0.0) == {}
+    assert site_weight({}, 10) == 1.0
+    for power in (1.0, 0.5):
+        config = registry.weight_config(power)
+        got = np.array([site_weight(config, n) for n in sizes.values()])
+        n = np.array(list(sizes.values()), dtype=float)
+        np.testing.assert_allclose(got, 3 * n**power / (n**power).sum(), rtol=1e-14)
+    np.testing.assert_allclose(
+        [site_weight(registry.weight_config(1.0), n) for n in sizes.values()], [0.3, 0.9, 1.8]
+    )

@@ -487,3 +487,61 @@ def test_mean_fusion_matches_cvxpy(algorithm):
         labels = res.clusters[:, j]
         assert len(set(labels[at_mean[:, j]])) <= 1
         assert len(set(labels[~at_mean[:, j]])) == int((~at_mean[:, j]).sum())
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "intercept"), [("pqn", False), ("admm", False), ("pqn", True)]
+)
+def test_rows_weighting_matches_cvxpy(algorithm, intercept):
+    """``size-power = 1``: ``sum_m w_m f_m + lam1 fusion + lam2 |Theta|_1`` with
+    ``w_m = M n_m / sum n`` -- the pooled least squares ``(M / 2N) sum_m ||Y_m - X_m
+    Theta_m||^2`` -- on clients of 12 to 40 rows (cvxpy, weights computed here), through the
+    strategy; it differs from the equally weighted fit."""
+    import dataclasses
+
+    from rowfed_flower import federation as fed
+    from strategies.config import RowFedConfig
+
+    spec = fed.RowFedDataSpec(num_clients=5, num_features=3, num_responses=2, n_train=40, seed=6)
+    full = fed.load_data(spec)
+    sizes = (40, 12, 25, 18, 33)
+    clients = tuple(
+        dataclasses.replace(c, x=c.x[:n], y=c.y[:n])
+        for c, n in zip(full.clients, sizes, strict=True)
+    )
+    data = dataclasses.replace(full, clients=clients)
+    lam1, lam2 = 0.1, 0.02
+    cfg = RowFedConfig(
+        lam1=lam1,
+        lam2=lam2,
+        intercept=intercept,
+        tol=1e-10,
+        max_rounds=5000,
+        algorithm=algorithm,
+        size_power=1.0,
+    )
+    res = fed.run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"]
+    n = np.array(sizes, dtype=float)
+    omega = len(n) * n / n.sum()
+
+    def reference(weights):
+        t = [cp.Variable((3, 2)) for _ in clients]
+        a = [cp.Variable(2) for _ in clients] if intercept else [0.0] * len(clients)
+        loss = sum(
+            w
+            * cp.sum_squares(c.y - c.x @ tm - np.ones((c.n, 1)) @ cp.reshape(b, (1, 2)))
+            / (2 * c.n)
+            if intercept
+            else w * cp.sum_squares(c.y - c.x @ tm) / (2 * c.n)
+            for w, c, tm, b in zip(weights, clients, t, a, strict=True)
+        )
+        fusion = sum(cp.sum(cp.norm(t[u] - t[v], 2, axis=1)) for u, v in all_pairs(len(t)))
+        sparse = sum(cp.sum(cp.abs(tm)) for tm in t)
+        prob = cp.Problem(cp.Minimize(loss + lam1 * fusion + lam2 * sparse))
+        prob.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+        assert prob.status == "optimal"
+        return np.stack([tm.value for tm in t])
+
+    want = reference(omega)
+    assert_allclose(res.theta, want, atol=1e-5)
+    assert np.max(np.abs(reference(np.ones(5)) - want)) > 1e-2

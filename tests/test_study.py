@@ -247,6 +247,11 @@ def test_only_errors(tmp_path, capsys, only, words):
         (GRAUC_TOML.replace("max-rounds = 30", "max-round = 30"), ["grauc.max-round"]),
         (GRAUC_TOML.replace('"grauc",', '"grauc", "magic",'), ["methods", "magic"]),
         (ROWFED_TOML, ["study = 'rowfed'"]),
+        (GRAUC_TOML.replace("folds = 3", "folds = 3\nsize_power = [0, 2]"), ["tuning.size_power"]),
+        (
+            GRAUC_TOML.replace("folds = 3", "folds = 3\nsize_power = [1]") + "size-power = 1.0\n",
+            ["grauc.size-power", "[tuning] size_power"],
+        ),
     ],
 )
 def test_config_errors(tmp_path, capsys, text, words):
@@ -638,3 +643,45 @@ def test_rowfed_study_tunes_the_comparators_own_setting(tmp_path, capsys):
         assert name == KNOBS[method].name and float(value) in KNOBS[method].grid
     lam2 = dict(zip(res["method"], res["lam2"], strict=True))
     assert lam2["ditto"] == lam2["ifca"] == lam2["nonfed"]  # at NonFed's GIC-chosen lam2
+
+
+def test_study_weighs_sites_of_different_sizes_as_cross_validation_chooses(tmp_path, capsys):
+    """``[tuning] size_power = [0, 1]`` on simulation 2 (sizes drawn per site): the CV table
+    holds both weightings, GrAUC-PFL's row records the best mean's, and the coefficients are
+    a direct fit at the recorded setting."""
+    from grauc_flower import study as gs
+    from grauc_flower.federation import run_methods_inprocess
+
+    text = (
+        GRAUC_TOML.replace("simulation = [1]", "simulation = [2]")
+        .replace("n_train = [40]", "n_train = [0]")
+        .replace("folds = 3", "folds = 3\nsize_power = [0.0, 1.0]")
+        .replace('methods = ["grauc", "individual", "fedavg"]', 'methods = ["grauc"]')
+    )
+    cfg = _config(tmp_path, text)
+    out = str(tmp_path / "out")
+    args = ("--config", cfg, "--out", out, "--reps", "1", "--only", "prevalence=0.3")
+    code, err = _run(grauc_main, capsys, *args, "--no-figures")
+    assert code == 0, err
+    cell = {"simulation": 2, "n_train": 0, "prevalence": 0.3, "level": 3}
+    cv = pd.read_csv(os.path.join(out, "parts", cell_label(cell), "rep-0000.cv.csv"))
+    assert set(cv["size_power"]) == {0.0, 1.0}
+    mean = cv.groupby(["lam", "w_dist", "ridge", "size_power"])["val_auc"].mean()
+    row = pd.read_csv(os.path.join(out, "results.csv")).iloc[0]
+    assert mean[(row["lam"], row["w_dist"], row["ridge"], row["size_power"])] == pytest.approx(
+        mean.max()
+    )
+    study, st = gs.load(cfg)
+    sites, _ = gs.simulated_sites(st, cell, int(row["seed"]))
+    assert len({len(s.y_train) for s in sites}) > 1
+    point = st.cfg.replace(
+        seed=int(row["seed"]),
+        lam=float(row["lam"]),
+        w_dist=float(row["w_dist"]),
+        ridge=float(row["ridge"]),
+        size_power=float(row["size_power"]),
+    )
+    want = run_methods_inprocess(point, sites, ["grauc"])["grauc"].coefficients
+    coef = pd.read_csv(os.path.join(out, "parts", cell_label(cell), "rep-0000.coef.csv"))
+    got = coef[coef["method"] == "grauc"][["x1", "x2", "x3", "x4"]].to_numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-10)
