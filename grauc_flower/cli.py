@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 
 from strategies.config import GRAUC_METHODS, GrAUCConfig, to_run_config
 from strategies.errors import InputError
@@ -35,6 +36,7 @@ from strategies.runtime.cli import (
     tuning_metrics,
     warn_no_intervals,
 )
+from strategies.tuning import size_powers
 
 from . import tuning
 
@@ -276,7 +278,7 @@ def _grid(a) -> tuning.Grid:
         ridge=given("ridge", tuning.RIDGE_GRID),
         fedavg_rounds=tuple(int(r) for r in rounds),
         knob=a.knob_grid or None,
-        size_power=given("size-power", ()),
+        size_power=a.size_power_grid or (),  # checked once the sites are known
     )
 
 
@@ -341,8 +343,10 @@ def cmd_fit(a) -> int:
     grid = _grid(a) if a.tune else None
     spec = _data_spec(a)
     sites, features = _load(a, spec)
-    if grid is not None and not grid.size_power:
-        grid = tuning.default_size_powers(grid, sites, cfg)
+    if grid is not None:
+        sizes = [len(s.y_train) for s in sites]
+        powers = size_powers(sizes, cfg, a.size_power_grid or None)
+        grid = replace(grid, size_power=powers)
     t0 = time.perf_counter()
     extra: dict = {}
     with atomic_output_dir(a.out) as tmp:

@@ -58,19 +58,6 @@ class Grid:
         object.__setattr__(self, "fedavg_rounds", rounds)
 
 
-#: ``fit --tune cv``'s site weightings when the sites differ in size: equal, and by rows.
-SIZE_POWER_GRID = (0.0, 1.0)
-
-
-def default_size_powers(grid: Grid, sites, cfg: GrAUCConfig) -> Grid:
-    """``grid`` with :data:`SIZE_POWER_GRID` when the sites' training sizes differ (both
-    weightings are tried: cross-validation chooses), else with ``cfg``'s value alone (equal
-    sizes make every weighting the same)."""
-    sizes = {len(s.y_train) for s in sites}
-    powers = SIZE_POWER_GRID if len(sizes) > 1 else (cfg.size_power,)
-    return replace(grid, size_power=powers)
-
-
 #: The columns naming a setting, per method (``cv.csv``; ``metrics.json: tuned``): the
 #: ridge and, for a comparator, its knob (:data:`strategies.tuning.KNOBS`).
 PARAMS = {
@@ -326,10 +313,9 @@ def cross_validate(
     if method == "mean-fusion":  # no graph: one lam path per ridge
         grid = replace(grid, w_dist=(cfg.w_dist,))
     fused = method in ("grauc", "mean-fusion")
-    powers = tuple(dict.fromkeys(grid.size_power)) if fused and grid.size_power else ()
-    powers = powers or (cfg.size_power,)
-    for a in powers:
-        cfg.replace(size_power=a)  # each value checked, with the setting's own message
+    powers = (
+        tuple(dict.fromkeys(grid.size_power)) if fused and grid.size_power else (cfg.size_power,)
+    )
     # the lam paths per (ridge, w_dist), for each site weighting (lam_max depends on it)
     lams = (
         {a: lam_grids(sites, cfg.replace(size_power=a), grid, method) for a in powers}
@@ -378,8 +364,6 @@ def tune(
 __all__ = [
     "Grid",
     "PARAMS",
-    "SIZE_POWER_GRID",
-    "default_size_powers",
     "cross_validate",
     "cv_piece",
     "fold_sites",

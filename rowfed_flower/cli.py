@@ -47,6 +47,7 @@ from strategies.runtime.cli import (
 from strategies.tuning import KNOBS, parse_grid
 
 from . import tuning as grid_search
+from .federation import FUSED_METHODS
 
 DEFAULT_LAM1_GRID = ",".join(f"{v:g}" for v in grid_search.DEFAULT_LAM1_GRID)
 DEFAULT_LAM2_GRID = ",".join(f"{v:g}" for v in grid_search.DEFAULT_LAM2_GRID)
@@ -76,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_tuning_arguments(fit, ("gic", "cv"))
     fit.add_argument("--lam1-grid", help=f"gic/cv: lam1 values (default: {DEFAULT_LAM1_GRID})")
     fit.add_argument("--lam2-grid", help=f"gic/cv: lam2 values (default: {DEFAULT_LAM2_GRID})")
+    fit.add_argument(
+        "--size-power-grid",
+        metavar="LIST",
+        help="cv: size-power values of the fused methods, each in [0, 1] (default: 0,1 when "
+        "the clients differ in size, else the --size-power value)",
+    )
     add_settings(fit, RowFedConfig)
     fit.add_argument("--verbose", action="store_true", help="log every round")
     from .study import add_parser as _study_parser
@@ -125,6 +132,12 @@ def fit(args) -> int:
         raise InputError(f"{key}: grids need --tune gic or --tune cv")
     if args.knob_grid and args.tune != "cv":
         raise InputError("knob-grid: grids need --tune cv")
+    if args.size_power_grid is not None and args.tune != "cv":
+        raise InputError("size-power-grid: grids need --tune cv")
+    if args.tune == "cv" and args.size_power is not None and args.method in FUSED_METHODS:
+        raise InputError(
+            "size-power: chosen by --tune cv; give --size-power-grid to set its values"
+        )
     fused = args.method not in FEDAVG_FAMILY  # the comparators have no lam1
     if args.tune is not None and (args.lam1 is not None and fused or args.lam2 is not None):
         key = "lam1" if args.lam1 is not None and fused else "lam2"
@@ -168,7 +181,14 @@ def fit(args) -> int:
         if args.tune == "cv":
             opts = cv_options(args, args.data_seed)
             cfg, table, summary = grid_search.tune_cv(
-                cfg, data, args.method, lam1_grid, lam2_grid, opts, args.knob_grid or None
+                cfg,
+                data,
+                args.method,
+                lam1_grid,
+                lam2_grid,
+                opts,
+                args.knob_grid or None,
+                args.size_power_grid,
             )
             table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
             params = grid_search.params_of(args.method)

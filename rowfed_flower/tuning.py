@@ -39,17 +39,25 @@ def params_of(method: str) -> tuple[str, ...]:
     """The columns naming a setting of ``method`` (``cv.csv``; ``metrics.json: tuned``)."""
     if method in FEDAVG_FAMILY:
         return ("lam2", tuning.KNOBS[method].name) if method in tuning.KNOBS else ("lam2",)
-    return PARAMS
+    return (*PARAMS, "size_power") if method in fed.FUSED_METHODS else PARAMS
 
 
-def settings_grid(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid, knob_grid=None):
+def settings_grid(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid, knob_grid=None, powers=()):
     """The grid of ``method`` in walking order, as ``[{setting: value}, ...]``: the fused
-    methods' ``(lam1, lam2)`` snake (:func:`_levels`); a comparator's ``lam2`` (descending)
+    methods' ``(lam1, lam2)`` snake (:func:`_levels`), once per site weighting in
+    ``powers`` (default: ``cfg``'s ``size_power``); a comparator's ``lam2`` (descending)
     crossed with its knob."""
     if method not in FEDAVG_FAMILY:
         if knob_grid is not None:
             raise InputError(f"knob-grid: {method} has no setting to tune besides its levels")
-        return [{"lam1": a, "lam2": b} for a, b in _levels(method, cfg, lam1_grid, lam2_grid)]
+        levels = _levels(method, cfg, lam1_grid, lam2_grid)
+        if method not in fed.FUSED_METHODS:
+            return [{"lam1": a, "lam2": b} for a, b in levels]
+        return [
+            {"lam1": a, "lam2": b, "size_power": w}
+            for w in powers or (cfg.size_power,)
+            for a, b in levels
+        ]
     lam2s = _checked("lam2", lam2_grid)
     knobs = tuning.knob_values(method, cfg, knob_grid)
     name = tuning.KNOBS[method].name if knobs else None
@@ -176,14 +184,20 @@ def cross_validate(
     lam2_grid,
     opts: tuning.CVOptions | None = None,
     knob_grid=None,
+    size_power_grid=None,
 ) -> pd.DataFrame:
     """Validation MSE for every setting and fold: ``fold``, the settings
-    (:func:`params_of`), ``val_mse, rounds, converged``.  CV fits use ``opts.tol`` and
+    (:func:`params_of`), ``val_mse, rounds, converged``.  The fused methods also try the
+    site weightings of :func:`strategies.tuning.size_powers` (``size_power_grid``, else both
+    ends when the clients differ in size).  CV fits use ``opts.tol`` and
     ``opts.max_rounds``."""
     opts = opts or tuning.CVOptions()
     if method not in CV_TUNABLE:
         raise InputError(f"tune: cv is available for {', '.join(CV_TUNABLE)}, not {method}")
-    levels = settings_grid(method, cfg, lam1_grid, lam2_grid, knob_grid)
+    powers = ()
+    if method in fed.FUSED_METHODS:
+        powers = tuning.size_powers([c.n for c in data.clients], cfg, size_power_grid)
+    levels = settings_grid(method, cfg, lam1_grid, lam2_grid, knob_grid, powers)
     small = [c.site for c in data.clients if c.n < opts.folds]
     if small:
         raise InputError(f"folds: client {small[0]!r} has fewer rows than the {opts.folds} folds")
@@ -204,6 +218,7 @@ def tune_cv(
     lam2_grid,
     opts: tuning.CVOptions | None = None,
     knob_grid=None,
+    size_power_grid=None,
 ) -> tuple[RowFedConfig, pd.DataFrame, pd.DataFrame]:
     """Cross-validate; returns ``cfg`` at the chosen setting (lowest mean validation MSE,
     or the ``1se`` rule: the largest ``lam1``, then ``lam2`` -- for a comparator ``lam2``,
@@ -211,7 +226,9 @@ def tune_cv(
     error), the per-fold
     table (``cv.csv``) and the per-setting summary."""
     opts = opts or tuning.CVOptions()
-    table = cross_validate(cfg, data, method, lam1_grid, lam2_grid, opts, knob_grid)
+    table = cross_validate(
+        cfg, data, method, lam1_grid, lam2_grid, opts, knob_grid, size_power_grid
+    )
     params = params_of(method)
     knob = tuning.KNOBS.get(method)
     simplest = params if knob is None else (params[0], *knob.simplest)

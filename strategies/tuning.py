@@ -469,6 +469,27 @@ def run_items(
     return out
 
 
+#: The site weightings ``size-power`` cross-validation tries when the sites differ in size:
+#: every site once, and by rows (docs/methods.md 3.11).
+SIZE_POWER_GRID = (0.0, 1.0)
+
+
+def size_powers(sizes: Sequence[int], cfg, given=None) -> tuple[float, ...]:
+    """The ``size-power`` values a fused method's cross-validation tries: ``given``
+    (``--size-power-grid``'s text or a sequence; each checked as the setting), else
+    :data:`SIZE_POWER_GRID` when the sites' training ``sizes`` differ, else ``cfg``'s value
+    alone (equal sizes make every weighting the same fit)."""
+    if given is None or len(given) == 0:
+        return SIZE_POWER_GRID if len(set(sizes)) > 1 else (float(cfg.size_power),)
+    values = parse_grid(given, "size-power-grid")
+    for v in values:
+        try:
+            cfg.replace(size_power=v)
+        except InputError as exc:
+            raise InputError(f"size-power-grid: {exc}") from None
+    return values
+
+
 def parse_grid(text: str | Sequence[float], key: str, minimum: float = 0.0) -> tuple:
     """Comma-separated numbers (or a sequence), each finite and ``>= minimum``."""
     if isinstance(text, str):
@@ -488,6 +509,8 @@ def parse_grid(text: str | Sequence[float], key: str, minimum: float = 0.0) -> t
 
 
 __all__ = [
+    "SIZE_POWER_GRID",
+    "size_powers",
     "CVOptions",
     "KNOBS",
     "Knob",

@@ -382,8 +382,9 @@ def test_rowfed_tune_cv_and_test_file(rowfed_files, capsys, tmp_path):
     )  # fmt: skip
     assert code == 0, err
     cv = _read(out, "cv.csv")
-    assert list(cv.columns) == ["fold", "lam1", "lam2", "val_mse", "rounds", "converged"]
-    assert len(cv) == 3 * 3 * 2
+    columns = ["fold", "lam1", "lam2", "size_power", "val_mse", "rounds", "converged"]
+    assert list(cv.columns) == columns
+    assert len(cv) == 3 * 3 * 2 and set(cv["size_power"]) == {0.0}  # clients of one size
     mean = cv.groupby(["lam1", "lam2"])["val_mse"].mean()
     m = _metrics(out)
     assert (m["tuned"]["lam1"], m["tuned"]["lam2"]) == pytest.approx(mean.idxmin())
@@ -405,6 +406,41 @@ def test_rowfed_tune_cv_and_test_file(rowfed_files, capsys, tmp_path):
         got = table[table["client"] == client].set_index("response")["mse"]
         np.testing.assert_allclose(got[["Y1", "Y2"]].to_numpy(), mse, rtol=1e-9)
     assert m["test"]["mse"] == pytest.approx(table["mse"].mean())
+
+
+def test_rowfed_tune_cv_weighs_clients_of_different_sizes_both_ways(rowfed_files, capsys, tmp_path):
+    """Clients of 8 to 30 rows: the default grid tries size_power 0 and 1 for every
+    (lam1, lam2); the choice is cv.csv's least mean and the refit is a plain fit at it."""
+    frame = pd.read_csv(rowfed_files[0])
+    keep = {"c0": 30, "c1": 8, "c2": 20, "c3": 12, "c4": 30}
+    frame = frame[frame.groupby("client").cumcount() < frame["client"].map(keep)]
+    data = str(tmp_path / "uneven.csv")
+    frame.to_csv(data, index=False)
+    files = (data, rowfed_files[1])
+    out = str(tmp_path / "tuned")
+    grids = ("--lam1-grid", "0.3,0.01", "--lam2-grid", "0.05")
+    code, err = _rowfed(capsys, files, out, "--tune", "cv", "--folds", "3", *grids, "--jobs", "1")
+    assert code == 0, err
+    cv = _read(out, "cv.csv")
+    assert set(cv["size_power"]) == {0.0, 1.0} and len(cv) == 3 * 2 * 2
+    mean = cv.groupby(["lam1", "lam2", "size_power"])["val_mse"].mean()
+    chosen = _metrics(out)["tuned"]
+    assert mean[(chosen["lam1"], chosen["lam2"], chosen["size_power"])] == pytest.approx(mean.min())
+    plain = str(tmp_path / "plain")
+    code, err = _rowfed(
+        capsys, files, plain, "--lam1", repr(chosen["lam1"]), "--lam2", repr(chosen["lam2"]),
+        "--size-power", repr(chosen["size_power"]),
+    )  # fmt: skip
+    assert code == 0, err
+    got, want = _read(out, "coefficients.csv"), _read(plain, "coefficients.csv")
+    np.testing.assert_allclose(got.iloc[:, 2:], want.iloc[:, 2:], atol=1e-8)
+    bad = str(tmp_path / "bad")
+    code, err = _rowfed(capsys, files, bad, "--tune", "cv", "--size-power", "1")
+    _rejected(code, err, bad, "size-power", "--size-power-grid")
+    code, err = _rowfed(capsys, files, bad, "--size-power-grid", "0,1")
+    _rejected(code, err, bad, "size-power-grid", "--tune cv")
+    code, err = _rowfed(capsys, files, bad, "--tune", "cv", "--size-power-grid", "0,1.5")
+    _rejected(code, err, bad, "size-power")
 
 
 def test_rowfed_comparator_tunes_lam2_and_its_own_setting(rowfed_files, capsys, tmp_path):
