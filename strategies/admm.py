@@ -45,6 +45,10 @@ def all_pairs(n_sites: int) -> np.ndarray:
     return np.column_stack([u, v]).astype(np.int64)
 
 
+#: What a split's matrix is (:attr:`Split.kind`).
+SPLIT_KINDS = ("edges", "mean", "identity")
+
+
 @dataclass(frozen=True)
 class Split:
     """One block ``delta = A beta`` of the splitting, with its penalty.
@@ -60,16 +64,23 @@ class Split:
         (:meth:`linearized`).
     grouping : {"entry", "row", "block"}
         Entrywise penalty, a group per row of the block (last axis), or the whole block.
+    kind : {"edges", "mean", "identity"}
+        What ``A`` is: a signed incidence matrix (:func:`incidence_matrix`), the
+        :func:`centering_matrix`, or the identity (a sparsity split); it says how
+        :func:`split_groups` reads fused groups off ``delta``.
     """
 
     matrix: sp.csr_matrix
     penalty: Penalty
     lam: np.ndarray
     grouping: str = "entry"
+    kind: str = "edges"
 
     def __post_init__(self) -> None:
         if self.grouping not in GROUPINGS:
             raise ValueError(f"grouping: must be one of {GROUPINGS}, got {self.grouping!r}")
+        if self.kind not in SPLIT_KINDS:
+            raise ValueError(f"kind: must be one of {SPLIT_KINDS}, got {self.kind!r}")
         object.__setattr__(self, "matrix", sp.csr_matrix(self.matrix))
         # A^T kept once: transposing on every product cost as much as the product
         object.__setattr__(self, "_matrix_t", sp.csr_matrix(self.matrix.T))
@@ -321,18 +332,18 @@ def centering_matrix(n_sites: int) -> sp.csr_matrix:
     return sp.csr_matrix(np.eye(n_sites) - 1.0 / n_sites)
 
 
-def split_groups(matrix: sp.spmatrix, delta: np.ndarray, n_sites: int) -> np.ndarray:
-    """Cluster labels per coordinate from a fusion split's ``delta``, for either kind of
-    fusion matrix: a signed incidence (rows ``e_u - e_v``: :func:`fused_groups` along the
-    edges with ``delta_e = 0``) or :func:`centering_matrix` (the sites whose ``delta_z = 0``
-    equal the mean and form one cluster; the others stand alone)."""
-    m = sp.csr_matrix(matrix)
-    if np.all(np.diff(m.indptr) == 2) and np.all(np.abs(m.data) == 1.0):
+def split_groups(split: Split, delta: np.ndarray, n_sites: int) -> np.ndarray:
+    """Cluster labels per coordinate from a fusion split's ``delta``, by the split's kind:
+    ``edges`` (rows ``e_u - e_v``: :func:`fused_groups` along the edges with
+    ``delta_e = 0``) or ``mean`` (the sites whose ``delta_z = 0`` equal the mean and form
+    one cluster; the others stand alone)."""
+    if split.kind == "edges":
+        m = split.matrix
         cols = m.indices.reshape(-1, 2)
         plus = np.take_along_axis(cols, np.argsort(-m.data.reshape(-1, 2), axis=1), axis=1)
         return fused_groups(plus, delta, n_sites)
-    if m.shape != (n_sites, n_sites):
-        raise ValueError("matrix: neither an incidence nor a centering matrix")
+    if split.kind != "mean":
+        raise ValueError(f"split: a {split.kind} split fuses nothing")
     edges = np.column_stack([np.arange(n_sites), np.full(n_sites, n_sites)])  # z -- the mean
     return fused_groups(edges, delta, n_sites + 1)[:n_sites]
 

@@ -231,7 +231,7 @@ class GrAUCStrategy(FusedSiteStrategy):
         delta = self.state.delta[0]
         if self.qn is not None and self.qn.inner is not None:
             delta = self.qn.inner.delta[0]
-        return admm.split_groups(self.problem.splits[0].matrix, delta, len(self.sites))
+        return admm.split_groups(self.problem.splits[0], delta, len(self.sites))
 
 
 class IndividualStrategy(LocalOnlyStrategy):

@@ -53,7 +53,8 @@ def grauc_problem(graph, n_sites: int, cfg: GrAUCConfig, fusion: str = "graph") 
     grouping = "block" if cfg.penalty == "group" else "entry"
     if fusion == "mean":
         return Problem(
-            (Split(centering_matrix(n_sites), Penalty("lasso"), cfg.lam, grouping),), n_sites
+            (Split(centering_matrix(n_sites), Penalty("lasso"), cfg.lam, grouping, "mean"),),
+            n_sites,
         )
     d = incidence_matrix(graph.edges, n_sites)
     lam = cfg.lam * graph.weights(cfg.w_dist, cfg.q)
@@ -116,8 +117,11 @@ def build_problem(
     if edges.size and (edges.min() < 0 or edges.max() >= n_sites):
         raise ValueError(f"graph_edges: site indices must lie in [0, {n_sites - 1}]")
     matrix = centering_matrix(n_sites) if toward_mean else incidence_matrix(edges, n_sites)
-    fusion = Split(matrix, penalty, lam1, grouping=fusion_grouping)
-    sparse = Split(sp.identity(n_sites, format="csr"), penalty, lam2, grouping=sparsity)
+    kind = "mean" if toward_mean else "edges"
+    fusion = Split(matrix, penalty, lam1, grouping=fusion_grouping, kind=kind)
+    sparse = Split(
+        sp.identity(n_sites, format="csr"), penalty, lam2, grouping=sparsity, kind="identity"
+    )
     return Problem(splits=(fusion, sparse), n_sites=n_sites)
 
 
@@ -177,7 +181,7 @@ def fitted_structure(problem: Problem, state: AdmmState) -> tuple[np.ndarray, np
     """
     delta = np.asarray(state.delta[FUSION], dtype=float)
     row_norm = np.sqrt(np.sum(delta * delta, axis=-1))  # (n_rows, p); 0 iff whole row is 0
-    labels = split_groups(problem.splits[FUSION].matrix, row_norm, problem.n_sites)
+    labels = split_groups(problem.splits[FUSION], row_norm, problem.n_sites)
     support = state.delta[SPARSITY] != 0.0
     return labels, support
 
