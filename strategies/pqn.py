@@ -53,6 +53,7 @@ problem: partial participation changes the path, not the answer.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -641,8 +642,11 @@ def _backtrack(t: float, decrease: float, change: float) -> float:
 
 
 def _converged(tol: float, st: QuasiNewtonState) -> bool:
-    """The model step is small: ``max|d| <= tol max(1, max|x|)`` and the predicted decrease
-    ``-Delta <= tol max(1, |F(x)|)``.  A damped site's step counts ``1 + mu_z / c_z`` times
+    """``tol`` read as a relative objective gap: the predicted decrease
+    ``-Delta <= tol max(1, |F(x)|)`` and the model step ``max|d| <= sqrt(tol) max(1,
+    max|x|)`` (near the optimum the gap is about ``d^T H d / 2``: a step of order
+    ``sqrt(tol)`` is a gap of order ``tol``; the step test keeps a flat model from stopping
+    a fit far from the optimum).  A damped site's step counts ``1 + mu_z / c_z`` times
     (``c_z`` its model's mean curvature): damping shortens a step, not the distance to the
     optimum."""
     d = np.abs(st.direction).reshape(st.x.shape[0], -1).max(axis=1, initial=0.0)
@@ -650,6 +654,6 @@ def _converged(tol: float, st: QuasiNewtonState) -> bool:
         c = np.maximum(np.trace(st.hess, axis1=1, axis2=2) / st.x.shape[1], 1e-300)
         d = d * (1.0 + st.damping / c)
     step = float(np.max(d, initial=0.0))
-    return step <= tol * max(1.0, float(np.max(np.abs(st.x), initial=0.0))) and (
+    return step <= math.sqrt(tol) * max(1.0, float(np.max(np.abs(st.x), initial=0.0))) and (
         -st.decrease <= tol * max(1.0, abs(st.objective))
     )
