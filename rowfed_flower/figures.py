@@ -338,7 +338,7 @@ def fit_report(out_dir: str) -> str:
     """Write ``out_dir/report.html`` from a RowFed (or baseline) fit's files."""
     from strategies import report
 
-    from .tuning import PARAMS
+    from .tuning import params_of
 
     metrics = report.read_metrics(out_dir)
     method = metrics["method"]
@@ -442,7 +442,8 @@ def fit_report(out_dir: str) -> str:
         ("seconds", metrics.get("seconds")),
     ]
     summary = [(k, v) for k, v in summary if v is not None]
-    return report.fit_report(out_dir, metrics, "RowFed fit report", summary, sections, PARAMS)
+    params = params_of(method)
+    return report.fit_report(out_dir, metrics, "RowFed fit report", summary, sections, params)
 
 
 def _accuracy_section(out_dir: str, metrics: dict, responses):

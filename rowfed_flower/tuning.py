@@ -157,7 +157,9 @@ def cv_piece(piece) -> list[dict]:
     clients = data.make_clients()
     registry = rowfed_registry()
     rows, theta0 = [], None
-    for setting in levels:
+    for k_set, setting in enumerate(levels):
+        if k_set and setting.get("size_power") != levels[k_set - 1].get("size_power"):
+            theta0 = None  # a new weighting starts its path as the first one did
         point = cfg.replace(**setting)
         strategy = fed.make_strategy(method, point, len(clients), registry, theta0)
         run_inprocess(strategy, clients, fed.max_rounds_for(method, point))
@@ -231,7 +233,9 @@ def tune_cv(
     )
     params = params_of(method)
     knob = tuning.KNOBS.get(method)
-    simplest = params if knob is None else (params[0], *knob.simplest)
+    # the levels (lam1, then lam2) or a comparator's lam2 and knob; the site weighting has
+    # no simpler end
+    simplest = PARAMS if knob is None else (params[0], *knob.simplest)
     chosen, summary = tuning.choose(table, params, "val_mse", False, opts.rule, simplest)
     if knob is not None and knob.integer and knob.name in chosen:
         chosen[knob.name] = int(chosen[knob.name])

@@ -214,7 +214,9 @@ class GrAUCConfig(ComparatorSettings):
     init: str = setting(
         "random", "start: N(0, I) per site (the paper), or zeros", ("random", "zeros")
     )
-    tol: float = setting(1e-6, "stopping tolerance > 0 (ADMM residuals; pqn: decrease)", above=0)
+    tol: float = setting(
+        1e-6, "stopping tolerance > 0 (ADMM: residuals; pqn: relative objective gap)", above=0
+    )
     max_rounds: int = setting(300, "round limit >= 1", at_least=1)
     min_fit_fraction: float = setting(
         1.0, "share of sites a round needs, in (0, 1]", above=0, at_most=1
@@ -391,7 +393,9 @@ class RowFedConfig(ComparatorSettings):
     )
     curvature: str = curvature_setting()
     init: str = setting("ridge", "each client's starting estimate", ("ridge", "nonfed"))
-    tol: float = setting(1e-6, "absolute and relative residual tolerance > 0", above=0)
+    tol: float = setting(
+        1e-6, "stopping tolerance > 0 (ADMM: residuals; pqn: relative objective gap)", above=0
+    )
     max_rounds: int = setting(1000, "round limit >= 1", at_least=1)
     intercept: bool = setting(True, "a free intercept per client and response")
     standardize: str = setting(

@@ -123,8 +123,10 @@ class FusedSiteStrategy(SiteStrategy):
         self.state: admm.AdmmState | None = None
 
     def work_config(self) -> dict:
-        """The working scale, and the sites' weighting when ``size_power > 0``."""
-        return {**super().work_config(), **self.registry.weight_config(self.size_power)}
+        """The working scale, and the sites' weighting when ``size_power > 0`` (over the
+        federation's sites: a node that registers later changes no weight)."""
+        weights = self.registry.weight_config(self.size_power, self.sites)
+        return {**super().work_config(), **weights}
 
     # -- set-up -----------------------------------------------------------------------------
     def _set_problem(self, problem) -> None:
@@ -413,6 +415,7 @@ class FusedSiteStrategy(SiteStrategy):
         if self.lla:
             extra["lla_started"] = np.array(self.lla_started)
         extra["draws"] = np.array(json.dumps(self.rng.bit_generator.state))
+        extra["size_power"] = np.array(self.size_power)
         admm.save_state(path, self.state, **extra)
         log(INFO, "checkpoint: round %d written to %s", self.state.round, path)
 
@@ -438,6 +441,11 @@ class FusedSiteStrategy(SiteStrategy):
             and not np.allclose(extra["center"], self.registry.center, rtol=0, atol=0)
         ):
             raise InputError("resume: the sites' data changed since the checkpoint")
+        if float(extra.get("size_power", 0.0)) != self.size_power:
+            raise InputError(
+                f"resume: the checkpoint weights the sites with size-power "
+                f"{float(extra.get('size_power', 0.0)):g}, this run with {self.size_power:g}"
+            )
         qn = {k[3:]: v for k, v in extra.items() if k.startswith("qn_")}
         if bool(qn) != (self.qn is not None):
             raise InputError(

@@ -21,9 +21,10 @@ round costs one message each way and the count of rounds no longer grows with th
 3. A backtracking (Armijo) line search on ``F`` along ``d`` (Lee, Sun & Saunders 2014,
    "Proximal Newton-type methods for minimizing composite functions", SIAM J. Optim.):
    the next point sent is ``x + t d``; a rejected trial halves ``t``.
-4. Stop when the model step is small, ``max|d| <= tol max(1, max|x|)``, and so is the
-   predicted decrease ``-Delta = -(g^T d + P(x + d) - P(x)) <= tol max(1, |F(x)|)`` (near the
-   optimum ``F(x) - F* ~ -Delta / 2``): coefficients to about ``tol``, as ADMM's residuals.
+4. Stop when the predicted decrease ``-Delta = -(g^T d + P(x + d) - P(x)) <= tol max(1,
+   |F(x)|)`` and the model step ``max|d| <= sqrt(tol) max(1, max|x|)`` (:func:`_converged`):
+   ``tol`` is a relative objective gap (near the optimum ``F(x) - F*`` is about ``-Delta``
+   and about ``d^T H d / 2``).
 
 A site that does not answer keeps its last evaluated point: its block is frozen (``d_z = 0``)
 until it answers again.  The penalty must be convex (lasso; entry or group).
@@ -646,14 +647,17 @@ def _converged(tol: float, st: QuasiNewtonState) -> bool:
     ``-Delta <= tol max(1, |F(x)|)`` and the model step ``max|d| <= sqrt(tol) max(1,
     max|x|)`` (near the optimum the gap is about ``d^T H d / 2``: a step of order
     ``sqrt(tol)`` is a gap of order ``tol``; the step test keeps a flat model from stopping
-    a fit far from the optimum).  A damped site's step counts ``1 + mu_z / c_z`` times
+    a fit far from the optimum).  A site whose model has not yet learned its curvature (no
+    step pair yet, unless the model is the exact Hessian: its first model is a bound, not the
+    curvature) needs ``max|d_z| <= tol max(1, max|x|)``: a warm start's first round cannot
+    end a fit on a guessed model.  A damped site's step counts ``1 + mu_z / c_z`` times
     (``c_z`` its model's mean curvature): damping shortens a step, not the distance to the
     optimum."""
     d = np.abs(st.direction).reshape(st.x.shape[0], -1).max(axis=1, initial=0.0)
     if st.damping.any():
         c = np.maximum(np.trace(st.hess, axis1=1, axis2=2) / st.x.shape[1], 1e-300)
         d = d * (1.0 + st.damping / c)
-    step = float(np.max(d, initial=0.0))
-    return step <= math.sqrt(tol) * max(1.0, float(np.max(np.abs(st.x), initial=0.0))) and (
-        -st.decrease <= tol * max(1.0, abs(st.objective))
-    )
+    learned = st.paired if st.model != "exact" else np.ones_like(st.paired)
+    scale = max(1.0, float(np.max(np.abs(st.x), initial=0.0)))
+    allowed = np.where(learned, math.sqrt(tol), tol) * scale
+    return bool(np.all(d <= allowed)) and -st.decrease <= tol * max(1.0, abs(st.objective))

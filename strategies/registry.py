@@ -138,13 +138,15 @@ class Registry:
         self.cid_to_site[cid] = site
         return site
 
-    def weight_config(self, power: float) -> dict:
+    def weight_config(self, power: float, sites=None) -> dict:
         """What a site needs to weight its loss by ``w_z = Z n_z^a / sum_k n_k^a``
-        (:func:`strategies.local.site_weight`, ``a = power``; over the registered sites, so
-        the weights average 1): nothing when ``a = 0``, else ``a`` and ``Z / sum_k n_k^a``."""
+        (:func:`strategies.local.site_weight`, ``a = power``; over ``sites``, the
+        federation's, by default every registered site, so the weights average 1): nothing
+        when ``a = 0``, else ``a`` and ``Z / sum_k n_k^a``."""
         if power == 0:
             return {}
-        sizes = np.array([self.sites[s].n for s in self.order()], dtype=float)
+        sites = self.order() if sites is None else sites
+        sizes = np.array([self.sites[s].n for s in sites], dtype=float)
         return {"size-power": float(power), "size-norm": len(sizes) / float(np.sum(sizes**power))}
 
     def proxies(self, client_manager, sites) -> list[tuple[ClientProxy, str]]:

@@ -83,6 +83,26 @@ def test_resume_rejects_another_federation(tmp_path):
         )
 
 
+def test_resume_rejects_another_site_weighting(tmp_path):
+    """A checkpoint written with size-power 0 cannot be resumed with size-power 1 (the
+    stored losses, gradients and models are of another objective)."""
+    sites = simulate(simulation=2, n_sites=4, n_features=3, seed=1)
+    ckpt = str(tmp_path / "s.npz")
+    fed.run_methods_inprocess(
+        GrAUCConfig(max_rounds=3),
+        sites,
+        ["grauc"],
+        checkpoint={"checkpoint": ckpt, "checkpoint_every": 1, "resume": ""},
+    )
+    with pytest.raises(InputError, match="size-power"):
+        fed.run_methods_inprocess(
+            GrAUCConfig(max_rounds=3, size_power=1.0),
+            sites,
+            ["grauc"],
+            checkpoint={"checkpoint": "", "checkpoint_every": 1, "resume": ckpt},
+        )
+
+
 class _Dropping(GrAUCClient):
     """A site that stops answering after ``after`` ADMM rounds."""
 

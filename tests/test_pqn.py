@@ -386,3 +386,38 @@ def test_a_participation_so_small_that_nobody_is_drawn_ends_at_the_round_limit()
     assert not res.converged and res.rounds == 7
     assert [h["n_answered"] for h in res.history] == [0] * 7
     assert_allclose(res.coefficients, initial_beta(6, 3, cfg), rtol=0, atol=0)
+
+
+def test_the_stopping_rule_reads_tol_as_a_gap_once_the_models_are_learned():
+    """``_converged``: the predicted decrease within ``tol`` of ``|F|`` and each site's step
+    within ``sqrt(tol)`` -- or within ``tol`` while its model is still the first guess (no
+    step pair yet; the exact Hessian counts as learned)."""
+    from types import SimpleNamespace
+
+    from strategies.pqn import _converged
+
+    tol = 1e-6
+
+    def state(step, decrease, paired, model="bfgs"):
+        z, p = 3, 2
+        direction = np.zeros((z, p))
+        direction[1, 0] = step
+        return SimpleNamespace(
+            direction=direction,
+            x=np.full((z, p), 0.5),  # max|x| < 1: the scale is 1
+            damping=np.zeros(z),
+            hess=np.tile(np.eye(p), (z, 1, 1)),
+            paired=np.array(paired),
+            model=model,
+            decrease=-decrease,
+            objective=2.0,
+        )
+
+    learned = [True, True, True]
+    assert _converged(tol, state(5e-4, 1e-6, learned))  # step < 1e-3, decrease < 2e-6
+    assert not _converged(tol, state(2e-3, 1e-6, learned))  # step > sqrt(tol)
+    assert not _converged(tol, state(5e-4, 3e-6, learned))  # decrease > tol |F|
+    guessed = [True, False, True]  # the moving site has no pair yet
+    assert not _converged(tol, state(5e-4, 1e-6, guessed))
+    assert _converged(tol, state(5e-7, 1e-6, guessed))
+    assert _converged(tol, state(5e-4, 1e-6, guessed, model="exact"))

@@ -173,3 +173,8 @@ def test_weight_config_gives_each_site_its_share_of_the_rows():
     np.testing.assert_allclose(
         [site_weight(registry.weight_config(1.0), n) for n in sizes.values()], [0.3, 0.9, 1.8]
     )
+    # a node that registers later does not change the weights of the federation's sites
+    before = registry.weight_config(1.0, ["a", "b", "c"])
+    registry.register("9", {"site": "late", "n": 500})
+    assert registry.weight_config(1.0, ["a", "b", "c"]) == before
+    assert registry.weight_config(1.0) != before
