@@ -64,8 +64,8 @@ def test_resume_equals_uninterrupted(tmp_path, standardize, algorithm, changes):
     )
 
 
-def test_resume_rejects_another_federation(tmp_path):
-    sites = simulate(n_sites=4, n_features=3, n_train=30, seed=1)
+def _three_rounds_checkpoint(tmp_path, sites) -> str:
+    """A checkpoint of a default fit after 3 rounds; returns its path."""
     ckpt = str(tmp_path / "s.npz")
     fed.run_methods_inprocess(
         GrAUCConfig(max_rounds=3),
@@ -73,6 +73,11 @@ def test_resume_rejects_another_federation(tmp_path):
         ["grauc"],
         checkpoint={"checkpoint": ckpt, "checkpoint_every": 1, "resume": ""},
     )
+    return ckpt
+
+
+def test_resume_rejects_another_federation(tmp_path):
+    ckpt = _three_rounds_checkpoint(tmp_path, simulate(n_sites=4, n_features=3, n_train=30, seed=1))
     other = simulate(n_sites=5, n_features=3, n_train=30, seed=1)
     with pytest.raises(InputError, match="resume"):
         fed.run_methods_inprocess(
@@ -87,13 +92,7 @@ def test_resume_rejects_another_site_weighting(tmp_path):
     """A checkpoint written with size-power 0 cannot be resumed with size-power 1 (the
     stored losses, gradients and models are of another objective)."""
     sites = simulate(simulation=2, n_sites=4, n_features=3, seed=1)
-    ckpt = str(tmp_path / "s.npz")
-    fed.run_methods_inprocess(
-        GrAUCConfig(max_rounds=3),
-        sites,
-        ["grauc"],
-        checkpoint={"checkpoint": ckpt, "checkpoint_every": 1, "resume": ""},
-    )
+    ckpt = _three_rounds_checkpoint(tmp_path, sites)
     with pytest.raises(InputError, match="size-power"):
         fed.run_methods_inprocess(
             GrAUCConfig(max_rounds=3, size_power=1.0),
