@@ -302,6 +302,10 @@ def _check_tuning(a) -> None:
         raise InputError(f"tune: cv is available for {', '.join(tuning.PARAMS)}, not {a.method}")
     if a.knob_grid and a.method not in KNOBS:
         raise InputError(f"knob-grid: {a.method} has no setting to tune besides its levels")
+    if a.size_power_grid and a.method not in ("grauc", "mean-fusion"):
+        raise InputError(
+            f"size-power-grid: {a.method} does not weight its sites (a fused method does)"
+        )
     knob = KNOBS[a.method].name if a.method in KNOBS else None
     for name in tuning.PARAMS[a.method]:
         if getattr(a, name, None) is not None:

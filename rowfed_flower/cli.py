@@ -134,6 +134,10 @@ def fit(args) -> int:
         raise InputError("knob-grid: grids need --tune cv")
     if args.size_power_grid is not None and args.tune != "cv":
         raise InputError("size-power-grid: grids need --tune cv")
+    if args.size_power_grid is not None and args.method not in FUSED_METHODS:
+        raise InputError(
+            f"size-power-grid: {args.method} does not weight its clients (a fused method does)"
+        )
     if args.tune == "cv" and args.size_power is not None and args.method in FUSED_METHODS:
         raise InputError(
             "size-power: chosen by --tune cv; give --size-power-grid to set its values"

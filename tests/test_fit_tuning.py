@@ -339,6 +339,11 @@ def test_grauc_tune_cv_weighs_sites_of_different_sizes_both_ways(capsys, tmp_pat
         "grauc_flower", capsys, *base[:-2], "--out", bad, "--tune", "cv", "--size-power-grid", "0,2"
     )
     _rejected(code, err, bad, "size-power")
+    code, err = _main(
+        "grauc_flower", capsys, *base[:-2], "--out", bad, "--method", "fedavg", "--tune", "cv",
+        "--size-power-grid", "0,1",
+    )  # fmt: skip
+    _rejected(code, err, bad, "size-power-grid", "fedavg")
 
 
 # ---------------------------------------------------------------------------------------
@@ -441,6 +446,10 @@ def test_rowfed_tune_cv_weighs_clients_of_different_sizes_both_ways(rowfed_files
     _rejected(code, err, bad, "size-power-grid", "--tune cv")
     code, err = _rowfed(capsys, files, bad, "--tune", "cv", "--size-power-grid", "0,1.5")
     _rejected(code, err, bad, "size-power")
+    code, err = _rowfed(
+        capsys, files, bad, "--method", "nonfed", "--tune", "cv", "--size-power-grid", "0,1"
+    )
+    _rejected(code, err, bad, "size-power-grid", "nonfed")
 
 
 def test_rowfed_comparator_tunes_lam2_and_its_own_setting(rowfed_files, capsys, tmp_path):
