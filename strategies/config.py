@@ -385,7 +385,7 @@ class RowFedConfig(ComparatorSettings):
     alpha: float = setting(1.0, "rho <- alpha rho each round, >= 1", at_least=1)
     algorithm: str = setting(
         "auto",
-        "auto: pqn for the lasso, the paper's ADMM for MCP/SCAD",
+        "auto (= pqn; MCP/SCAD by local linear approximations), or the paper's ADMM",
         ("auto", "pqn", "admm"),
     )
     local_solver: str = setting(
@@ -447,11 +447,9 @@ class RowFedConfig(ComparatorSettings):
     @property
     def resolved_algorithm(self) -> str:
         """``auto``: the proximal quasi-Newton method (a handful of rounds; its incremental
-        form under partial participation) for the convex lasso; the paper's ADMM for
-        MCP/SCAD (nonconvex: its fixed points are what the paper studies)."""
-        if self.algorithm != "auto":
-            return self.algorithm
-        return "pqn" if self.penalty == "lasso" else "admm"
+        form under partial participation) for every penalty; for MCP/SCAD its local linear
+        approximations from the same start as the paper's ADMM (docs/methods.md 2.4)."""
+        return "pqn" if self.algorithm == "auto" else self.algorithm
 
     def replace(self, **changes) -> RowFedConfig:
         return dataclasses.replace(self, **changes)

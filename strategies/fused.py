@@ -35,10 +35,6 @@ from .errors import InputError
 from .local import newton_shape, split_newton
 from .registry import EMPTY
 
-#: MCP/SCAD by pqn start from the lasso at the same levels, solved to this tolerance (or the
-#: fit's, if looser) before the local linear approximations take over.
-LASSO_START_TOL = 1e-4
-
 
 class FusedSiteStrategy(SiteStrategy):
     """A per-site strategy for a fused penalty, solved by ADMM or by pqn.
@@ -146,10 +142,9 @@ class FusedSiteStrategy(SiteStrategy):
         self.state = admm.init_state(self.problem, beta0, self.rho, self.threshold_start)
         self.lla = use_qn and not self.target.convex
         if self.lla:
-            # MCP/SCAD by pqn: first the lasso at the same levels (the local linear
-            # approximation at zero), then the approximation at each accepted point
-            self.problem = self.target.linearized(np.zeros_like(beta0))
-            self.lla_started = False
+            # MCP/SCAD by pqn: the local linear approximation at the start (the paper's ADMM
+            # starts there too), then at each accepted point
+            self.problem = self.target.linearized(beta0)
         model = "exact" if self.curvature == "exact" else self.qn_model
         # the line search needs every site's loss at one trial point: with partial
         # participation, and with exact curvature (each site's model checked on its own),
@@ -328,16 +323,12 @@ class FusedSiteStrategy(SiteStrategy):
                 pqn.set_curvature(
                     self.qn, z, self.first_curvature * float(res.metrics["curvature"])
                 )
-        relinearize = self._relinearize if self.lla and self.lla_started else None
-        tol = max(self.tol, LASSO_START_TOL) if self.lla and not self.lla_started else self.tol
-        self.qn, step = pqn.qn_round(self.problem, self.qn, values, tol, relinearize)
-        if self.lla and step.converged and not self.lla_started:  # the lasso start is done
-            self.lla_started = True
-            step = pqn.replan(self._relinearize(self.qn.x), self.qn, self.tol)
+        relinearize = self._relinearize if self.lla else None
+        self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol, relinearize)
         if self.lla and np.isfinite(step.objective):  # record the target's objective
             objective = self.qn.value.sum() + self.target.penalty_value(self.qn.x)
             step = replace(step, objective=float(objective))
-            if self.lla_started and step.decrease <= 0.0:
+            if step.decrease <= 0.0:
                 # the approximation at x promises no decrease: x is its minimizer to the
                 # inner solver's accuracy, a fixed point (the approximations converge
                 # linearly, and at a tight tol the step test meets rounding first)
@@ -412,8 +403,6 @@ class FusedSiteStrategy(SiteStrategy):
             extra.update(center=self.registry.center, scale=self.registry.scale)
         if self.qn is not None:
             extra.update({f"qn_{k}": v for k, v in self.qn.arrays().items()})
-        if self.lla:
-            extra["lla_started"] = np.array(self.lla_started)
         extra["draws"] = np.array(json.dumps(self.rng.bit_generator.state))
         extra["size_power"] = np.array(self.size_power)
         admm.save_state(path, self.state, **extra)
@@ -455,8 +444,7 @@ class FusedSiteStrategy(SiteStrategy):
             self.qn = pqn.QuasiNewtonState.from_arrays(qn)
         if "draws" in extra:  # the participation draws go on where they stopped
             self.rng.bit_generator.state = json.loads(str(extra["draws"]))
-        if self.lla and bool(extra.get("lla_started", False)):  # past the lasso start
-            self.lla_started = True
+        if self.lla:  # the approximation at the last accepted point
             self.problem = self.target.linearized(self.qn.x)
         self.state = state
         self.loss = np.asarray(extra["loss"], dtype=float)

@@ -71,6 +71,9 @@ ARMIJO = 1e-4  # sufficient-decrease constant
 DENSE_LIMIT = 3000  # model problems up to this many unknowns per column use dense Cholesky
 MIN_STEP = 2.0**-30
 RELAX = 1.6  # the inner ADMM's over-relaxation
+INNER_TOL = 1e-11  # the model problem's tolerance near the optimum (relative to its scale)
+INNER_FORCING = 1e-3  # ... loosened to this share of the last step while steps are large
+INNER_LOOSEST = 1e-6
 POLISH_FIRST = 10  # inner ADMM iterations before the first exact polish (then 20, 40, ...)
 #: Curvature models: BFGS (any smooth loss), secant (quadratic losses, matrix blocks), or
 #: exact (the sites send their Hessians).
@@ -431,9 +434,29 @@ def _model_hessians(st: QuasiNewtonState) -> np.ndarray:
     return st.hess + st.damping[:, None, None] * np.eye(st.x.shape[1])[None]
 
 
+def _inner_tol(st: QuasiNewtonState) -> float:
+    """The model problem's tolerance: :data:`INNER_TOL`, loosened to :data:`INNER_FORCING`
+    times the last direction's largest entry (relative to the scale of
+    :func:`solve_model`), at most :data:`INNER_LOOSEST` -- an inexact proximal Newton
+    method (Lee, Sun & Saunders 2014, §3.2: the model needs solving only as accurately as
+    the step it yields is small; the tolerance tightens as the fit converges)."""
+    last = float(np.max(np.abs(st.direction), initial=0.0))
+    if last == 0.0:
+        return INNER_TOL
+    scale = max(1.0, float(np.max(np.abs(st.x))), float(np.max(np.abs(st.grad))))
+    return float(np.clip(INNER_FORCING * last / scale, INNER_TOL, INNER_LOOSEST))
+
+
 def _new_direction(problem: Problem, st: QuasiNewtonState) -> int:
     sol = solve_model(
-        problem, st.x, st.grad, _model_hessians(st), st.frozen, st.inner, min_rho=st.min_rho
+        problem,
+        st.x,
+        st.grad,
+        _model_hessians(st),
+        st.frozen,
+        st.inner,
+        tol=_inner_tol(st),
+        min_rho=st.min_rho,
     )
     d = sol.b - st.x
     d[st.frozen] = 0.0
@@ -544,16 +567,6 @@ def _advance(
         st.objective = float(st.value.sum() + problem.penalty_value(st.x))
     it = _new_direction(problem, st)
     return st, Step(True, f_trial, -st.decrease, _converged(tol, st), it)
-
-
-def replan(problem: Problem, st: QuasiNewtonState, tol: float) -> Step:
-    """A new direction at the accepted point for a changed penalty side ``problem``, with
-    no site asked (a nonconvex penalty's first local linear approximation after its lasso
-    start); the step's decrease and stopping verdict."""
-    if np.isfinite(st.objective):
-        st.objective = float(st.value.sum() + problem.penalty_value(st.x))
-    it = _new_direction(problem, st)
-    return Step(True, st.objective, -st.decrease, st.evaluated and _converged(tol, st), it)
 
 
 def _learn(st: QuasiNewtonState, z: int, s: np.ndarray, y: np.ndarray) -> None:

@@ -47,9 +47,21 @@ def test_default_is_the_cheapest_in_rounds(rounds):
 
 # ---------------------------------------------------------------------------------------
 # RowFed (measured 2026-11-30 on the fixed problem below: auto = pqn 4, admm prox 150;
-# 2026-12-02, participation 0.5: auto = pqn 15, admm prox 327)
+# 2026-12-02, participation 0.5: auto = pqn 15, admm prox 327; SCAD and MCP at
+# lam1 = 0.2, lam2 = 0.1: auto = pqn 12 and 31, admm prox 168 and 523, SCAD at
+# participation 0.5: 31)
 # ---------------------------------------------------------------------------------------
-ROWFED_MEASURED = {"auto": 4, "admm": 150, "auto-0.5": 15, "admm-0.5": 327}
+ROWFED_MEASURED = {
+    "auto": 4,
+    "admm": 150,
+    "auto-0.5": 15,
+    "admm-0.5": 327,
+    "scad:auto": 12,
+    "scad:admm": 168,
+    "scad:auto-0.5": 31,
+    "mcp:auto": 31,
+    "mcp:admm": 523,
+}
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +74,16 @@ def rowfed_rounds():
     )
     out = {}
     for variant in ROWFED_MEASURED:
-        algorithm, _, share = variant.partition("-")
+        penalty, _, rest = variant.rpartition(":")
+        algorithm, _, share = rest.partition("-")
         cfg = RowFedConfig(
             algorithm=algorithm,
             participation=float(share or 1),
             intercept=False,
             max_rounds=5000,
         )
+        if penalty:
+            cfg = cfg.replace(penalty=penalty, lam1=0.2, lam2=0.1)
         res = run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"]
         assert res.converged, variant
         out[variant] = (res.rounds, res.objective)
@@ -87,6 +102,23 @@ def test_rowfed_default_is_the_cheapest_and_reaches_the_same_optimum(rowfed_roun
     (half_rounds, half_obj), (admm_half, _) = rowfed_rounds["auto-0.5"], rowfed_rounds["admm-0.5"]
     assert half_rounds < admm_half / 10  # participation 0.5: pqn keeps its few rounds
     assert abs(half_obj - pqn_obj) <= 1e-8 * abs(pqn_obj)
+
+
+@pytest.mark.parametrize("penalty", ["scad", "mcp"])
+def test_rowfed_nonconvex_default_ends_no_higher_than_the_papers_admm(rowfed_rounds, penalty):
+    """MCP/SCAD by default (local linear approximations by pqn from the ADMM's start) end
+    within the stopping tolerance (a 1e-6 gap) of the paper's ADMM fixed point or below it,
+    in a tenth of its rounds; so does the incremental form at participation 0.5 (SCAD)."""
+    (rounds, obj), (admm_rounds, admm_obj) = (
+        rowfed_rounds[f"{penalty}:auto"],
+        rowfed_rounds[f"{penalty}:admm"],
+    )
+    assert rounds < admm_rounds / 10
+    assert (obj - admm_obj) / abs(admm_obj) <= 1e-6
+    if penalty == "scad":
+        half_rounds, half_obj = rowfed_rounds["scad:auto-0.5"]
+        assert half_rounds < admm_rounds / 4
+        assert (half_obj - admm_obj) / abs(admm_obj) <= 1e-6
 
 
 def test_exact_curvature_reaches_a_1e6_gap_within_7_rounds_on_the_bench_problem():
