@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import replace
 
-from strategies.config import GRAUC_METHODS, GrAUCConfig, to_run_config
+from strategies.config import GRAUC_FUSED_METHODS, GRAUC_METHODS, GrAUCConfig, to_run_config
 from strategies.errors import InputError
 from strategies.predict import add_predict_parser, cmd_predict, read_grauc_model
 from strategies.report import add_report_parser, cmd_report
@@ -302,7 +302,7 @@ def _check_tuning(a) -> None:
         raise InputError(f"tune: cv is available for {', '.join(tuning.PARAMS)}, not {a.method}")
     if a.knob_grid and a.method not in KNOBS:
         raise InputError(f"knob-grid: {a.method} has no setting to tune besides its levels")
-    if a.size_power_grid and a.method not in ("grauc", "mean-fusion"):
+    if a.size_power_grid and a.method not in GRAUC_FUSED_METHODS:
         raise InputError(
             f"size-power-grid: {a.method} does not weight its sites (a fused method does)"
         )

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from strategies import admm
-from strategies.config import FEDAVG_FAMILY, GRAUC_METHODS, GrAUCConfig
+from strategies.config import FEDAVG_FAMILY, GRAUC_FUSED_METHODS, GRAUC_METHODS, GrAUCConfig
 from strategies.errors import InputError
 from strategies.fedavg import comparator_class, round_limit
 from strategies.grauc import (
@@ -52,8 +52,7 @@ def pooled_objective(sites, cfg: GrAUCConfig, beta, registry: Registry | None) -
     return pooled_datafit(sites, cfg, registry).value(beta)
 
 
-#: GrAUC-PFL, and the same fused penalty toward the federation's mean (docs/methods.md 3.10).
-FUSED_METHODS = ("grauc", "mean-fusion")
+FUSED_METHODS = GRAUC_FUSED_METHODS
 
 
 def make_strategy(

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from strategies import tuning
-from strategies.config import FEDAVG_FAMILY, GrAUCConfig
+from strategies.config import FEDAVG_FAMILY, GRAUC_FUSED_METHODS, GrAUCConfig
 from strategies.errors import InputError
 from strategies.registry import Registry
 
@@ -245,7 +245,7 @@ def cv_piece(piece) -> list[dict]:
     clients = _clients(sites, cfg.ridge)
     registry = Registry()
     rows = []
-    if method in ("grauc", "mean-fusion"):
+    if method in GRAUC_FUSED_METHODS:
         start = None
         for w in w_grid:
             beta0 = start
@@ -312,7 +312,7 @@ def cross_validate(
     folds = [tuning.stratified_folds(s.y_train, opts.folds, rng) for s in sites]
     if method == "mean-fusion":  # no graph: one lam path per ridge
         grid = replace(grid, w_dist=(cfg.w_dist,))
-    fused = method in ("grauc", "mean-fusion")
+    fused = method in GRAUC_FUSED_METHODS
     powers = (
         tuple(dict.fromkeys(grid.size_power)) if fused and grid.size_power else (cfg.size_power,)
     )

@@ -81,8 +81,8 @@ def rounds_table(quick: bool = False) -> list[dict]:
             ]
             runs[name] = (tight, stop, seconds)
         # the reference: the lowest objective of the tight runs (for MCP/SCAD of the paper's
-        # ADMM: the approximations by pqn end at another, lower stationary point; the gap is
-        # signed, so reaching below the reference counts as reaching it)
+        # ADMM, its fixed points; pqn's approximations may end at another stationary point,
+        # and the gap is signed, so ending below the reference counts as reaching it)
         fstar = min(
             h["objective"]
             for name, (t, _, _) in runs.items()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from strategies.config import FEDAVG_FAMILY, ROWFED_METHODS, RowFedConfig
+from strategies.config import FEDAVG_FAMILY, ROWFED_FUSED_METHODS, ROWFED_METHODS, RowFedConfig
 from strategies.datasets.tables import read_table
 from strategies.errors import InputError
 from strategies.fedavg import comparator_class, round_limit
@@ -255,8 +255,7 @@ def with_test_set(
 # ----------------------------------------------------------------------------------------
 # Methods
 # ----------------------------------------------------------------------------------------
-#: The fused methods: RowFed, PerFL-LSMA, and row-wise fusion toward the clients' mean.
-FUSED_METHODS = ("rowfed", "perfl-lsma", "mean-fusion")
+FUSED_METHODS = ROWFED_FUSED_METHODS
 
 
 def make_strategy(

@@ -35,6 +35,8 @@ PERSONAL_METHODS = ("ditto", "fedavg-ft", "ifca")
 #: Every method whose server is Flower's FedAvg or one of its kin.
 FEDAVG_FAMILY = GLOBAL_METHODS + PERSONAL_METHODS
 GRAUC_METHODS = ("grauc", "fedavg", "individual", "pooled", "mean-fusion", *FEDAVG_FAMILY[1:])
+#: GrAUC-PFL, and the same fused penalty toward the federation's mean (docs/methods.md 3.10).
+GRAUC_FUSED_METHODS = ("grauc", "mean-fusion")
 #: ``curvature`` values: the pqn models learned from gradients, or the sites' Hessians.
 CURVATURE_CHOICES = ("learned", "exact")
 
@@ -355,6 +357,8 @@ def parse_methods(value: str, allowed: tuple[str, ...]) -> list[str]:
 # ---------------------------------------------------------------------------------------
 #: Method names accepted by ``method`` when ``task = "rowfed"``.
 ROWFED_METHODS = ("rowfed", "nonfed", "fedavg", "perfl-lsma", "mean-fusion", *FEDAVG_FAMILY[1:])
+#: The fused methods: RowFed, PerFL-LSMA, and row-wise fusion toward the clients' mean.
+ROWFED_FUSED_METHODS = ("rowfed", "perfl-lsma", "mean-fusion")
 #: Run-config prefix of :class:`RowFedConfig`'s keys.
 PREFIX = "rowfed"
 

@@ -447,7 +447,22 @@ def _inner_tol(st: QuasiNewtonState) -> float:
     return float(np.clip(INNER_FORCING * last / scale, INNER_TOL, INNER_LOOSEST))
 
 
-def _new_direction(problem: Problem, st: QuasiNewtonState) -> int:
+def _new_direction(problem: Problem, st: QuasiNewtonState, tol: float | None = None) -> int:
+    """The model step at ``st.x`` (direction, predicted decrease, trial point), the model
+    problem solved to :func:`_inner_tol`.  When that step would end the fit (the stopping
+    rule at ``tol``) or promises no decrease, it is solved again to :data:`INNER_TOL`, so a
+    fit ends on an accurate model solution (its fused groups and zeros are read from it).
+    Returns the inner iterations."""
+    inner = _inner_tol(st)
+    it = _solve_direction(problem, st, inner)
+    if inner > INNER_TOL and (
+        st.decrease >= 0.0 or (tol is not None and st.evaluated and _converged(tol, st))
+    ):
+        it += _solve_direction(problem, st, INNER_TOL)
+    return it
+
+
+def _solve_direction(problem: Problem, st: QuasiNewtonState, inner_tol: float) -> int:
     sol = solve_model(
         problem,
         st.x,
@@ -455,7 +470,7 @@ def _new_direction(problem: Problem, st: QuasiNewtonState) -> int:
         _model_hessians(st),
         st.frozen,
         st.inner,
-        tol=_inner_tol(st),
+        tol=inner_tol,
         min_rho=st.min_rho,
     )
     d = sol.b - st.x
@@ -525,7 +540,7 @@ def _advance(
             return st, Step(False, np.inf, np.inf, False, 0)
         st.evaluated = True
         st.objective = float(st.value.sum() + problem.penalty_value(st.x))
-        it = _new_direction(problem, st)
+        it = _new_direction(problem, st, tol)
         return st, Step(True, st.objective, -st.decrease, _converged(tol, st), it)
     if np.any(missing & moved):
         # a site that was to move did not answer: freeze it at its last point, re-plan
@@ -565,7 +580,7 @@ def _advance(
     if relinearize is not None:  # the objective of the new approximation
         problem = relinearize(st.x)
         st.objective = float(st.value.sum() + problem.penalty_value(st.x))
-    it = _new_direction(problem, st)
+    it = _new_direction(problem, st, tol)
     return st, Step(True, f_trial, -st.decrease, _converged(tol, st), it)
 
 
@@ -641,7 +656,7 @@ def _advance_incremental(
     st.objective = (
         float(st.value.sum() + problem.penalty_value(st.x)) if st.evaluated else float("inf")
     )
-    it = _new_direction(problem, st)
+    it = _new_direction(problem, st, tol)
     return st, Step(True, st.objective, -st.decrease, st.evaluated and _converged(tol, st), it)
 
 
