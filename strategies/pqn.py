@@ -107,6 +107,43 @@ def _system_parts(problem: Problem, hess: np.ndarray) -> tuple[sp.csr_matrix, sp
     return sp.block_diag(list(hess), format="csr"), gram
 
 
+def _complete_diagonal(problem: Problem, frozen: np.ndarray) -> np.ndarray | None:
+    """``e`` when the site Gram matrix among the live sites is ``diag(e) - 1 1^T`` (fusion
+    over all pairs, any identity splits besides; RowFed's default graph), else ``None``."""
+    live = ~np.asarray(frozen, bool)
+    if live.sum() < 2:
+        return None
+    g = problem.gram().toarray()[np.ix_(live, live)]
+    off = g[~np.eye(len(g), dtype=bool)]
+    if not np.all(off == -1.0):
+        return None
+    return np.diag(g) + 1.0
+
+
+def _complete_solver(hess: np.ndarray, e: np.ndarray, rho: float) -> Callable:
+    """Solve ``(blockdiag(B_z) + rho ((diag(e) - 1 1^T) kron I_p)) b = r`` for the ``m`` live
+    sites in ``O(m p^3)`` instead of ``O((m p)^3)``.  With ``K_z = B_z + rho e_z I`` and the
+    sum ``s = sum_z b_z``, ``b_z = K_z^{-1} (r_z + rho s)``; summing gives ``C s = sum_z
+    K_z^{-1} r_z`` with ``C = I - rho sum_z K_z^{-1} = sum_z K_z^{-1} (B_z / m + rho (e_z / m
+    - 1) I)`` -- written so that no difference of nearly equal matrices is formed (``e_z >=
+    m``: a site's degree counts every live site)."""
+    m, p = hess.shape[:2]
+    eye = np.eye(p)
+    k = hess + (rho * e)[:, None, None] * eye
+    k_inv = np.linalg.inv(k)
+    c = np.einsum("zij,zjk->ik", k_inv, hess / m + (rho * (e / m - 1.0))[:, None, None] * eye)
+    c_lu = np.linalg.inv(c)
+
+    def solve(r: np.ndarray) -> np.ndarray:
+        r3 = np.asarray(r).reshape(m, p, -1)
+        kr = np.einsum("zij,zjk->zik", k_inv, r3)
+        total = c_lu @ kr.sum(axis=0)
+        out = kr + rho * np.einsum("zij,jk->zik", k_inv, total)
+        return out.reshape(np.shape(r))
+
+    return solve
+
+
 def _tree_of(problem: Problem, x: np.ndarray, frozen: np.ndarray) -> Forest | None:
     """The forest to polish on (:mod:`strategies.polish`): one entrywise lasso split on a
     forest incidence, vector blocks, no frozen site; else ``None``.  Cached on the split."""
@@ -178,11 +215,14 @@ def solve_model(
         blocks = blocks[free][:, free]
     else:
         gram_ff, gram_fx = gram, None
+    complete = _complete_diagonal(problem, frozen)
 
     def factor(rho):
-        matrix = blocks + rho * gram_ff  # symmetric positive definite
         rhs_fixed = rho * (gram_fx @ x_flat[~free]) if gram_fx is not None else 0.0
-        if matrix.shape[0] <= DENSE_LIMIT:  # small (or dense: all pairs): Cholesky
+        if complete is not None:  # all pairs: per-site solves and one p x p system
+            return _complete_solver(hess[~frozen], complete, rho), rhs_fixed
+        matrix = blocks + rho * gram_ff  # symmetric positive definite
+        if matrix.shape[0] <= DENSE_LIMIT:  # small (or dense): Cholesky
             chol = cho_factor(matrix.toarray())
             return (lambda r: cho_solve(chol, r, check_finite=False)), rhs_fixed
         # a symmetric fill-reducing ordering keeps a tree's sparsity (4x fewer nonzeros

@@ -7,6 +7,7 @@ from __future__ import annotations
 import cvxpy as cp
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from numpy.testing import assert_allclose
 
 from grauc_flower.auc import PairwiseLogistic
@@ -70,6 +71,50 @@ def test_model_problem_matches_cvxpy(grouping, n_frozen, seed):
     if grouping == "block":
         fused_ref = fused_ref.all(axis=1, keepdims=True) & np.ones((1, P), bool)
     assert np.array_equal(sol.delta[0] == 0.0, fused_ref)
+
+
+@pytest.mark.parametrize("n_frozen", [0, 2])
+@pytest.mark.parametrize("q", [1, 3])
+def test_all_pairs_linear_solve_equals_the_dense_solve(n_frozen, q):
+    """Fusion over all pairs plus an identity split (RowFed's default): the per-site solver
+    of the model problem's linear system against a dense solve of the whole system."""
+    rng = np.random.default_rng(n_frozen + q)
+    prob = admm.Problem(
+        (
+            admm.Split(admm.incidence_matrix(admm.all_pairs(Z), Z), Penalty("lasso"), 0.1),
+            admm.Split(sp.identity(Z, format="csr"), Penalty("lasso"), 0.1),
+        ),
+        Z,
+    )
+    frozen = np.zeros(Z, bool)
+    frozen[[1, 4][:n_frozen]] = True
+    _, _, hess = random_model(n_frozen)
+    e = pqn._complete_diagonal(prob, frozen)
+    assert e is not None and pqn._complete_diagonal(problem(), frozen) is None  # a tree: no
+    blocks, gram = pqn._system_parts(prob, hess)
+    free = np.repeat(~frozen, P)
+    dense = (blocks + 2.5 * gram).toarray()[np.ix_(free, free)]
+    r = rng.standard_normal((free.sum(), q))
+    got = pqn._complete_solver(hess[~frozen], e, 2.5)(r)
+    assert_allclose(got, np.linalg.solve(dense, r), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("n_frozen", [0, 2])
+def test_all_pairs_model_problem_matches_cvxpy(n_frozen):
+    x, g, hess = random_model(5)
+    edges = admm.all_pairs(Z)
+    lam = np.linspace(0.02, 0.2, len(edges))
+    prob = admm.Problem((admm.Split(admm.incidence_matrix(edges, Z), Penalty("lasso"), lam),), Z)
+    frozen = np.zeros(Z, bool)
+    frozen[[2, 5][:n_frozen]] = True
+    sol = pqn.solve_model(prob, x, g, hess, frozen)
+    b = cp.Variable((Z, P))
+    obj = sum(g[z] @ (b[z] - x[z]) + 0.5 * cp.quad_form(b[z] - x[z], hess[z]) for z in range(Z))
+    obj += sum(lam[k] * cp.norm(b[u] - b[v], 1) for k, (u, v) in enumerate(edges))
+    ref = cp.Problem(cp.Minimize(obj), [b[z] == x[z] for z in np.flatnonzero(frozen)])
+    ref.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    assert model_value(sol.b, x, g, hess, prob) - ref.value <= 1e-8 * max(1.0, abs(ref.value))
+    assert_allclose(sol.b, b.value, atol=1e-5)
 
 
 def test_model_problem_warm_start_gives_the_same_answer():
