@@ -271,9 +271,14 @@ def solve_model(
 
 
 def bfgs_update(hess: np.ndarray, s: np.ndarray, y: np.ndarray, first: bool) -> np.ndarray:
-    """One BFGS update of ``B`` with the pair ``(s, y)``; skipped unless ``s^T y`` is safely
-    positive.  On the first pair ``B`` is rescaled to ``(y^T y / s^T y) I`` first (Nocedal &
-    Wright 2006, eq. 6.20)."""
+    """One self-scaling BFGS update of ``B`` with the pair ``(s, y)``; skipped unless ``s^T y``
+    is safely positive.  On the first pair ``B`` is rescaled to ``(y^T y / s^T y) I`` first
+    (Nocedal & Wright 2006, eq. 6.20); on later pairs ``B`` is first multiplied by ``tau =
+    min(1, s^T y / s^T B s)`` (Oren & Luenberger 1974, "Self-scaling variable metric (SSVM)
+    algorithms", Management Sci. 20(5); the ``min(1, .)`` form of Nocedal & Yuan 1993,
+    "Analysis of a self-scaling quasi-Newton method", Math. Program. 61): a model that
+    overstates the curvature along the last step is shrunk, where plain BFGS corrects one
+    direction per pair."""
     new = bfgs_update_many(hess[None], s[None], y[None], np.array([first]))
     return hess if np.array_equal(new[0], hess) else new[0]
 
@@ -297,6 +302,9 @@ def bfgs_update_many(
         h[restart] = (yy / sy_[restart])[:, None, None] * np.eye(s.shape[1])
     bs = np.einsum("zij,zj->zi", h, s_)
     sbs = np.einsum("zi,zi->z", s_, bs)
+    # self-scaling: a model that overstates the curvature along s is shrunk first
+    tau = np.where(restart, 1.0, np.minimum(1.0, sy_ / sbs))
+    h, bs, sbs = h * tau[:, None, None], bs * tau[:, None], sbs * tau
     h = h - bs[:, :, None] * bs[:, None, :] / sbs[:, None, None]
     h = h + y_[:, :, None] * y_[:, None, :] / sy_[:, None, None]
     hess[ok] = h

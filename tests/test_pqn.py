@@ -341,9 +341,13 @@ def test_partial_participation_strategies_reach_the_full_participation_optimum()
         run_methods_inprocess(cfg.replace(participation=0.5, seed=s), sites, ["grauc"])["grauc"]
         for s in (0, 0, 1)
     ]
+    f_full = full.history[-1]["objective"]
     for r in runs:
         assert r.converged
-        assert_allclose(r.coefficients, full.coefficients, rtol=0, atol=1e-8)
+        assert abs(r.history[-1]["objective"] - f_full) <= 1e-14 * abs(f_full)
+        # at a 1e-15 gap a fused group's coefficient along the flattest direction is fixed to
+        # about 1e-8 (measured 1.1e-8 between the two forms, both partial runs agreeing)
+        assert_allclose(r.coefficients, full.coefficients, rtol=0, atol=2e-8)
     assert runs[0].history == runs[1].history
     assert min(h["n_answered"] for h in runs[0].history) < 10
 
