@@ -109,11 +109,14 @@ def _system_parts(problem: Problem, hess: np.ndarray) -> tuple[sp.csr_matrix, sp
 
 def _complete_diagonal(problem: Problem, frozen: np.ndarray) -> np.ndarray | None:
     """``e`` when the site Gram matrix among the live sites is ``diag(e) - 1 1^T`` (fusion
-    over all pairs, any identity splits besides; RowFed's default graph), else ``None``."""
+    over all pairs, any identity splits besides; RowFed's default graph), else ``None``.
+    Any other graph (a tree: O(Z) entries) is turned away by its count of entries before a
+    dense matrix is formed."""
     live = ~np.asarray(frozen, bool)
-    if live.sum() < 2:
+    gram = problem.gram()
+    if live.sum() < 2 or gram.nnz != gram.shape[0] ** 2:
         return None
-    g = problem.gram().toarray()[np.ix_(live, live)]
+    g = gram.toarray()[np.ix_(live, live)]
     off = g[~np.eye(len(g), dtype=bool)]
     if not np.all(off == -1.0):
         return None
@@ -132,12 +135,12 @@ def _complete_solver(hess: np.ndarray, e: np.ndarray, rho: float) -> Callable:
     k = hess + (rho * e)[:, None, None] * eye
     k_inv = np.linalg.inv(k)
     c = np.einsum("zij,zjk->ik", k_inv, hess / m + (rho * (e / m - 1.0))[:, None, None] * eye)
-    c_lu = np.linalg.inv(c)
+    c_inv = np.linalg.inv(c)
 
     def solve(r: np.ndarray) -> np.ndarray:
         r3 = np.asarray(r).reshape(m, p, -1)
         kr = np.einsum("zij,zjk->zik", k_inv, r3)
-        total = c_lu @ kr.sum(axis=0)
+        total = c_inv @ kr.sum(axis=0)
         out = kr + rho * np.einsum("zij,jk->zik", k_inv, total)
         return out.reshape(np.shape(r))
 
@@ -233,7 +236,7 @@ def solve_model(
     next_polish = POLISH_FIRST
     solve, rhs_fixed = factor(rho)
     b = x.copy()
-    scale = max(1.0, float(np.max(np.abs(x))), float(np.max(np.abs(grad))))
+    scale = _model_scale(x, grad)
     it = 0
     for it in range(1, max_iter + 1):  # noqa: B007
         pull = problem.apply_t_sum(tuple(d - uu for d, uu in zip(delta, u, strict=True)))
@@ -491,8 +494,14 @@ def _inner_tol(st: QuasiNewtonState) -> float:
     last = float(np.max(np.abs(st.direction), initial=0.0))
     if last == 0.0:
         return INNER_TOL
-    scale = max(1.0, float(np.max(np.abs(st.x))), float(np.max(np.abs(st.grad))))
-    return float(np.clip(INNER_FORCING * last / scale, INNER_TOL, INNER_LOOSEST))
+    return float(
+        np.clip(INNER_FORCING * last / _model_scale(st.x, st.grad), INNER_TOL, INNER_LOOSEST)
+    )
+
+
+def _model_scale(x: np.ndarray, grad: np.ndarray) -> float:
+    """The scale the model problem's tolerance is relative to: ``max(1, max|x|, max|g|)``."""
+    return max(1.0, float(np.max(np.abs(x))), float(np.max(np.abs(grad))))
 
 
 def _new_direction(problem: Problem, st: QuasiNewtonState, tol: float | None = None) -> int:
