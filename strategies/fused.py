@@ -326,15 +326,14 @@ class FusedSiteStrategy(SiteStrategy):
         relinearize = self._relinearize if self.lla else None
         self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol, relinearize)
         if self.lla and np.isfinite(step.objective):  # record the target's objective
-            objective = self.qn.value.sum() + self.target.penalty_value(self.qn.x)
-            step = replace(step, objective=float(objective))
+            step = replace(step, objective=pqn.estimate_objective(self.target, self.qn))
             if step.decrease <= 0.0:
                 # the approximation at x promises no decrease: x is its minimizer to the
                 # inner solver's accuracy, a fixed point (the approximations converge
                 # linearly, and at a tight tol the step test meets rounding first)
                 step = replace(step, converged=True)
         self.loss = self.qn.value.copy()
-        self.state = replace(self.state, beta=self.qn.x.copy(), round=self.qn.round)
+        self.state = replace(self.state, beta=pqn.estimate(self.qn).copy(), round=self.qn.round)
         self._qn_row(
             step.objective, len(values), step.decrease, 1.0 if step.accepted else self.qn.step
         )
@@ -383,7 +382,7 @@ class FusedSiteStrategy(SiteStrategy):
             self.progress(rnd, objective, res, time.perf_counter() - self._t0)
 
     def coefficients_std(self) -> np.ndarray:
-        return self.qn.x if self.qn is not None else self.state.beta
+        return pqn.estimate(self.qn) if self.qn is not None else self.state.beta
 
     def objective(self) -> float:
         """The objective at the last round (``nan`` before the first)."""
@@ -444,8 +443,8 @@ class FusedSiteStrategy(SiteStrategy):
             self.qn = pqn.QuasiNewtonState.from_arrays(qn)
         if "draws" in extra:  # the participation draws go on where they stopped
             self.rng.bit_generator.state = json.loads(str(extra["draws"]))
-        if self.lla:  # the approximation at the last accepted point
-            self.problem = self.target.linearized(self.qn.x)
+        if self.lla:  # the approximation at the fit's estimate (the accepted point, or b)
+            self.problem = self.target.linearized(pqn.estimate(self.qn))
         self.state = state
         self.loss = np.asarray(extra["loss"], dtype=float)
         self.history.rows = json.loads(str(extra["history"]))

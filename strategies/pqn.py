@@ -42,7 +42,14 @@ each round
    ``x_z`` and its damping ``mu_z`` grows until the model covers the loss along ``s``; the
    curvature model learns from the pair ``(s, grad f_z(b_z) - g_z)`` either way;
 2. solves the model problem on *all* the models (with ``B_z + mu_z I``; a site that has never
-   answered is held at its start) for the next points ``b``.
+   answered takes the mean of the answered sites' models, :func:`_stand_ins`) for the next
+   points ``b``.
+
+The fit's coefficients are ``b`` (:func:`estimate`), not the kept points: a fused group's
+kept points were set in different rounds, and the penalty charges their split at first
+order.  The recorded objective is the models' value at ``b`` (:func:`estimate_objective`),
+and the stopping rule reads the models' curvature along the step in place of ``-Delta``
+(:func:`_stop_measure`).
 
 When each model bounds its loss from above (a quadratic loss's secant model, the exact
 model of a convex loss seen far from its minimum) every move is accepted and the sum of the
@@ -519,12 +526,35 @@ def _new_direction(problem: Problem, st: QuasiNewtonState, tol: float | None = N
     return it
 
 
+def _stand_ins(st: QuasiNewtonState) -> tuple[np.ndarray, np.ndarray]:
+    """The models the model problem is solved on: each site's own, and for a site that has
+    not answered yet (partial participation) the mean of the answered sites' models,
+    ``q(b) = mean_s [g_s^T (b - x_s) + (1/2) (b - x_s)^T B_s (b - x_s)]``, written at the
+    site's start: until it answers, a site is taken to be an average site, so its first
+    evaluation is at a point its neighbours' information has moved (not at its start)."""
+    hess = _model_hessians(st)
+    waiting = st.incremental & ~st.seen
+    if not waiting.any() or not st.seen.any():
+        return st.grad, hess
+    seen = st.seen
+    grad, hess = st.grad.copy(), hess.copy()
+    mean_h = hess[seen].mean(axis=0)
+    x3 = st.x.reshape(st.x.shape[0], st.x.shape[1], -1)
+    g3 = st.grad.reshape(x3.shape)
+    # mean_s [g_s - B_s x_s] + mean_s[B_s] x_z: the mean model's gradient at x_z
+    offset = (g3[seen] - np.einsum("zij,zjk->zik", hess[seen], x3[seen])).mean(axis=0)
+    grad.reshape(x3.shape)[waiting] = offset + np.einsum("ij,zjk->zik", mean_h, x3[waiting])
+    hess[waiting] = mean_h
+    return grad, hess
+
+
 def _solve_direction(problem: Problem, st: QuasiNewtonState, inner_tol: float) -> int:
+    grad, hess = _stand_ins(st)
     sol = solve_model(
         problem,
         st.x,
-        st.grad,
-        _model_hessians(st),
+        grad,
+        hess,
         st.frozen,
         st.inner,
         tol=inner_tol,
@@ -535,7 +565,7 @@ def _solve_direction(problem: Problem, st: QuasiNewtonState, inner_tol: float) -
     st.direction = d
     st.inner = sol
     st.decrease = float(
-        np.sum(st.grad * d) + problem.penalty_value(st.x + d) - problem.penalty_value(st.x)
+        np.sum(grad * d) + problem.penalty_value(st.x + d) - problem.penalty_value(st.x)
     )
     st.step = 1.0
     st.trial = st.x + d
@@ -695,26 +725,60 @@ def _advance_incremental(
     """A round of the per-site form: partial participation, or exact curvature (module
     docstring)."""
     st = replace(st, round=st.round + 1)
-    before = st.x.copy()
+    if relinearize is not None and st.seen.any():
+        # at the estimate the sites were sent (the last model solution), not at the kept
+        # points, whose fused groups are split by their lag
+        problem = relinearize(st.trial)
     for z, answer in answered.items():
         if st.seen[z]:
             _visit(st, z, answer)
-        else:  # first answer: at the start
+        else:  # first answer: at the point it was sent
+            st.x[z] = st.trial[z]
             _take(st, z, answer, st.value, st.grad)
             if st.model == "exact":
                 c = float(np.trace(st.hess[z])) / st.hess.shape[1]
                 st.damping[z] = st.first_damping * max(c, 0.0)
     if not st.seen.any():
         return st, Step(False, np.inf, np.inf, False, 0)
-    st.frozen = ~st.seen
+    st.frozen = np.zeros_like(st.seen)  # a waiting site moves on the mean model
     st.evaluated = bool(st.seen.all())
-    if relinearize is not None and not np.array_equal(before, st.x):
-        problem = relinearize(st.x)
     st.objective = (
         float(st.value.sum() + problem.penalty_value(st.x)) if st.evaluated else float("inf")
     )
     it = _new_direction(problem, st, tol)
-    return st, Step(True, st.objective, -st.decrease, st.evaluated and _converged(tol, st), it)
+    if st.evaluated:  # the model's value at the estimate (module docstring)
+        st.objective = estimate_objective(problem, st)
+    converged = st.evaluated and _converged(tol, st)
+    return st, Step(True, st.objective, _stop_measure(st), converged, it)
+
+
+def estimate(st: QuasiNewtonState) -> np.ndarray:
+    """The fit's coefficients: the accepted point, or in the incremental form the last model
+    solution ``b`` (module docstring)."""
+    return st.trial if st.incremental else st.x
+
+
+def _curvature_terms(st: QuasiNewtonState) -> np.ndarray:
+    """``d_z^T (B_z + mu_z I) d_z`` per site for the current direction."""
+    d3 = st.direction.reshape(st.x.shape[0], st.x.shape[1], -1)
+    return np.einsum("zik,zij,zjk->z", d3, _model_hessians(st), d3)
+
+
+def estimate_objective(problem: Problem, st: QuasiNewtonState) -> float:
+    """``F`` at :func:`estimate`: at the accepted point its value; in the incremental form the
+    model's value there, ``sum_z [f_z(x_z) + g_z^T d_z + (1/2) d_z^T (B_z + mu_z I) d_z] +
+    P(b)`` (exact where a site answered at ``b_z``, a model elsewhere)."""
+    if not st.incremental:
+        return float(st.value.sum() + problem.penalty_value(st.x))
+    smooth = st.value.sum() + np.sum(st.grad * st.direction) + 0.5 * _curvature_terms(st).sum()
+    return float(smooth + problem.penalty_value(st.trial))
+
+
+def _stop_measure(st: QuasiNewtonState) -> float:
+    """What the stopping rule compares with ``tol max(1, |F|)``: the predicted decrease
+    ``-Delta``; in the incremental form the models' curvature along the step, ``sum_z d_z^T
+    (B_z + mu_z I) d_z`` (:func:`_converged`)."""
+    return float(_curvature_terms(st).sum()) if st.incremental else -st.decrease
 
 
 def _backtrack(t: float, decrease: float, change: float) -> float:
@@ -745,4 +809,4 @@ def _converged(tol: float, st: QuasiNewtonState) -> bool:
     learned = st.paired if st.model != "exact" else np.ones_like(st.paired)
     scale = max(1.0, float(np.max(np.abs(st.x), initial=0.0)))
     allowed = np.where(learned, math.sqrt(tol), tol) * scale
-    return bool(np.all(d <= allowed)) and -st.decrease <= tol * max(1.0, abs(st.objective))
+    return bool(np.all(d <= allowed)) and _stop_measure(st) <= tol * max(1.0, abs(st.objective))

@@ -20,7 +20,7 @@ import numpy as np
 from flwr.common import FitIns, Parameters, log
 from flwr.server.client_proxy import ClientProxy
 
-from . import admm
+from . import admm, pqn
 from .base import LocalOnlyStrategy
 from .config import RegistrationConfig, RowFedConfig
 from .errors import InputError
@@ -268,9 +268,10 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
         if self.phase == "init":
             return self.theta_init
         if self.qn is not None:  # pqn: the zeros of the last model problem's eta
+            theta = pqn.estimate(self.qn)
             if self.qn.inner is None:
-                return self.qn.x
-            return np.where(self.qn.inner.delta[SPARSITY] == 0.0, 0.0, self.qn.x)
+                return theta
+            return np.where(self.qn.inner.delta[SPARSITY] == 0.0, 0.0, theta)
         eta = self.state.delta[SPARSITY]
         return np.where(eta == 0.0, 0.0, self.state.beta)
 
@@ -286,7 +287,9 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
             if self.qn.inner is None:
                 return super().structure()
             inner = self.qn.inner
-            state = admm.AdmmState(self.qn.x, inner.delta, inner.u, inner.rho, self.qn.round)
+            state = admm.AdmmState(
+                pqn.estimate(self.qn), inner.delta, inner.u, inner.rho, self.qn.round
+            )
             return fitted_structure(self.problem, state)
         return fitted_structure(self.problem, self.state)
 

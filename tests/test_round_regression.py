@@ -2,7 +2,8 @@
 quasi-Newton algorithm converged in 9 rounds (its stopping rule reading ``tol`` as a
 relative objective gap, self-scaling BFGS; measured 2026-12-02), ADMM with the exact local
 step in 128 and the paper's linearized ADMM in 427 (2026-11-30); with a random half of the
-sites per round (participation 0.5, seed 0) pqn took 43 and with 0.8, 23 (2026-12-02).
+sites per round (participation 0.5, seed 0) pqn took 28 and with 0.8, 17 (2026-12-02: the
+fit's estimate is the last model solution, waiting sites take the answered sites' mean model).
 A change that needs more than 10% more rounds fails here.  Lower numbers are welcome:
 update the constants with the new measurement."""
 
@@ -12,7 +13,7 @@ from grauc_flower import federation as fed
 from grauc_flower.data import simulate
 from strategies.config import GrAUCConfig
 
-MEASURED = {"pqn": 9, "prox": 128, "linearized": 427, "pqn-0.5": 43, "pqn-0.8": 23}
+MEASURED = {"pqn": 9, "prox": 128, "linearized": 427, "pqn-0.5": 28, "pqn-0.8": 17}
 
 
 @pytest.fixture(scope="module")
@@ -128,13 +129,57 @@ def test_exact_curvature_reaches_a_1e6_gap_within_7_rounds_on_the_bench_problem(
     sites, _ = fed.load_sites(fed.DataSpec())
     cfg = GrAUCConfig(curvature="exact")
     tight = fed.run_methods_inprocess(cfg.replace(tol=1e-13), sites, ["grauc"])["grauc"]
-    fstar = min(h["objective"] for h in tight.history)
+    # the history holds the models' value at each round's estimate (exact at the end; a
+    # prediction before, which may lie below the optimum): the optimum is the last entry
+    fstar = tight.history[-1]["objective"]
     gaps = [abs(h["objective"] - fstar) / abs(fstar) for h in tight.history]
     first = next(k + 1 for k, g in enumerate(gaps) if g <= 1e-6)
     assert all(g <= 1e-6 for g in gaps[first - 1 :])
     assert first <= 7
     stop = fed.run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]
     assert stop.converged and stop.rounds <= first + 2
+
+
+def _true_gaps(cfg, rounds_list, fstar):
+    """The relative gap of the objective at the fit's coefficients after each round count
+    (each a fresh seeded fit cut at that round), from the sites' own losses -- not from the
+    fit's history."""
+    from grauc_flower.auc import PairwiseLogistic, split_by_class
+    from strategies.registry import Registry
+    from strategies.runtime.engine import run_inprocess
+
+    sites, _ = fed.load_sites(fed.DataSpec())
+    losses = [PairwiseLogistic(*split_by_class(s.x_train, s.y_train), cfg.ridge) for s in sites]
+    out = []
+    for rounds in rounds_list:
+        point = cfg.replace(max_rounds=rounds)
+        strategy = fed.make_strategy("grauc", point, len(sites), Registry(), sites)
+        clients = [fed.GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
+        run_inprocess(strategy, clients, fed.max_rounds_for("grauc", point))
+        beta = strategy.coefficients_std()
+        value = sum(f.value(b) for f, b in zip(losses, beta, strict=True))
+        value += strategy.problem.penalty_value(beta)
+        out.append((value - fstar) / abs(fstar))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_half_participation_reaches_a_1e6_gap_within_three_times_full_rounds(seed):
+    """Participation 0.5 on the bench problem: the fit's coefficients (the last model
+    solution) are within a 1e-6 relative gap of the optimum -- by the sites' own losses --
+    after 3x the rounds full participation needs (10; measured 2026-12-02: 18-22 rounds),
+    and the stopping rule's certificate holds where the fit stops."""
+    sites, _ = fed.load_sites(fed.DataSpec())
+    tight = fed.run_methods_inprocess(GrAUCConfig(tol=1e-13), sites, ["grauc"])["grauc"]
+    fstar = min(h["objective"] for h in tight.history)  # line search: true values
+    full = next(
+        k + 1 for k, h in enumerate(tight.history) if h["objective"] - fstar <= 1e-6 * fstar
+    )
+    cfg = GrAUCConfig(participation=0.5, seed=seed)
+    stop = fed.run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]
+    assert stop.converged and stop.rounds <= 3 * full
+    at_3x, at_stop = _true_gaps(cfg.replace(tol=1e-12), [3 * full, stop.rounds], fstar)
+    assert -1e-12 <= at_3x <= 1e-6 and at_stop <= 1e-6, (full, at_3x, at_stop)
 
 
 def test_default_stops_within_two_rounds_of_reaching_its_tolerance():
