@@ -44,7 +44,8 @@ class FusedSiteStrategy(SiteStrategy):
     rho, alpha : float
         ADMM penalty and its growth ``rho <- alpha rho`` per round.
     tol : float
-        Stopping tolerance (ADMM: absolute and relative residual tolerance; pqn: decrease).
+        Stopping tolerance (ADMM: absolute and relative residual tolerance; pqn: relative
+        objective gap, :func:`strategies.pqn._converged`).
     max_rounds : int
         Round limit of the method.
     participation : float
@@ -327,10 +328,10 @@ class FusedSiteStrategy(SiteStrategy):
         self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol, relinearize)
         if self.lla and np.isfinite(step.objective):  # record the target's objective
             step = replace(step, objective=pqn.estimate_objective(self.target, self.qn))
-            if step.decrease <= 0.0:
-                # the approximation at x promises no decrease: x is its minimizer to the
-                # inner solver's accuracy, a fixed point (the approximations converge
-                # linearly, and at a tight tol the step test meets rounding first)
+            if not self.qn.incremental and step.decrease <= 0.0:
+                # (full participation) the approximation at x promises no decrease: x is its
+                # minimizer to the inner solver's accuracy, a fixed point (the approximations
+                # converge linearly, and at a tight tol the step test meets rounding first)
                 step = replace(step, converged=True)
         self.loss = self.qn.value.copy()
         self.state = replace(self.state, beta=pqn.estimate(self.qn).copy(), round=self.qn.round)
@@ -344,7 +345,8 @@ class FusedSiteStrategy(SiteStrategy):
 
     def _relinearize(self, x: np.ndarray):
         """MCP/SCAD by pqn: the penalty's local linear approximation (a weighted lasso) at a
-        newly accepted point, used from there on.  Each accepted step lowers the nonconvex
+        newly accepted point (in the incremental form: each round at the estimate the sites
+        were sent), used from there on.  Each accepted step lowers the nonconvex
         objective (the approximation majorizes it and touches it at the point: Zou & Li
         2008); a fixed point is a stationary point of it."""
         self.problem = self.target.linearized(x)

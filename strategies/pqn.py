@@ -353,7 +353,7 @@ class QuasiNewtonState:
     direction: np.ndarray  # (Z, p)
     step: float = 1.0
     decrease: float = 0.0  # Delta < 0: the model's predicted change of F at step 1
-    objective: float = np.inf  # F(x)
+    objective: float = np.inf  # F at the estimate (estimate_objective)
     evaluated: bool = False  # x has been evaluated (false before the first answers)
     frozen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     round: int = 0
@@ -390,7 +390,7 @@ class QuasiNewtonState:
         if "inner_rho" in a:
             n = sum(1 for k in a if k.startswith("inner_delta_"))
             inner = ModelSolution(
-                np.asarray(a["x"]),
+                np.asarray(a["x"]) + np.asarray(a["direction"]),
                 tuple(np.asarray(a[f"inner_delta_{k}"]) for k in range(n)),
                 tuple(np.asarray(a[f"inner_u_{k}"]) for k in range(n)),
                 float(a["inner_rho"]),
@@ -468,14 +468,14 @@ class Step:
     """What one evaluation round did."""
 
     accepted: bool
-    objective: float  # F at the accepted point
-    decrease: float  # -Delta of the new direction (the stopping measure)
+    objective: float  # F at the estimate (incremental form: the models' prediction)
+    decrease: float  # the stopping measure (_stop_measure): -Delta, or sum d^T B d
     converged: bool
     inner_iterations: int
     seconds: float = 0.0  # the server's time for the round (model updates, model solve)
 
     def describe(self) -> str:
-        return f"predicted decrease {self.decrease:.3g}" + ("" if self.accepted else " (retry)")
+        return f"stop measure {self.decrease:.3g}" + ("" if self.accepted else " (retry)")
 
 
 def set_curvature(st: QuasiNewtonState, z: int, c: float) -> None:
@@ -585,7 +585,8 @@ def qn_round(
     Returns the new state (the next point to send is ``state.trial``).
 
     ``relinearize(x)``, when given, returns the penalty side to use from a newly accepted
-    point ``x`` on (a nonconvex penalty's next local linear approximation)."""
+    point ``x`` on (a nonconvex penalty's next local linear approximation; in the incremental
+    form it is called every round at the estimate the sites were sent)."""
     t0 = time.perf_counter()
     advance = _advance_incremental if st.incremental else _advance
     st, step = advance(problem, st, answered, tol, relinearize)
@@ -759,15 +760,19 @@ def estimate(st: QuasiNewtonState) -> np.ndarray:
 
 
 def _curvature_terms(st: QuasiNewtonState) -> np.ndarray:
-    """``d_z^T (B_z + mu_z I) d_z`` per site for the current direction."""
+    """``d_z^T (B_z + mu_z I) d_z`` per site for the current direction (a waiting site's:
+    the mean model it was solved with, :func:`_stand_ins`)."""
     d3 = st.direction.reshape(st.x.shape[0], st.x.shape[1], -1)
-    return np.einsum("zik,zij,zjk->z", d3, _model_hessians(st), d3)
+    waiting = st.incremental and not st.seen.all()
+    hess = _stand_ins(st)[1] if waiting else _model_hessians(st)
+    return np.einsum("zik,zij,zjk->z", d3, hess, d3)
 
 
 def estimate_objective(problem: Problem, st: QuasiNewtonState) -> float:
     """``F`` at :func:`estimate`: at the accepted point its value; in the incremental form the
     model's value there, ``sum_z [f_z(x_z) + g_z^T d_z + (1/2) d_z^T (B_z + mu_z I) d_z] +
-    P(b)`` (exact where a site answered at ``b_z``, a model elsewhere)."""
+    P(b)``: a prediction (exact only where ``d_z = 0``), which the sites' answers at ``b``
+    check in the next rounds."""
     if not st.incremental:
         return float(st.value.sum() + problem.penalty_value(st.x))
     smooth = st.value.sum() + np.sum(st.grad * st.direction) + 0.5 * _curvature_terms(st).sum()
@@ -801,7 +806,7 @@ def _converged(tol: float, st: QuasiNewtonState) -> bool:
     curvature) needs ``max|d_z| <= tol max(1, max|x|)``: a warm start's first round cannot
     end a fit on a guessed model.  A damped site's step counts ``1 + mu_z / c_z`` times
     (``c_z`` its model's mean curvature): damping shortens a step, not the distance to the
-    optimum."""
+    optimum.  In the incremental form ``-Delta`` is replaced by :func:`_stop_measure`."""
     d = np.abs(st.direction).reshape(st.x.shape[0], -1).max(axis=1, initial=0.0)
     if st.damping.any():
         c = np.maximum(np.trace(st.hess, axis1=1, axis2=2) / st.x.shape[1], 1e-300)

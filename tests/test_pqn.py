@@ -463,6 +463,7 @@ def test_the_stopping_rule_reads_tol_as_a_gap_once_the_models_are_learned():
             decrease=-decrease,
             objective=2.0,
             incremental=incremental,
+            seen=np.ones(z, bool),  # every site has answered
         )
 
     learned = [True, True, True]
