@@ -605,7 +605,8 @@ def _map_section(out_dir: str, metrics: dict, coef: pd.DataFrame, labels):
     title = "Map of the sites"
     if sites is None or not {"lat", "lon"} <= set(sites.columns):
         return report.Section("map", title, report.text("No site coordinates were given."))
-    frame = coef.merge(sites[["site", "lat", "lon"]], on="site")
+    # copy(): one block per dtype (the merge leaves one per feature column)
+    frame = coef.merge(sites[["site", "lat", "lon"]], on="site").copy()
     index = {s: k for k, s in enumerate(frame["site"])}
     method = metrics["method"]
     if edges is not None and len(edges):

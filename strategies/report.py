@@ -199,48 +199,70 @@ def fig_convergence(history: pd.DataFrame):
     return fig
 
 
+#: More settings of the other parameters than this: the chosen one's line in colour, the
+#: rest as thin grey lines (a legend of dozens of colours cannot be read).
+CV_LINES_IN_COLOUR = 6
+
+
 def fig_cv_curve(summary: pd.DataFrame, params: Sequence[str], chosen: dict, label: str):
     """The mean validation score (± one standard error over folds) along the parameter with
-    the most values, one line per setting of the others; the chosen setting starred."""
+    the most values, one line per setting of the others; the chosen setting starred.  With
+    more than ``CV_LINES_IN_COLOUR`` settings of the others, only the chosen setting's line
+    is in colour (with its band), the others thin and grey (their grids along the x axis
+    may differ: GrAUC-PFL's λ path is scaled to each setting's own λ_max)."""
     plt = pyplot()
     counts = [summary[p].nunique() for p in params]
     x_param = params[int(np.argmax(counts))]
     others = [p for p in params if p != x_param]
     groups = list(summary.groupby(others, sort=False)) if others else [((), summary)]
+    many = len(groups) > CV_LINES_IN_COLOUR
     fig, ax = plt.subplots(figsize=(9.5, 4.6))
-    cmap = plt.get_cmap("viridis" if len(groups) > 10 else "tab10")
+    cmap = plt.get_cmap("tab10")
     values = summary[x_param].to_numpy(float)
     logx = bool(
         (values > 0).sum() >= 3 and values[values > 0].max() / values[values > 0].min() > 20
     )
     positive = values[values > 0]
     zero_at = positive.min() / 10.0 if logx and (values <= 0).any() else None
+
+    def place(x):  # 0 on a log axis: one decade left of the smallest value
+        x = np.asarray(x, float)
+        return np.where(x > 0, x, zero_at) if zero_at is not None else x
+
+    chosen_key = tuple(float(chosen[p]) for p in others)
+    n_grey = 0
     for k, (key, grp) in enumerate(groups):
         key = key if isinstance(key, tuple) else (key,)
         grp = grp.sort_values(x_param)
-        x = grp[x_param].to_numpy(float)
-        if zero_at is not None:  # 0 on a log axis: one decade left of the smallest value
-            x = np.where(x > 0, x, zero_at)
+        x = place(grp[x_param])
         m, se = grp["mean"].to_numpy(float), grp["se"].to_numpy(float)
-        color = cmap(k / max(1, len(groups) - 1)) if len(groups) > 10 else cmap(k % 10)
         name = ", ".join(f"{p} {v:g}" for p, v in zip(others, key, strict=True)) or label
-        ax.plot(x, m, "o-", ms=3, color=color, label=name, lw=1.2)
+        is_chosen = bool(np.allclose(np.asarray(key, float), chosen_key)) if others else True
+        if many and not is_chosen:
+            n_grey += 1
+            ax.plot(x, m, "-", color="0.65", lw=0.7, alpha=0.7, zorder=1)
+            continue
+        color = "#1f4e9c" if many else cmap(k % 10)
+        lw = 2.0 if many or (is_chosen and len(groups) > 1) else 1.2
+        ax.plot(x, m, "o-", ms=3, color=color, lw=lw, zorder=3, label=name)
         ok = np.isfinite(se)
-        ax.fill_between(x[ok], (m - se)[ok], (m + se)[ok], color=color, alpha=0.12, lw=0)
+        ax.fill_between(x[ok], (m - se)[ok], (m + se)[ok], color=color, alpha=0.15, lw=0)
+    if many:
+        ax.plot([], [], "-", color="0.65", lw=0.7, label=f"the other {n_grey} settings")
     sel = np.logical_and.reduce([np.isclose(summary[p].astype(float), chosen[p]) for p in params])
     if sel.any():
         row = summary[sel].iloc[0]
-        x0 = float(row[x_param])
-        if zero_at is not None and x0 <= 0:
-            x0 = zero_at
-        ax.plot(x0, row["mean"], "*", ms=18, color="#ff7f0e", mec="black", zorder=5)
-        what = ", ".join(f"{p} {chosen[p]:g}" for p in params)
-        ax.annotate(
-            f"chosen: {what}",
-            (x0, row["mean"]),
-            xytext=(10, -18),
-            textcoords="offset points",
-            fontsize=9,
+        what = f"{x_param} {chosen[x_param]:g}"  # the others are the coloured line's name
+        ax.plot(
+            place([float(row[x_param])]),
+            [row["mean"]],
+            "*",
+            ms=18,
+            color="#ff7f0e",
+            mec="black",
+            zorder=5,
+            ls="none",
+            label=f"chosen: {what}",
         )
     if logx:
         ax.set_xscale("log")
@@ -261,8 +283,7 @@ def fig_cv_curve(summary: pd.DataFrame, params: Sequence[str], chosen: dict, lab
     )
     ax.set_ylabel(label)
     ax.grid(alpha=0.3, which="both")
-    if len(groups) > 1:
-        ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
 

@@ -145,3 +145,42 @@ def test_rowfed_tuned_fit_report_and_test_intervals(tmp_path, capsys):
             assert got["upper"] == pytest.approx(mse + z * se, rel=1e-8)
     shown = _section_table(page, "accuracy", len(table.columns))
     np.testing.assert_allclose(shown[:, 2].astype(float), table["mse"], rtol=1e-3)
+
+
+@pytest.mark.parametrize("n_other", [3, 24])
+def test_cv_curve_names_each_line_or_greys_out_all_but_the_chosen(n_other):
+    """The CV figure's legend: a few settings each get a coloured, named line; many get one
+    coloured line (the chosen setting's) and one grey entry for the rest -- never a legend
+    of dozens of colours.  The star sits at the chosen setting's mean."""
+    from matplotlib.colors import to_rgba
+
+    from strategies.report import CV_LINES_IN_COLOUR, fig_cv_curve
+
+    rng = np.random.default_rng(0)
+    lam = np.r_[0.0, np.geomspace(1e-3, 1.0, 29)]  # the x axis: more values than ridge
+    rows = [
+        {"lam": v, "ridge": float(r), "mean": 0.8 + 0.1 * rng.random(), "se": 0.01}
+        for r in range(n_other)
+        for v in lam
+    ]
+    summary = pd.DataFrame(rows)
+    pick = summary.iloc[3 * len(lam) - 4] if n_other > 2 else summary.iloc[5]
+    chosen = {"lam": float(pick["lam"]), "ridge": float(pick["ridge"])}
+    fig = fig_cv_curve(summary, ["lam", "ridge"], chosen, "mean validation AUC")
+    ax = fig.axes[0]
+    names = [t.get_text() for t in ax.get_legend().get_texts()]
+    star = next(line for line in ax.get_lines() if line.get_marker() == "*")
+    assert star.get_ydata()[0] == pytest.approx(pick["mean"])
+    assert f"chosen: lam {chosen['lam']:g}" in names
+    if n_other <= CV_LINES_IN_COLOUR:
+        assert [n for n in names if n.startswith("ridge")] == [
+            f"ridge {r:g}" for r in range(n_other)
+        ]
+    else:
+        assert names == [f"ridge {chosen['ridge']:g}", "the other 23 settings", names[-1]]
+        grey = [
+            line
+            for line in ax.get_lines()
+            if line.get_label().startswith("_") and to_rgba(line.get_color())[:3] == (0.65,) * 3
+        ]
+        assert len(grey) == n_other - 1
