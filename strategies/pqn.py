@@ -189,8 +189,9 @@ def solve_model(
 
     With one entrywise lasso split on a forest (GrAUC-PFL's tree, ``l1``) and no frozen site,
     the answer is made exact by :func:`strategies.polish.polish`: first from the warm start's
-    pattern, then from ADMM's after 10, 20, 40, ... iterations; the first verified pattern is
-    returned (the minimizer to rounding error, typically after one linear solve).
+    pattern (or, with no warm start, from the fusions of ``x`` itself, if it has any), then
+    from ADMM's after 10, 20, 40, ... iterations; the first verified pattern is returned (the
+    minimizer to rounding error, typically after one linear solve).
     """
     n_sites, p = x.shape[:2]
     frozen = np.zeros(n_sites, bool) if frozen is None else np.asarray(frozen, bool)
@@ -215,7 +216,9 @@ def solve_model(
             return None
         return ModelSolution(res.b, (res.delta,), (res.nu / rho,), rho, done + res.iterations)
 
-    if tree is not None and warm is not None:  # last round's pattern is usually right
+    # last round's pattern is usually right; without one, a point with fused entries (a
+    # warm start along a lam path) offers its own
+    if tree is not None and (warm is not None or (delta[0] == 0.0).any()):
         sol = polished(delta[0], 0)
         if sol is not None:
             return sol

@@ -136,3 +136,26 @@ def test_solve_model_exact_on_trees_and_right_elsewhere(graph):
     fused_ref = np.abs(ref[edges[:, 0]] - ref[edges[:, 1]]) < 1e-7
     assert np.array_equal(sol.delta[0] == 0.0, fused_ref)
     assert (pqn._tree_of(prob, x, np.zeros(n_sites, bool)) is not None) == (graph == "tree")
+
+
+def test_solve_model_without_a_warm_start_polishes_from_the_points_own_fusions():
+    """A point with fused entries (a warm start along a lam path) and no previous model
+    solution: ``solve_model`` tries the point's own pattern before any ADMM iteration (no
+    factorization of the full system) and still matches cvxpy; a point with nothing fused
+    goes through ADMM first."""
+    n_sites, p = 30, 3
+    edges = random_forest(n_sites, 1, 11)
+    lam = np.full(len(edges), 0.3)
+    _, g, hess = random_model(n_sites, p, 11, 0.3)
+    prob = admm.Problem(
+        (admm.Split(admm.incidence_matrix(edges, n_sites), Penalty("lasso"), lam),), n_sites
+    )
+    x0 = np.random.default_rng(11).standard_normal((n_sites, p))
+    fused_point = pqn.solve_model(prob, x0, g, hess).b  # exact fusions
+    assert (fused_point[edges[:, 0]] == fused_point[edges[:, 1]]).any()
+    g2 = g + 0.05 * np.random.default_rng(12).standard_normal(g.shape)
+    sol = pqn.solve_model(prob, fused_point, g2, hess)
+    assert sol.iterations < pqn.POLISH_FIRST  # polished without the inner ADMM
+    assert_allclose(sol.b, cvxpy_solution(edges, lam, fused_point, g2, hess), atol=1e-6)
+    plain = pqn.solve_model(prob, x0, g2, hess)
+    assert plain.iterations >= pqn.POLISH_FIRST  # nothing fused at x0: ADMM first
