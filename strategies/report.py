@@ -229,40 +229,39 @@ def fig_cv_curve(summary: pd.DataFrame, params: Sequence[str], chosen: dict, lab
         x = np.asarray(x, float)
         return np.where(x > 0, x, zero_at) if zero_at is not None else x
 
-    chosen_key = tuple(float(chosen[p]) for p in others)
-    n_grey = 0
-    for k, (key, grp) in enumerate(groups):
-        key = key if isinstance(key, tuple) else (key,)
+    keys = [key if isinstance(key, tuple) else (key,) for key, _ in groups]
+    chosen_key = [float(chosen[p]) for p in others]
+    is_chosen = [bool(np.allclose(np.asarray(key, float), chosen_key)) for key in keys]
+    star = None
+    for k, ((_, grp), key) in enumerate(zip(groups, keys, strict=True)):
         grp = grp.sort_values(x_param)
         x = place(grp[x_param])
         m, se = grp["mean"].to_numpy(float), grp["se"].to_numpy(float)
-        name = ", ".join(f"{p} {v:g}" for p, v in zip(others, key, strict=True)) or label
-        is_chosen = bool(np.allclose(np.asarray(key, float), chosen_key)) if others else True
-        if many and not is_chosen:
-            n_grey += 1
+        if many and not is_chosen[k]:
             ax.plot(x, m, "-", color="0.65", lw=0.7, alpha=0.7, zorder=1)
             continue
+        name = ", ".join(f"{p} {v:g}" for p, v in zip(others, key, strict=True)) or label
         color = "#1f4e9c" if many else cmap(k % 10)
-        lw = 2.0 if many or (is_chosen and len(groups) > 1) else 1.2
+        lw = 2.0 if is_chosen[k] and len(groups) > 1 else 1.2
         ax.plot(x, m, "o-", ms=3, color=color, lw=lw, zorder=3, label=name)
         ok = np.isfinite(se)
         ax.fill_between(x[ok], (m - se)[ok], (m + se)[ok], color=color, alpha=0.15, lw=0)
+        at = np.isclose(grp[x_param].to_numpy(float), chosen[x_param])
+        if is_chosen[k] and at.any():
+            star = (x[at][:1], m[at][:1])
     if many:
-        ax.plot([], [], "-", color="0.65", lw=0.7, label=f"the other {n_grey} settings")
-    sel = np.logical_and.reduce([np.isclose(summary[p].astype(float), chosen[p]) for p in params])
-    if sel.any():
-        row = summary[sel].iloc[0]
-        what = f"{x_param} {chosen[x_param]:g}"  # the others are the coloured line's name
+        n_other = len(groups) - sum(is_chosen)
+        ax.plot([], [], "-", color="0.65", lw=0.7, label=f"the other {n_other} settings")
+    if star is not None:  # named by its x value: the coloured line names the rest
         ax.plot(
-            place([float(row[x_param])]),
-            [row["mean"]],
+            *star,
             "*",
             ms=18,
             color="#ff7f0e",
             mec="black",
             zorder=5,
             ls="none",
-            label=f"chosen: {what}",
+            label=f"chosen: {x_param} {chosen[x_param]:g}",
         )
     if logx:
         ax.set_xscale("log")
