@@ -24,9 +24,9 @@ def run(grid: Grid, context: Context) -> dict:
     # the server side's imports are here: a ClientApp starts for every message and needs
     # only the client and its data (measured: 0.5 s less per message)
     from strategies.app import out_dir, round_timeout, run_methods
-    from strategies.config import registration_config
+    from strategies.config import registration_config, tune_config
     from strategies.registry import Registry
-    from strategies.runtime.engine import round_logger
+    from strategies.runtime.engine import log_line, round_logger
 
     from . import federation as fed
 
@@ -44,10 +44,19 @@ def run(grid: Grid, context: Context) -> dict:
         n_sites = len(sites)
     checkpoint = fed.checkpoint_settings(rc)
     registry = Registry(waiting=registration_config(rc))
-    results = run_methods(
-        grid,
-        methods,
-        lambda method: fed.make_strategy(
+    tc = tune_config(rc)
+    tune = None
+    if tc.by:
+        from .tuning import federated_options
+
+        tune = federated_options(tc)
+
+    def strategy(method):
+        if tune is not None:  # the tuning and the refit, as one batched run
+            return fed.tuned_strategy(
+                method, cfg, n_sites, registry, tune, progress=log_line, timeout=timeout
+            )
+        return fed.make_strategy(
             method,
             cfg,
             n_sites,
@@ -56,8 +65,13 @@ def run(grid: Grid, context: Context) -> dict:
             progress=round_logger(method, 1, fed.round_limit(method, cfg)),
             checkpoint=checkpoint,
             timeout=timeout,
-        ),
-        lambda method: fed.max_rounds_for(method, cfg),
+        )
+
+    results = run_methods(
+        grid,
+        methods,
+        strategy,
+        lambda method: fed.max_rounds_for(method, cfg, tune is not None),
         fed.collect,
         timeout,
     )

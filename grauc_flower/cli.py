@@ -217,6 +217,32 @@ class Progress:
         )
 
 
+def _line_to_stderr(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+def tune_run_config(opts, grid) -> dict:
+    """The ``tune.*`` run-config keys of a federated tuning with ``opts`` and ``grid``."""
+
+    def text(values) -> str:
+        return ",".join(repr(float(v)) for v in values)
+
+    return {
+        "tune.by": "cv",
+        "tune.folds": opts.folds,
+        "tune.rule": opts.rule,
+        "tune.criterion": opts.criterion,
+        "tune.repeats": opts.repeats,
+        "tune.fold-seed": opts.seed,
+        "tune.tol": opts.tol,
+        "tune.max-rounds": opts.max_rounds,
+        "tune.lam-grid": text(grid.lam),
+        "tune.w-dist-grid": text(grid.w_dist),
+        "tune.ridge-grid": text(grid.ridge),
+        "tune.size-power-grid": text(grid.size_power),
+    }
+
+
 def _data_spec(a):
     """The fit command's data as a :class:`~grauc_flower.sources.DataSpec` (what the Flower
     engine's ClientApps load); checks which files each source needs."""
@@ -354,8 +380,11 @@ def cmd_fit(a) -> int:
     t0 = time.perf_counter()
     extra: dict = {}
     with atomic_output_dir(a.out) as tmp:
-        if a.tune == "cv":
-            opts = cv_options(a, a.data_seed)
+        # a fused method is tuned inside the federation (one batched run, either engine);
+        # the comparators by the in-process cross-validation, then refitted
+        federated = a.tune == "cv" and a.method in GRAUC_FUSED_METHODS
+        opts = cv_options(a, a.data_seed) if a.tune == "cv" else None
+        if a.tune == "cv" and not federated:
             cfg, table, summary = tuning.tune(sites, cfg, a.method, grid, opts)
             table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
             extra = tuning_metrics(summary, tuning.PARAMS[a.method], "val_auc", True, opts)
@@ -365,9 +394,16 @@ def cmd_fit(a) -> int:
                     f"cv: chose {chosen} (mean validation AUC {extra['cv']['mean']:.4f} over "
                     f"{opts.folds} folds); refitting on all training data\n"
                 )
+        if opts is not None and (opts.criterion != "folds" or opts.repeats > 1) and not federated:
+            key = "cv-criterion" if opts.criterion != "folds" else "cv-repeats"
+            raise InputError(
+                f"{key}: for the fused methods' federated tuning ({a.method} is not one)"
+            )
         if a.engine == "inprocess":
             limit = fed.round_limit(a.method, cfg)
             progress = Progress(a.method, limit, a.quiet)
+            if federated:
+                progress = None if a.quiet else _line_to_stderr
             ckpt = fed.checkpoint_settings(
                 {
                     "checkpoint.path": os.path.abspath(a.checkpoint) if a.checkpoint else "",
@@ -377,8 +413,15 @@ def cmd_fit(a) -> int:
             )
             if ckpt["resume"] and not os.path.isfile(ckpt["resume"]):
                 raise InputError(f"resume: file not found: {a.resume}")
+            if federated and (ckpt["checkpoint"] or ckpt["resume"]):
+                raise InputError("checkpoint: not with --tune cv (the tuning runs many fits)")
             res = fed.run_methods_inprocess(
-                cfg, sites, [a.method], progress=progress, checkpoint=ckpt
+                cfg,
+                sites,
+                [a.method],
+                progress=progress,
+                checkpoint=ckpt,
+                tune=(opts, grid) if federated else None,
             )[a.method]
             fed.write_result(tmp, res, features, cfg)
         else:
@@ -395,11 +438,21 @@ def cmd_fit(a) -> int:
                 "checkpoint.every": a.checkpoint_every,
                 "checkpoint.resume": os.path.abspath(a.resume) if a.resume else "",
             }
+            if federated:
+                rc.update(tune_run_config(opts, grid))
             flwr_run(project_dir(), rc, len(sites), echo=stream_echo(a.quiet, a.verbose))
             os.remove(os.path.join(tmp, "auc.csv"))
         path = os.path.join(tmp, "metrics.json")
         with open(path) as fh:
             metrics = json.load(fh)
+        if federated and not a.quiet:
+            chosen = ", ".join(f"{k} = {v:g}" for k, v in metrics["tuned"].items())
+            t = metrics["tuning"]
+            sys.stderr.write(
+                f"cv: chose {chosen} (criterion {opts.criterion}, {metrics['cv']['score']} "
+                f"{metrics['cv']['mean']:.4f}); tuning and refit took {t['rounds']} rounds "
+                f"for {t['fits']} fits\n"
+            )
         metrics.update(
             engine=a.engine,
             features=list(features),

@@ -38,9 +38,13 @@ the site adds the ``p x p`` covariance of its gradient there (:mod:`grauc_flower
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from flwr.client import NumPyClient
 
+from strategies import batch
+from strategies.folds import site_folds
 from strategies.local import (
     admm_update,
     best_model,
@@ -51,7 +55,7 @@ from strategies.local import (
 from strategies.registry import grauc_meta, registration_properties
 from strategies.wire import unpack
 
-from .auc import PairwiseLogistic, delong, split_by_class
+from .auc import PairwiseLogistic, auc, delong, split_by_class
 from .data import SiteData
 from .inference import sandwich_metrics
 from .local import local_fit
@@ -65,6 +69,42 @@ class GrAUCClient(NumPyClient):
         self.ridge = float(ridge)
         self.index = int(index)
         self._cache: dict = {}
+        self._views: dict = {}
+
+    # -- views of the rows (a federated tuning's folds: strategies/batch.py) ---------------
+    def view(self, spec: dict) -> GrAUCClient:
+        """This site on a view of its rows: ``fold`` ``k`` of ``folds`` (its training rows
+        outside the fold to fit, the fold to validate; stratified, from its own seeded
+        stream: :func:`strategies.tuning.site_folds`), at ``ridge`` when given."""
+        key = json.dumps(spec, sort_keys=True)
+        if key not in self._views:
+            d = self.data
+            if "fold" in spec:
+                fold = site_folds(
+                    d.y_train, int(spec["folds"]), int(spec.get("fold-seed", 0)),
+                    int(spec.get("repeat", 0)), d.site, stratified=True,
+                )  # fmt: skip
+                train, val = fold != int(spec["fold"]), fold == int(spec["fold"])
+                d = SiteData(
+                    d.site, d.lat, d.lon, d.x_train[train], d.y_train[train],
+                    d.x_train[val], d.y_train[val], d.features,
+                )  # fmt: skip
+            self._views[key] = GrAUCClient(d, float(spec.get("ridge", self.ridge)), self.index)
+        return self._views[key]
+
+    def oof_part(self, parameters, config) -> tuple[np.ndarray, np.ndarray]:
+        """The scores of this view's validation rows (pooled over a setting's folds)."""
+        (beta,) = parameters
+        return self._transform(self.data.x_test, config) @ beta, self.data.y_test
+
+    @staticmethod
+    def pool(parts) -> dict:
+        """The AUC of a setting's out-of-fold scores, all folds ranked together."""
+        scores = np.concatenate([s for s, _ in parts])
+        y = np.concatenate([y for _, y in parts])
+        n_pos, n_neg = int(np.sum(y == 1)), int(np.sum(y == 0))
+        value = auc(scores, y) if n_pos and n_neg else float("nan")
+        return {"auc": float(value), "n_pos": n_pos, "n_neg": n_neg}
 
     # -- helpers ----------------------------------------------------------------------------
     def _scaling(self, config) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -98,7 +138,10 @@ class GrAUCClient(NumPyClient):
         return [np.zeros(self.data.n_features)]
 
     def get_properties(self, config):
-        """Registration: who this site is, where, its counts and per-feature sums."""
+        """Registration: who this site is, where, its counts and per-feature sums (of a view
+        of its rows when the config names one)."""
+        if batch.VIEW_FIELD in config:
+            return batch.answer_properties(self, config)
         d = self.data
         return registration_properties(
             d.site,
@@ -113,6 +156,8 @@ class GrAUCClient(NumPyClient):
         task = config.get("task")
         n = int(self.data.y_train.shape[0])
         self._check_site(config)
+        if task == batch.TASK:
+            return batch.answer_fit(self, parameters, config)
         f = self._datafit(config)
         if task == "admm":
             beta, pull = parameters
@@ -172,6 +217,8 @@ class GrAUCClient(NumPyClient):
         """Test AUC (DeLong SE) of ``parameters[0]``; on the training data when the site has
         no test data (``split = train`` in the metrics)."""
         self._check_site(config)
+        if config.get("task") == batch.TASK:
+            return batch.answer_evaluate(self, parameters, config)
         (beta,) = parameters
         if self.data.y_test.shape[0] > 0:
             x, y, split = self.data.x_test, self.data.y_test, "test"

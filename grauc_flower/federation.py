@@ -127,9 +127,12 @@ def checkpoint_settings(rc: dict) -> dict:
     return out
 
 
-def max_rounds_for(method: str, cfg: GrAUCConfig) -> int:
+def max_rounds_for(method: str, cfg: GrAUCConfig, tuned: bool = False) -> int:
     """A round budget for Flower's server loop: the method's own rounds, and one for the
-    evaluation after the last (the loop stops as soon as the method has finished)."""
+    evaluation after the last (the loop stops as soon as the method has finished); a
+    federated tuning's stages each within their fits' limits."""
+    if tuned:
+        return 3 * (cfg.max_rounds + 1) + REFIT_ROUNDS
     if method in FEDAVG_FAMILY:
         return round_limit(method, cfg) + 1
     if method in FUSED_METHODS:
@@ -152,7 +155,16 @@ class MethodResult:
 
 
 def collect(method: str, strategy) -> MethodResult:
-    """What a finished strategy produced (coefficients on the input scale)."""
+    """What a finished strategy produced (coefficients on the input scale); of a federated
+    tuning, its refit with the tuning's outputs in ``extra``."""
+    from strategies.batch import BatchStrategy
+
+    if isinstance(strategy, BatchStrategy):
+        from .tuning import federated_outputs
+
+        res = collect(method, strategy.result.strategy)
+        res.extra.update(federated_outputs(strategy, method, strategy.opts))
+        return res
     if method in FEDAVG_FAMILY:
         return MethodResult(
             method,
@@ -204,19 +216,45 @@ def oracle_inference(strategy: GrAUCStrategy) -> OracleFit | str:
 
 
 def run_methods_inprocess(
-    cfg: GrAUCConfig, sites, methods, graph_edges=None, progress=None, checkpoint=None
+    cfg: GrAUCConfig,
+    sites,
+    methods,
+    graph_edges=None,
+    progress=None,
+    checkpoint=None,
+    tune=None,
 ) -> dict[str, MethodResult]:
-    """Every method through the in-process engine, sharing one registry."""
+    """Every method through the in-process engine, sharing one registry.  ``tune``:
+    ``(CVOptions, Grid)`` to tune the fused methods inside the federation first
+    (:func:`grauc_flower.tuning.federated_strategy`, as ``tune.by = "cv"`` does)."""
     clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
     registry = Registry()
     out = {}
     for method in methods:
-        strategy = make_strategy(
-            method, cfg, len(sites), registry, sites, graph_edges, progress, checkpoint
-        )
-        run_inprocess(strategy, clients, max_rounds_for(method, cfg))
+        if tune is not None:  # progress: a line per round (a callable of one string)
+            strategy = tuned_strategy(method, cfg, len(sites), registry, tune, progress=progress)
+        else:
+            strategy = make_strategy(
+                method, cfg, len(sites), registry, sites, graph_edges, progress, checkpoint
+            )
+        run_inprocess(strategy, clients, max_rounds_for(method, cfg, tune is not None))
         out[method] = collect(method, strategy)
     return out
+
+
+def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=None):
+    """``method`` tuned inside the federation and refitted, as one batched run."""
+    from . import tuning
+
+    opts, grid = tune
+    if method not in FUSED_METHODS:
+        raise InputError(
+            f"tune.by: the federated tuning is for {', '.join(FUSED_METHODS)}, not {method} "
+            "(fit --tune cv tunes the comparators in process)"
+        )
+    batch = tuning.federated_strategy(cfg, method, opts, grid, n_sites, registry, timeout, progress)
+    batch.method, batch.opts = method, opts
+    return batch
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,9 +329,14 @@ def write_result(
     out_dir: str, res: MethodResult, features, cfg: GrAUCConfig, extra_metrics: dict | None = None
 ) -> None:
     """Write ``coefficients.csv``, ``history.csv``, ``metrics.json`` and (GrAUC-PFL)
-    ``edges.csv``, ``clusters.csv`` and, with inference = oracle, ``inference.csv`` into
-    ``out_dir``."""
+    ``edges.csv``, ``clusters.csv``, with inference = oracle ``inference.csv``, and after a
+    federated tuning ``cv.csv`` into ``out_dir`` (``metrics.json``'s settings: the tuned
+    ones)."""
     os.makedirs(out_dir, exist_ok=True)
+    if "cv_table" in res.extra:
+        res.extra["cv_table"].to_csv(os.path.join(out_dir, "cv.csv"), index=False)
+        extra_metrics = {**res.extra["cv_metrics"], **(extra_metrics or {})}
+        cfg = res.extra["config"]
     coef = pd.DataFrame(res.coefficients, columns=list(features))
     coef.insert(0, "site", res.sites)
     coef.to_csv(os.path.join(out_dir, "coefficients.csv"), index=False)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, replace
+from logging import WARNING
 
 import numpy as np
 import pandas as pd
+from flwr.common import log
 
 from strategies import tuning
 from strategies.config import FEDAVG_FAMILY, GRAUC_FUSED_METHODS, GrAUCConfig
@@ -361,7 +363,274 @@ def tune(
     return cfg.replace(**chosen), table, summary
 
 
+# ---------------------------------------------------------------------------------------
+# The federated tuning: the whole cross-validation as one batched Flower run
+# ---------------------------------------------------------------------------------------
+#: A fusion level far above any ``lam_max``: the fit at it is each component's common fit
+#: (the top of the path; docs/methods.md 3.12).
+COMMON_LAM = 1e12
+
+
+def check_folds(registry: Registry, k: int) -> list[str]:
+    """Refuse folds a site cannot form (fewer rows of a class than ``k``), naming the site;
+    return the sites with fewer than :data:`strategies.tuning.SMALL_FOLD` validation rows of
+    a class per fold."""
+    small = []
+    for site in registry.order():
+        meta = registry.sites[site].meta
+        n_pos, n_neg = int(meta["n_pos"]), int(meta["n_neg"])
+        least = min(n_pos, n_neg)
+        if least < k:
+            which = "positive" if n_pos <= n_neg else "negative"
+            raise InputError(
+                f"folds: site {site} has {least} {which} training rows, fewer than the {k} "
+                "folds (give fewer --folds)"
+            )
+        if least / k < tuning.SMALL_FOLD:
+            small.append(site)
+    return small
+
+
+def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOptions):
+    """The plan of :class:`strategies.batch.BatchStrategy` that tunes ``method`` (GrAUC-PFL
+    or mean fusion) inside the federation (docs/methods.md 3.12):
+
+    1. *top of the path*: one fit per ``(ridge, size_power)`` and graph component pattern at
+       :data:`COMMON_LAM` (each component's common fit); each site's gradient there gives
+       ``lam_max`` per ``(ridge, w_dist, size_power)`` (:func:`strategies.tuning.lam_max`);
+       skipped when ``grid.lam`` is given;
+    2. *cross-validation*: every ``(fold, setting)`` fit side by side on each site's own
+       folds (stratified, :func:`strategies.folds.site_folds`), and, alongside, the fit on
+       all rows at every setting (the refit, so that it costs no rounds of its own; not with
+       ``inference = oracle``, whose refit follows the choice); then one batched evaluation:
+       each site's AUC and surrogate loss per fold and its AUC of the pooled out-of-fold
+       scores per setting;
+    3. the choice (:func:`strategies.tuning.choose` by ``opts.criterion`` and ``opts.rule``);
+       the result is the all-rows fit at the chosen setting.
+
+    Fits start as a plain fit does (``cfg.init``); the refit therefore equals a plain fit at
+    the chosen setting.  The plan leaves ``batch.outputs``: ``table`` (``cv.csv``),
+    ``summary``, ``tuned``, ``small_sites``."""
+    from .graph import build_graph
+
+    if method not in GRAUC_FUSED_METHODS:
+        raise InputError(
+            f"tune: the federated cv is available for grauc, mean-fusion, not {method}"
+        )
+    base = opts.fit_config(cfg)
+    fusion = "graph" if method == "grauc" else "mean"
+    w_grid = grid.w_dist if method == "grauc" else (cfg.w_dist,)
+    params = PARAMS[method]
+
+    def strategy(point: GrAUCConfig, registry, fuse: str = fusion):
+        from strategies.grauc import GrAUCStrategy
+
+        return GrAUCStrategy(point, len(registry.sites), registry, graph_builder=build_graph,
+                             fusion=fuse)  # fmt: skip
+
+    def plan(batch):
+        from strategies.batch import Job, Stage
+
+        registry = batch.registry
+        order = registry.order()
+        sizes = [registry.sites[s].n for s in order]
+        powers = tuple(dict.fromkeys(grid.size_power)) or tuning.size_powers(sizes, cfg)
+        small = check_folds(registry, opts.folds)
+        if small:
+            names = ", ".join(small[:8]) + (" ..." if len(small) > 8 else "")
+            log(
+                WARNING,
+                "cv: %d site(s) have fewer than %d validation rows of a class per fold (%s); "
+                "their fold AUCs are noisy (the pooled criterion ranks all folds together)",
+                len(small),
+                tuning.SMALL_FOLD,
+                names,
+            )
+        # 1. the top of each path
+        lams: dict[tuple, tuple] = {}
+        if grid.lam:
+            lams = {(r, w, a): grid.lam for r in grid.ridge for w in w_grid for a in powers}
+        else:
+            meta = [registry.sites[s].meta for s in order]
+            lat = np.array([float(m["lat"]) for m in meta])
+            lon = np.array([float(m["lon"]) for m in meta])
+            graph = build_graph(lat, lon, cfg.graph, cfg.knn_k)
+            patterns: dict[tuple, float] = {}  # component labels -> a w_dist that has them
+            for w in w_grid:
+                labels = tuning.components(graph.edges, graph.weights(w, cfg.q), len(order))
+                patterns.setdefault(tuple(labels), w)
+            tops = {}
+            for r in grid.ridge:
+                for a in powers:
+                    for labels, w in patterns.items():
+                        point = cfg.replace(
+                            lam=COMMON_LAM, w_dist=w, ridge=r, size_power=a, inference="none"
+                        )
+                        key = f"top/r{r!r}/a{a!r}/w{w!r}"
+                        tops[(r, a, labels)] = Job(key, strategy(point, registry), {"ridge": r})
+            yield Stage(list(tops.values()), name="top of the path")
+            for (r, a, labels), job in tops.items():
+                qn = job.strategy.qn
+                grads = np.zeros((len(order), registry.sites[order[0]].sum_x.shape[0]))
+                if qn is not None:
+                    grads = np.asarray(qn.grad, dtype=float)
+                for w in w_grid:
+                    weights = graph.weights(w, cfg.q)
+                    if tuple(tuning.components(graph.edges, weights, len(order))) != labels:
+                        continue
+                    if method == "mean-fusion":
+                        top, _ = tuning.lam_max_mean(grads, cfg.penalty == "group")
+                    else:
+                        top, _ = tuning.lam_max(graph.edges, weights, grads, cfg.penalty == "group")
+                    lams[(r, w, a)] = tuning.log_path(top, N_LAM, LAM_RATIO)
+        # 2. every (fold, setting) fit, and the all-rows fit at every setting
+        settings = [
+            {"lam": lam, "w_dist": w, "ridge": r, "size_power": a}
+            for r in grid.ridge
+            for a in powers
+            for w in w_grid
+            for lam in lams[(r, w, a)]
+        ]
+        speculative = cfg.inference == "none"
+        cv_jobs, full = [], {}
+        for i, setting in enumerate(settings):
+            for rep in range(opts.repeats):
+                for k in range(opts.folds):
+                    view = {"fold": k, "folds": opts.folds, "fold-seed": opts.seed,
+                            "ridge": setting["ridge"]}  # fmt: skip
+                    if opts.repeats > 1:
+                        view["repeat"] = rep
+                    job = Job(
+                        f"cv/{i}/{rep}/{k}",
+                        strategy(base.replace(**setting), batch.registry_for(view)),
+                        view,
+                        {"fold": k, **({"repeat": rep} if opts.repeats > 1 else {}),
+                         **{p: setting[p] for p in params}},
+                        group=f"s{i}",
+                    )  # fmt: skip
+                    cv_jobs.append(job)
+            if speculative:
+                full[i] = Job(
+                    f"full/{i}",
+                    strategy(cfg.replace(**setting), registry),
+                    {"ridge": setting["ridge"]},
+                )
+        yield Stage(cv_jobs, evaluate=True, name="cross-validation", also=list(full.values()))
+        # 3. the choice
+        table, site_table = _federated_tables(cv_jobs, batch.pooled, settings, params, order)
+        score, maximize, frame = {
+            "folds": ("val_auc", True, table),
+            "loss": ("val_loss", False, table),
+            "pooled": ("pooled_auc", True, site_table),
+        }[opts.criterion]
+        chosen, summary = tuning.choose(frame, params, score, maximize, opts.rule, SIMPLEST[method])
+        i = next(j for j, s in enumerate(settings) if all(s[p] == chosen[p] for p in params))
+        batch.outputs = {"table": table, "summary": summary, "tuned": chosen, "score": score,
+                         "maximize": maximize, "small_sites": small}  # fmt: skip
+        if i not in full:
+            full[i] = Job(
+                f"full/{i}",
+                strategy(cfg.replace(**settings[i]), registry),
+                {"ridge": settings[i]["ridge"]},
+            )
+            yield Stage([full[i]], name="refit")
+        return full[i].key
+
+    return plan
+
+
+def federated_options(tc) -> tuple[tuning.CVOptions, Grid]:
+    """The options and grid of a :class:`strategies.config.TuneConfig` (``tune.*`` keys)."""
+
+    def values(text: str, key: str) -> tuple:
+        return tuning.parse_grid(text, key) if text.strip() else ()
+
+    opts = tuning.CVOptions(
+        folds=tc.folds, rule=tc.rule, tol=tc.tol, max_rounds=tc.max_rounds, seed=tc.fold_seed,
+        quiet=True, criterion=tc.criterion, repeats=tc.repeats,
+    )  # fmt: skip
+    grid = Grid(
+        lam=values(tc.lam_grid, "tune.lam-grid"),
+        w_dist=values(tc.w_dist_grid, "tune.w-dist-grid") or W_DIST_GRID,
+        ridge=values(tc.ridge_grid, "tune.ridge-grid") or RIDGE_GRID,
+        size_power=values(tc.size_power_grid, "tune.size-power-grid"),
+    )
+    return opts, grid
+
+
+def federated_strategy(cfg, method, opts, grid, n_sites, registry, timeout=None, progress=None):
+    """The :class:`strategies.batch.BatchStrategy` of :func:`federated_plan`: tuning and
+    refit of ``method`` as one Flower run, on either engine."""
+    from strategies.batch import BatchStrategy
+
+    for value in grid.ridge:
+        cfg.replace(ridge=value)  # a value out of range names the setting
+    for value in grid.w_dist:
+        cfg.replace(w_dist=value)
+    plan = federated_plan(cfg, method, grid, opts)
+    return BatchStrategy(plan, n_sites, registry, timeout=timeout, progress=progress)
+
+
+def federated_outputs(batch, method: str, opts: tuning.CVOptions) -> dict:
+    """What a finished federated tuning adds to its fit's outputs: ``cv_table``
+    (``cv.csv``), the metrics (``tuned``, ``cv`` with the criterion, ``tuning`` with the
+    rounds and fits it took) and the chosen ``config``."""
+    from strategies.runtime.cli import tuning_metrics
+
+    out = batch.outputs
+    metrics = tuning_metrics(out["summary"], PARAMS[method], out["score"], out["maximize"], opts)
+    metrics["cv"].update(criterion=opts.criterion, repeats=opts.repeats)
+    metrics["tuning"] = {
+        "engine": "federated",
+        "rounds": int(batch.rounds),
+        "fits": int(batch.fits),
+        "small_sites": list(out["small_sites"]),
+    }
+    return {"cv_table": out["table"], "cv_metrics": metrics, "config": batch.result.strategy.cfg}
+
+
+def _federated_tables(cv_jobs, pooled, settings, params, order):
+    """``cv.csv`` (a row per fold and setting: the sites' mean validation AUC and surrogate
+    loss, the setting's mean pooled out-of-fold AUC, rounds, converged) and the per-site
+    table of the pooled AUC (the ``pooled`` criterion's)."""
+    rows = []
+    for job in cv_jobs:
+        ev = job.strategy.evaluation
+        aucs = np.array([ev[s]["auc"] for s in order if s in ev], dtype=float)
+        losses = np.array([ev[s]["loss"] for s in order if s in ev], dtype=float)
+        per_site = pooled.get(job.group, {})
+        oof = np.array([per_site[s]["auc"] for s in order if s in per_site], dtype=float)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            rows.append(
+                {
+                    **job.setting,
+                    "val_auc": float(np.nanmean(aucs)) if aucs.size else np.nan,
+                    "val_loss": float(np.nanmean(losses)) if losses.size else np.nan,
+                    "pooled_auc": float(np.nanmean(oof)) if oof.size else np.nan,
+                    "rounds": int(job.strategy.rounds),
+                    "converged": bool(job.strategy.converged),
+                }
+            )
+    table = pd.DataFrame(rows)
+    order = [c for c in ("fold", "repeat") if c in table.columns] + list(params)
+    up = [True] * (len(order) - len(params)) + [False] * len(params)
+    table = table.sort_values(order, kind="stable", ascending=up).reset_index(drop=True)
+    site_rows = []
+    for i, setting in enumerate(settings):
+        for site, m in pooled.get(f"s{i}", {}).items():
+            site_rows.append(
+                {"site": site, **{p: setting[p] for p in params}, "pooled_auc": m["auc"]}
+            )
+    return table, pd.DataFrame(site_rows)
+
+
 __all__ = [
+    "COMMON_LAM",
+    "federated_options",
+    "federated_outputs",
+    "federated_plan",
+    "federated_strategy",
     "Grid",
     "PARAMS",
     "cross_validate",

@@ -286,6 +286,40 @@ class RegistrationConfig:
         return tuple(s.strip() for s in self.sites.split(",") if s.strip())
 
 
+@dataclass(frozen=True)
+class TuneConfig:
+    """Tuning inside the federation (run-config keys ``tune.<name>``; docs/methods.md
+    3.12): ``by = "cv"`` runs the whole cross-validation of a fused method as one batched
+    Flower run before its fit.  Grids are comma-separated numbers; an empty ``lam-grid``
+    is the automatic path below ``lam_max``."""
+
+    by: str = setting("", "tune inside the federation: cv (empty: no tuning)", ("", "cv"))
+    folds: int = setting(5, "folds within each site, >= 2", at_least=2)
+    rule: str = setting("best", "the best mean score, or the simplest within 1 SE", ("best", "1se"))
+    criterion: str = setting(
+        "folds",
+        "the score: mean of per-fold scores, each site's pooled out-of-fold score, or the "
+        "validation loss",
+        ("folds", "pooled", "loss"),
+    )
+    repeats: int = setting(1, "times the folds are drawn, >= 1", at_least=1)
+    fold_seed: int = setting(0, "seed of the sites' folds")
+    tol: float = setting(1e-3, "the tuning fits' stopping tolerance > 0", above=0)
+    max_rounds: int = setting(100, "the tuning fits' round limit >= 1", at_least=1)
+    lam_grid: str = setting("", "GrAUC-PFL lam values (empty: 12 below lam_max and 0)")
+    w_dist_grid: str = setting("0,1,2", "GrAUC-PFL w_dist values")
+    ridge_grid: str = setting("0.001,0.01,0.1,1", "GrAUC-PFL ridge values")
+    size_power_grid: str = setting("", "site weightings (empty: 0 and 1 when sizes differ)")
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
+def tune_config(run_config: dict) -> TuneConfig:
+    """:class:`TuneConfig` from a Flower run config (keys ``tune.<name>``)."""
+    return from_run_config(TuneConfig, run_config, "tune")
+
+
 def registration_config(run_config: dict) -> RegistrationConfig:
     """:class:`RegistrationConfig` from a Flower run config (keys ``registration.<name>``)."""
     return from_run_config(RegistrationConfig, run_config, "registration")

@@ -114,6 +114,8 @@ class Registry:
     absent: list[str] = field(default_factory=list)
     #: Nodes whose site is not among ``registration.sites`` (never asked again).
     refused: set[str] = field(default_factory=set)
+    #: The config of the properties exchange (a view of the rows: :mod:`strategies.batch`).
+    properties_config: dict = field(default_factory=dict)
 
     def register(self, cid: str, props: dict) -> str | None:
         """Record a site's registration properties from node ``cid``; returns the site id
@@ -188,7 +190,7 @@ class Registry:
         todo = [c for c in clients if c.cid not in self.cid_to_site and c.cid not in self.refused]
         if not todo:
             return []
-        ins = GetPropertiesIns(config={})
+        ins = GetPropertiesIns(config=dict(self.properties_config))
 
         def ask(proxy):
             try:

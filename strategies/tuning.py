@@ -39,8 +39,17 @@ from scipy.sparse.csgraph import connected_components
 
 from .admm import incidence_matrix
 from .errors import InputError
+from .folds import row_folds, site_folds, stratified_folds  # noqa: F401 - their home here
 
 RULES = ("best", "1se")
+#: Cross-validation criteria (docs/methods.md 3.4): ``pooled``, each site's score of its
+#: out-of-fold predictions all folds together, averaged over sites; ``folds``, each fold's
+#: score averaged over the sites and then the folds; ``loss``, the validation loss (GrAUC-PFL:
+#: the pairwise surrogate; RowFed: the MSE), averaged as ``folds``.
+CRITERIA = ("pooled", "folds", "loss")
+#: Fewer validation rows than this of a class (GrAUC-PFL) or in all (RowFed) per fold make a
+#: site's fold score noisy; the tuning says which sites (glmnet refuses AUC below 10).
+SMALL_FOLD = 10
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,8 @@ class CVOptions:
     jobs: int = 0  # processes; 0: one per core, at most one per piece
     seed: int = 0  # the folds
     quiet: bool = False  # no progress lines
+    criterion: str = "folds"  # CRITERIA
+    repeats: int = 1  # the folds drawn this many times (each site's own stream per repeat)
 
     def __post_init__(self) -> None:
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
@@ -123,6 +134,12 @@ class CVOptions:
             raise InputError(f"cv-max-rounds: must be >= 1, got {self.max_rounds!r}")
         if self.jobs < 0:
             raise InputError(f"jobs: must be >= 0, got {self.jobs!r}")
+        if self.criterion not in CRITERIA:
+            raise InputError(
+                f"cv-criterion: must be one of {', '.join(CRITERIA)}, got {self.criterion!r}"
+            )
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise InputError(f"cv-repeats: must be an integer >= 1, got {self.repeats!r}")
 
     def fit_config(self, cfg):
         """The settings of a CV fit: ``cfg`` with this looser tolerance and round limit,
@@ -136,26 +153,6 @@ class CVOptions:
 # ---------------------------------------------------------------------------------------
 # Folds
 # ---------------------------------------------------------------------------------------
-def stratified_folds(y: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Fold index (``0 .. k-1``) per row of a binary outcome: each class shuffled and dealt
-    round-robin, the negatives continuing where the positives stopped (so fold sizes differ
-    by at most 1 and each class is spread as evenly as its count allows)."""
-    fold = np.empty(len(y), dtype=np.int64)
-    offset = 0
-    for cls in (1, 0):
-        idx = rng.permutation(np.flatnonzero(np.asarray(y) == cls))
-        fold[idx] = (np.arange(len(idx)) + offset) % k
-        offset += len(idx)
-    return fold
-
-
-def row_folds(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Fold index per row: the rows shuffled and dealt round-robin (sizes differ by <= 1)."""
-    fold = np.empty(n, dtype=np.int64)
-    fold[rng.permutation(n)] = np.arange(n) % k
-    return fold
-
-
 def site_rng(seed: int, site: str) -> np.random.Generator:
     """A site's own random stream: its draws do not depend on which other sites take part."""
     return np.random.default_rng([int(seed), zlib.crc32(str(site).encode())])
@@ -509,6 +506,8 @@ def parse_grid(text: str | Sequence[float], key: str, minimum: float = 0.0) -> t
 
 
 __all__ = [
+    "CRITERIA",
+    "SMALL_FOLD",
     "SIZE_POWER_GRID",
     "size_powers",
     "CVOptions",
@@ -527,6 +526,7 @@ __all__ = [
     "log_path",
     "parse_grid",
     "row_folds",
+    "site_folds",
     "site_rng",
     "run_items",
     "stratified_folds",

@@ -16,6 +16,7 @@ from strategies.config import (
     GrAUCConfig,
     RegistrationConfig,
     RowFedConfig,
+    TuneConfig,
     from_run_config,
     rowfed_run_config,
     to_run_config,
@@ -64,6 +65,7 @@ def test_every_pyproject_key_is_a_setting_with_its_default():
         **DataSpec().to_run_config(),
         **RowFedDataSpec().to_run_config(),
         **to_run_config(RegistrationConfig(), "registration"),
+        **to_run_config(TuneConfig(), "tune"),
     }
     assert set(app) == set(expected), set(app) ^ set(expected)
     for key, value in expected.items():

@@ -103,7 +103,8 @@ def test_grauc_tune_cv_and_test_file(grauc_files, capsys, tmp_path):
     assert code == 0, err
     cv = _read(out, "cv.csv")
     assert list(cv.columns) == [
-        "fold", "lam", "w_dist", "ridge", "size_power", "val_auc", "rounds", "converged",
+        "fold", "lam", "w_dist", "ridge", "size_power", "val_auc", "val_loss", "pooled_auc",
+        "rounds", "converged",
     ]  # fmt: skip
     # 13 lam values (12 below lam_max and 0) per ridge, each in 3 folds; sites of one size:
     # one weighting (size_power 0, the default)
@@ -568,7 +569,10 @@ def test_sigterm_stops_the_cv_workers(tmp_path):
     from conftest import ROOT
 
     out = str(tmp_path / "never")
+    # a comparator's cross-validation runs in worker processes (a fused method's in the
+    # federation, one batched run)
     cmd = [sys.executable, "-m", "grauc_flower", "fit", "--source", "simulated", "--tune", "cv"]
+    cmd += ["--method", "ditto"]
     proc = subprocess.Popen(
         [*cmd, "--jobs", "2", "--out", out], cwd=ROOT, stderr=subprocess.PIPE, text=True
     )

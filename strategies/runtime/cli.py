@@ -78,6 +78,20 @@ def add_tuning_arguments(parser: argparse.ArgumentParser, tunes: tuple[str, ...]
         "one standard error of it (default: best)",
     )
     parser.add_argument(
+        "--cv-criterion",
+        choices=("folds", "pooled", "loss"),
+        default="folds",
+        help="cv: the mean of per-fold scores, each site's score of its pooled out-of-fold "
+        "predictions, or the validation loss (default: folds)",
+    )
+    parser.add_argument(
+        "--cv-repeats",
+        type=int,
+        default=1,
+        metavar="R",
+        help="cv: draw the folds R times (default: 1)",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=0,
@@ -103,6 +117,8 @@ def cv_options(args: argparse.Namespace, seed: int):
         jobs=args.jobs,
         seed=seed,
         quiet=bool(getattr(args, "quiet", False)),
+        criterion=args.cv_criterion,
+        repeats=args.cv_repeats,
     )
 
 

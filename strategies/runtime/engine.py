@@ -46,6 +46,11 @@ def round_logger(method: str, every: int = 1, limit: int | None = None):
     return report
 
 
+def log_line(line: str) -> None:
+    """A progress line in the run's log (a federated tuning's rounds)."""
+    log(INFO, "%s", line)
+
+
 class InProcessClientProxy(ClientProxy):
     """A ``ClientProxy`` that calls a ``Client`` object directly."""
 

@@ -79,7 +79,7 @@ class ProgressLines:
     then at most one every ``every`` seconds) and the server's lines about missing sites.
     Flower's own INFO log is left out (``--verbose`` shows it)."""
 
-    KEEP = ("registration:", "no answer at the end", "failed:")
+    KEEP = ("registration:", "no answer at the end", "failed:", "tuning round", "cv:")
 
     def __init__(self, every: float = 2.0) -> None:
         self.every = every

@@ -1,0 +1,451 @@
+"""Many fits side by side in one Flower run: the rounds of a federated tuning
+(docs/methods.md 3.12).
+
+A :class:`BatchStrategy` runs a *plan*, a generator that yields :class:`Stage` s.  A stage
+starts *jobs*: each job is one fit, a strategy of its own (GrAUC-PFL or RowFed at one
+setting, unchanged), and the *view* of the data its sites fit on (a fold of their own rows,
+or all of them; GrAUC-PFL's ridge).  Every round each site gets **one** message holding the
+instructions of every job still running (their arrays one after the other, their configs in
+one JSON field) and answers them all at once; the server hands each job its own answers, so
+each job advances exactly as it would alone.  A job leaves the batch when it is done.  A
+stage ends when its jobs are done; it may ask for one batched evaluation of them (each site
+scores every job on its view's held-out rows and pools the scores of the jobs of one setting
+across its folds), and the plan, resumed, reads the scores and yields the next stage.  The
+plan's ``return`` names the job whose fit is the run's result; it is evaluated as any fit
+is (:class:`~strategies.base.EvaluatedOnce`).
+
+Sites answer only what a fit already sends, job by job, and the validation scores or counts
+of the criterion; a view's rows never leave the site, nor which rows are in which fold.
+
+The client side is :func:`answer_properties`, :func:`answer_fit` and
+:func:`answer_evaluate`, written once for both methods' clients: a client supplies
+``view(spec)`` (a client of the same class on the view's rows) and, for pooled criteria,
+``oof_part(parameters, config)`` and ``pool(parts)``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from logging import WARNING
+
+import numpy as np
+from flwr.common import (
+    Code,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Status,
+    log,
+)
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from .registry import EMPTY, Registry
+
+#: The task name of a batched message (fit and evaluate), and the config field that holds
+#: the jobs' own configs.
+TASK = "batch"
+FIELD = "batch"
+#: The property a registration asks with for a view's counts and sums.
+VIEW_FIELD = "batch-view"
+#: The keys of a view that select rows (the rest, e.g. GrAUC-PFL's ``ridge``, change the
+#: fit, not the rows): the registry of a view is keyed by these.
+DATA_KEYS = ("fold", "folds", "fold-seed", "repeat")
+
+
+# ---------------------------------------------------------------------------------------
+# What crosses the wire: configs with bytes, as JSON
+# ---------------------------------------------------------------------------------------
+def _encode_value(v):
+    if isinstance(v, bytes):
+        return {"b64": base64.b64encode(v).decode("ascii")}
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _decode_value(v):
+    if isinstance(v, dict) and set(v) == {"b64"}:
+        return base64.b64decode(v["b64"])
+    return v
+
+
+def encode(items) -> str:
+    """A list of ``{..., "config": {key: Scalar}}`` records as one JSON string (bytes as
+    base64)."""
+    return json.dumps(
+        [{**it, "config": {k: _encode_value(v) for k, v in it["config"].items()}} for it in items]
+    )
+
+
+def decode(text: str) -> list[dict]:
+    return [
+        {**it, "config": {k: _decode_value(v) for k, v in it["config"].items()}}
+        for it in json.loads(text)
+    ]
+
+
+def data_view(view: dict) -> dict:
+    """The row-selecting part of a view (:data:`DATA_KEYS`)."""
+    return {k: view[k] for k in DATA_KEYS if k in view}
+
+
+# ---------------------------------------------------------------------------------------
+# The client side (both methods)
+# ---------------------------------------------------------------------------------------
+def answer_properties(client, config) -> dict:
+    """A view's registration properties (the client's ``get_properties`` for a config that
+    carries :data:`VIEW_FIELD`)."""
+    view = json.loads(str(config[VIEW_FIELD]))
+    return client.view(view).get_properties({})
+
+
+def answer_fit(client, parameters, config) -> tuple[list, int, dict]:
+    """Every job's instruction of a batched fit message, each by the client of its view;
+    the answers' arrays one after the other, their metrics in one JSON field."""
+    arrays: list = []
+    records = []
+    n_total = 0
+    at = 0
+    for it in decode(str(config[FIELD])):
+        n_in = int(it["n"])
+        sub = client.view(it["view"])
+        out, n, metrics = sub.fit(list(parameters[at : at + n_in]), it["config"])
+        at += n_in
+        arrays.extend(out)
+        n_total = max(n_total, int(n))
+        records.append({"job": it["job"], "n": len(out), "num": int(n), "config": metrics})
+    return arrays, n_total, {"site": str(config.get("site", "")), FIELD: encode(records)}
+
+
+def answer_evaluate(client, parameters, config) -> tuple[float, int, dict]:
+    """Every job's evaluation of a batched evaluate message, each on its view's held-out
+    rows; the scores of the jobs of one ``group`` (one setting, all folds) are pooled by
+    the client (``client.pool``), so a criterion can rank all its held-out rows together."""
+    records = []
+    parts: dict[str, list] = {}
+    at = 0
+    for it in decode(str(config[FIELD])):
+        n_in = int(it["n"])
+        sub = client.view(it["view"])
+        params = list(parameters[at : at + n_in])
+        at += n_in
+        loss, n, metrics = sub.evaluate(params, it["config"])
+        metrics = {**metrics, "loss": float(loss)}  # the validation loss, a criterion
+        records.append({"job": it["job"], "loss": float(loss), "num": int(n), "config": metrics})
+        if it.get("group"):
+            parts.setdefault(it["group"], []).append(sub.oof_part(params, it["config"]))
+    pooled = [{"group": g, "config": client.pool(p)} for g, p in parts.items()]
+    metrics = {
+        "site": str(config.get("site", "")),
+        FIELD: encode(records),
+        "pooled": encode(pooled),
+    }
+    return 0.0, 0, metrics
+
+
+# ---------------------------------------------------------------------------------------
+# The server side
+# ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _quiet():
+    """The jobs' own INFO lines (each fit's set-up line) silenced: a batch has hundreds."""
+    logger = logging.getLogger("flwr")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@dataclass
+class Job:
+    """One fit of a batch: its strategy, the view its sites fit on, the setting it stands
+    for (a row of the tuning table) and the group whose held-out scores a site pools."""
+
+    key: str
+    strategy: Strategy
+    view: dict = field(default_factory=dict)
+    setting: dict = field(default_factory=dict)
+    group: str = ""
+    cancelled: bool = False
+
+    @property
+    def done(self) -> bool:
+        return bool(self.strategy.done) or self.cancelled
+
+
+@dataclass
+class Stage:
+    """What a plan yields: jobs to start; the stage ends when they are done; ``evaluate``:
+    then one batched evaluation of them (the plan reads each job's ``evaluation`` and the
+    batch's :attr:`BatchStrategy.pooled`)."""
+
+    jobs: list[Job]
+    evaluate: bool = False
+    name: str = ""
+    #: Jobs started with the stage that it does not wait for (they run on).
+    also: list[Job] = field(default_factory=list)
+
+
+class ViewRegistry(Registry):
+    """A registry of one view's rows: the same sites and nodes as the federation's, each
+    registered with its view's counts and sums (asked with :data:`VIEW_FIELD`)."""
+
+    def __init__(self, main: Registry, view: dict) -> None:
+        super().__init__(centre=main.centre, waiting=main.waiting, settled=True)
+        self.absent = list(main.absent)
+        self.refused = set(main.refused)
+        self.view = data_view(view)
+        self.properties_config = {VIEW_FIELD: json.dumps(self.view, sort_keys=True)}
+
+
+class BatchStrategy(Strategy):
+    """A plan's jobs side by side (module docstring).
+
+    Parameters
+    ----------
+    plan : callable
+        ``plan(batch) -> generator`` yielding :class:`Stage` s and returning the key of the
+        result's job.  It is started once the sites have registered (``batch.registry``).
+    n_sites : int
+    registry : Registry
+        The federation's registry (the full view's).
+    timeout : float, optional
+        Seconds registration waits for the sites.
+    progress : callable, optional
+        ``progress(line)``: a line per round (stage, fits running and done, time).
+    """
+
+    def __init__(
+        self,
+        plan: Callable[[BatchStrategy], Generator],
+        n_sites: int,
+        registry: Registry,
+        timeout: float | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.plan_fn = plan
+        self.n_sites = int(n_sites)
+        self.registry = registry
+        self.timeout = timeout
+        self.progress = progress
+        self.jobs: dict[str, Job] = {}
+        self.views: dict[str, Registry] = {}
+        #: ``{group: {site: pooled metrics}}`` from the batched evaluations.
+        self.pooled: dict[str, dict[str, dict]] = {}
+        self.stage: Stage | None = None
+        self.stages: list[str] = []
+        self.result: Job | None = None
+        #: What the plan leaves for the outputs (its tables and choice).
+        self.outputs: dict = {}
+        self.rounds = 0
+        self.fits = 0
+        self._plan = None
+        self._evaluating = False
+        self._t0 = time.perf_counter()
+
+    # -- what the apps read -----------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.result is not None and self.result.strategy.done
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None and bool(getattr(self.result.strategy, "finished", False))
+
+    def unanswered(self) -> list[str]:
+        return self.result.strategy.unanswered() if self.result is not None else []
+
+    # -- views ------------------------------------------------------------------------------
+    def registry_for(self, view: dict) -> Registry:
+        """The registry of ``view``'s rows: the federation's for all rows, else one per
+        view (made on first use; its sites register when its first job starts)."""
+        key = json.dumps(data_view(view), sort_keys=True)
+        if key == "{}":
+            return self.registry
+        if key not in self.views:
+            self.views[key] = ViewRegistry(self.registry, view)
+        return self.views[key]
+
+    # -- Flower hooks -----------------------------------------------------------------------
+    def initialize_parameters(self, client_manager):
+        self.registry.settle(client_manager, self.n_sites, self.timeout, 0)
+        self.sites = self.registry.order()
+        self._plan = self.plan_fn(self)
+        self._next(None)
+        return EMPTY
+
+    def _next(self, value) -> None:
+        """Resume the plan: its next stage, or (when it returns) the result's job."""
+        try:
+            self.stage = self._plan.send(value)
+        except StopIteration as stop:
+            self.stage = None
+            self.result = self.jobs[stop.value]
+            for job in self.jobs.values():
+                if job is not self.result and not job.strategy.done:
+                    job.cancelled = True
+            return
+        self.stages.append(self.stage.name)
+        for job in [*self.stage.jobs, *self.stage.also]:
+            if job.key in self.jobs:
+                raise ValueError(f"batch: job {job.key!r} started twice")
+            self.jobs[job.key] = job
+            self.fits += 1
+
+    def running(self) -> list[Job]:
+        return [j for j in self.jobs.values() if not j.done]
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        self._advance_stages()
+        per_client: dict[str, tuple[ClientProxy, list]] = {}
+        with _quiet():
+            for job in self.running():
+                for proxy, ins in job.strategy.configure_fit(
+                    server_round, parameters, client_manager
+                ):
+                    per_client.setdefault(proxy.cid, (proxy, []))[1].append((job, ins))
+        out = []
+        for proxy, items in per_client.values():
+            tensors: list[bytes] = []
+            records = []
+            for job, ins in items:
+                tensors.extend(ins.parameters.tensors)
+                records.append(
+                    {
+                        "job": job.key,
+                        "view": job.view,
+                        "n": len(ins.parameters.tensors),
+                        "config": dict(ins.config),
+                    }
+                )
+            site = self.registry.cid_to_site.get(proxy.cid, "")
+            params = Parameters(tensors=tensors, tensor_type="numpy.ndarray")
+            out.append(
+                (proxy, FitIns(params, {"task": TASK, "site": site, FIELD: encode(records)}))
+            )
+        return out
+
+    def aggregate_fit(self, server_round, results, failures):
+        self.rounds = server_round
+        per_job: dict[str, list] = {}
+        for proxy, res in results:
+            if FIELD not in res.metrics:
+                log(WARNING, "round %s: a batched answer without its jobs; ignored", server_round)
+                continue
+            at = 0
+            for it in decode(str(res.metrics[FIELD])):
+                n = int(it["n"])
+                sub = FitRes(
+                    Status(Code.OK, ""),
+                    Parameters(res.parameters.tensors[at : at + n], res.parameters.tensor_type),
+                    int(it["num"]),
+                    it["config"],
+                )
+                at += n
+                per_job.setdefault(it["job"], []).append((proxy, sub))
+        self.registry.log_failures(failures, server_round)  # once, not once per job
+        with _quiet():
+            for job in self.running():
+                job.strategy.aggregate_fit(server_round, per_job.get(job.key, []), [])
+        self._advance_stages()
+        if self.progress is not None:
+            running = len(self.running())
+            self.progress(
+                f"tuning round {server_round}: stage {self.stage.name if self.stage else 'refit'}"
+                f", {running} fits running, {len(self.jobs) - running} done "
+                f"({time.perf_counter() - self._t0:.1f} s)"
+            )
+        return EMPTY, {}
+
+    def _advance_stages(self) -> None:
+        """Resume the plan while its stage is over and needs no evaluation."""
+        while (
+            self.stage is not None
+            and not self.stage.evaluate
+            and all(j.done for j in self.stage.jobs)
+        ):
+            self._next(None)
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        if self.stage is not None and self.stage.evaluate and all(j.done for j in self.stage.jobs):
+            self._evaluating = True
+            per_client: dict[str, tuple[ClientProxy, list]] = {}
+            for job in self.stage.jobs:
+                for proxy, ins in job.strategy.configure_evaluate(
+                    server_round, parameters, client_manager
+                ):
+                    per_client.setdefault(proxy.cid, (proxy, []))[1].append((job, ins))
+            out = []
+            for proxy, items in per_client.values():
+                tensors: list[bytes] = []
+                records = []
+                for job, ins in items:
+                    tensors.extend(ins.parameters.tensors)
+                    records.append(
+                        {
+                            "job": job.key,
+                            "view": job.view,
+                            "n": len(ins.parameters.tensors),
+                            "group": job.group,
+                            "config": dict(ins.config),
+                        }
+                    )
+                site = self.registry.cid_to_site.get(proxy.cid, "")
+                config = {"task": TASK, "site": site, FIELD: encode(records)}
+                params = Parameters(tensors=tensors, tensor_type="numpy.ndarray")
+                out.append((proxy, EvaluateIns(params, config)))
+            return out
+        self._evaluating = False
+        if self.result is not None and self.result.strategy.done:
+            return self.result.strategy.configure_evaluate(server_round, parameters, client_manager)
+        return []
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        if not self._evaluating:
+            if self.result is None:
+                return None, {}
+            return self.result.strategy.aggregate_evaluate(server_round, results, failures)
+        self._evaluating = False
+        self.registry.log_failures(failures, server_round)
+        per_job: dict[str, list] = {}
+        for proxy, res in results:
+            site = str(res.metrics.get("site", ""))
+            for it in decode(str(res.metrics.get(FIELD, "[]"))):
+                sub = EvaluateRes(Status(Code.OK, ""), it["loss"], int(it["num"]), it["config"])
+                per_job.setdefault(it["job"], []).append((proxy, sub))
+            for it in decode(str(res.metrics.get("pooled", "[]"))):
+                self.pooled.setdefault(it["group"], {})[site] = it["config"]
+        for job in self.stage.jobs:
+            job.strategy.aggregate_evaluate(server_round, per_job.get(job.key, []), [])
+        self._next(None)
+        self._advance_stages()
+        return None, {}
+
+    def evaluate(self, server_round, parameters):
+        return None
+
+
+__all__ = [
+    "BatchStrategy",
+    "Job",
+    "Stage",
+    "ViewRegistry",
+    "answer_evaluate",
+    "answer_fit",
+    "answer_properties",
+    "data_view",
+    "decode",
+    "encode",
+]
