@@ -49,6 +49,8 @@ def run(grid: Grid, context: Context) -> dict:
     if tc.by:
         from .tuning import federated_options
 
+        if tc.by != "cv":
+            raise InputError(f"tune.by: GrAUC-PFL is tuned by cv (gic is RowFed's), got {tc.by!r}")
         tune = federated_options(tc)
 
     def strategy(method):

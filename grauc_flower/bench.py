@@ -8,7 +8,8 @@
 - wall time per round in-process and through ``flwr run`` (20 simulated SuperNodes);
 - the surrogate's gradient: time and peak memory versus ``n m`` (chunked vs one pass);
 - graph building versus the number of sites ``Z``; the server step versus ``Z`` (p = 20);
-- ``fit --tune cv`` with the default grid and 5 folds on the 20 sites (folds in parallel).
+- ``fit --tune cv`` (the federated tuning) with the default grid and 5 folds on the 20
+  sites: its rounds against one fit's, the server's time per round against a site's.
 
 Ratios between variants are the figures to quote; absolute times depend on the machine.
 """
@@ -215,26 +216,32 @@ def server_step_table(zs, p: int = 20) -> list[dict]:
 
 
 def tuning_time(quick: bool) -> dict:
-    """``fit --tune cv`` with the default grid (lam from lam_max, w_dist, ridge) and 5 folds
-    on the main job's 20 sites, folds in one process per core: wall time, fits, the chosen
-    setting and the refit's test AUC."""
+    """``fit --tune cv`` (the federated tuning: one batched run) with the default grid (lam
+    from lam_max, w_dist, ridge) and 5 folds on the main job's 20 sites: rounds and fits of
+    the tuning and refit together against one default fit's, the server's time per round
+    against the slowest site's, the chosen setting and the refit's test AUC."""
+    from strategies.experiments.benchtable import timed_tuning
+    from strategies.registry import Registry
     from strategies.tuning import CVOptions
 
     from . import tuning
+    from .client import GrAUCClient
 
     sites, _ = fed.load_sites(fed.DataSpec())
+    cfg = GrAUCConfig()
     grid = tuning.Grid(ridge=(0.1,), w_dist=(1.0,)) if quick else tuning.Grid()
-    t0 = time.perf_counter()
-    cfg, table, _ = tuning.tune(list(sites), GrAUCConfig(), "grauc", grid, CVOptions(quiet=True))
-    seconds = time.perf_counter() - t0
-    res = fed.run_methods_inprocess(cfg, list(sites), ["grauc"])["grauc"]
+    single = fed.run_methods_inprocess(cfg, list(sites), ["grauc"])["grauc"].rounds
+    clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
+    batch = fed.tuned_strategy("grauc", cfg, len(sites), Registry(), (CVOptions(quiet=True), grid))
+    row = timed_tuning(batch, clients, fed.max_rounds_for("grauc", cfg, True))
+    res = fed.collect("grauc", batch)
+    chosen = res.extra["config"]
     return {
         "what": "tune cv",
         "variant": "grauc, 5 folds, " + ("quick grid" if quick else "default grid"),
-        "fits": len(table),
-        "wall_seconds": seconds,
-        "seconds_per_fit": seconds / len(table),
-        "chosen": f"lam={cfg.lam:.4g} w_dist={cfg.w_dist:g} ridge={cfg.ridge:g}",
+        **row,
+        "rounds_one_fit": single,
+        "chosen": f"lam={chosen.lam:.4g} w_dist={chosen.w_dist:g} ridge={chosen.ridge:g}",
         "test_auc": float(np.mean([m["auc"] for m in res.evaluation.values()])),
     }
 

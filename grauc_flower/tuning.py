@@ -383,7 +383,7 @@ def check_folds(registry: Registry, k: int) -> list[str]:
         if least < k:
             which = "positive" if n_pos <= n_neg else "negative"
             raise InputError(
-                f"folds: site {site} has {least} {which} training rows, fewer than the {k} "
+                f"folds: site {site!r} has {least} {which} training rows, fewer than the {k} "
                 "folds (give fewer --folds)"
             )
         if least / k < tuning.SMALL_FOLD:

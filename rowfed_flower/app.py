@@ -14,10 +14,10 @@ from flwr.app import Context
 from flwr.serverapp import Grid
 
 from strategies.app import node_index, out_dir, round_timeout, run_methods
-from strategies.config import registration_config, rowfed_config, rowfed_methods
+from strategies.config import registration_config, rowfed_config, rowfed_methods, tune_config
 from strategies.errors import InputError
 from strategies.rowfed import dims, rowfed_registry
-from strategies.runtime.engine import round_logger
+from strategies.runtime.engine import log_line, round_logger
 
 from . import federation as fed
 from .client import RowFedClient
@@ -41,18 +41,30 @@ def run(grid: Grid, context: Context) -> dict:
     data = None if spec.source == "deployment" else fed.load_data(spec)
     n_sites = spec.num_clients if data is None else len(data.clients)
     registry = rowfed_registry(registration_config(rc))
-    results = run_methods(
-        grid,
-        methods,
-        lambda method: fed.make_strategy(
+    tc = tune_config(rc)
+    tune = None
+    if tc.by:
+        from .tuning import federated_options
+
+        tune = (tc.by, federated_options(tc))
+
+    def strategy(method):
+        if tune is not None:  # the tuning and the refit, as one batched run
+            return fed.tuned_strategy(method, cfg, n_sites, registry, tune, log_line, timeout)
+        return fed.make_strategy(
             method,
             cfg,
             n_sites,
             registry,
             progress=round_logger(method, LOG_EVERY, fed.round_limit(method, cfg)),
             timeout=timeout,
-        ),
-        lambda method: fed.max_rounds_for(method, cfg),
+        )
+
+    results = run_methods(
+        grid,
+        methods,
+        strategy,
+        lambda method: fed.max_rounds_for(method, cfg, tune is not None),
         fed.collect,
         timeout,
     )

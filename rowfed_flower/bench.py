@@ -109,6 +109,41 @@ def rounds_table(quick: bool = False) -> list[dict]:
     return rows
 
 
+def tuning_rows(quick: bool) -> list[dict]:
+    """The federated tuning (one batched run) on the same problem, lasso, the default grids
+    (``--tune gic`` and ``--tune cv`` with 5 folds): rounds and fits of the tuning and the
+    refit together against one default fit's, the server's time per round against the
+    slowest client's."""
+    from strategies.experiments.benchtable import timed_tuning
+    from strategies.rowfed import rowfed_registry
+    from strategies.tuning import CVOptions
+
+    from . import federation as fed
+    from .tuning import DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID
+
+    data = fed.load_data(fed.RowFedDataSpec())
+    cfg = RowFedConfig()
+    single = fed.run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"].rounds
+    lam1 = DEFAULT_LAM1_GRID[:2] if quick else DEFAULT_LAM1_GRID
+    rows = []
+    for by in ("gic", "cv"):
+        options = (CVOptions(quiet=True), lam1, DEFAULT_LAM2_GRID, None)
+        batch = fed.tuned_strategy("rowfed", cfg, len(data.clients), rowfed_registry(),
+                                   (by, options))  # fmt: skip
+        row = timed_tuning(batch, data.make_clients(), fed.max_rounds_for("rowfed", cfg, True))
+        res = fed.collect("rowfed", batch)
+        rows.append(
+            {
+                "what": "tune",
+                "variant": f"rowfed lasso, --tune {by}" + (", 5 folds" if by == "cv" else ""),
+                **row,
+                "rounds_one_fit": single,
+                "chosen": f"lam1={res.lam1:g} lam2={res.lam2:g}",
+            }
+        )
+    return rows
+
+
 def run(out: str, quick: bool = False) -> pd.DataFrame:
     check_out(out)
-    return finish(rounds_table(quick), out)
+    return finish(rounds_table(quick) + tuning_rows(quick), out)

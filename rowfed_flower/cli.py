@@ -100,7 +100,33 @@ def _config(args) -> RowFedConfig:
     return settings_from_args(RowFedConfig, args)
 
 
-def _run_flower(cfg: RowFedConfig, args, data, tmp: str) -> None:
+def _line_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _tune_run_config(by, opts, lam1_grid, lam2_grid, size_power_grid) -> dict:
+    """The ``tune.*`` run-config keys of a federated tuning."""
+
+    def text(values) -> str:
+        return ",".join(repr(float(v)) for v in values)
+
+    powers = parse_grid(size_power_grid, "size-power-grid") if size_power_grid else ()
+    return {
+        "tune.by": by,
+        "tune.folds": opts.folds,
+        "tune.rule": opts.rule,
+        "tune.criterion": opts.criterion,
+        "tune.repeats": opts.repeats,
+        "tune.fold-seed": opts.seed,
+        "tune.tol": opts.tol,
+        "tune.max-rounds": opts.max_rounds,
+        "tune.lam1-grid": text(lam1_grid),
+        "tune.lam2-grid": text(lam2_grid),
+        "tune.size-power-grid": text(powers),
+    }
+
+
+def _run_flower(cfg: RowFedConfig, args, data, tmp: str, tune: dict | None = None) -> None:
     """``flwr run`` the app on Flower's simulation engine (one SuperNode per client) with
     this file as the data (``rowfed-data.source = csv``); outputs land in ``tmp``."""
     from strategies.runtime.simulation import flwr_run
@@ -118,6 +144,7 @@ def _run_flower(cfg: RowFedConfig, args, data, tmp: str) -> None:
         "rowfed-data.test-path": os.path.abspath(args.test_data) if args.test_data else "",
         "rowfed-data.holdout": args.holdout,
         "rowfed-data.seed": args.data_seed,
+        **(tune or {}),
     }
     from strategies.runtime.launch import stream_echo
 
@@ -154,8 +181,6 @@ def fit(args) -> int:
     if args.tune == "cv" and knob and getattr(args, knob) is not None:
         flag = knob.replace("_", "-")
         raise InputError(f"{flag}: chosen by --tune cv; give --knob-grid to set its values")
-    if args.tune == "gic" and args.engine == "flower":
-        raise InputError("tune: gic refits every grid point; use --engine inprocess or --tune cv")
     check_test_arguments(args)
     lam1_grid = parse_grid(
         DEFAULT_LAM1_GRID if args.lam1_grid is None else args.lam1_grid, "lam1-grid"
@@ -182,8 +207,16 @@ def fit(args) -> int:
     t0 = time.perf_counter()
     extra = {"engine": args.engine, "data": os.path.abspath(args.data)}
     with atomic_output_dir(args.out) as tmp:
-        if args.tune == "cv":
-            opts = cv_options(args, args.data_seed)
+        # a fused method (or NonFed) is tuned inside the federation: one batched run on
+        # either engine; the FedAvg family by the in-process cross-validation, then refitted
+        federated = args.tune is not None and args.method in grid_search.FEDERATED_TUNABLE
+        opts = cv_options(args, args.data_seed)
+        if federated and args.knob_grid:
+            raise InputError(f"knob-grid: {args.method} has no setting to tune besides its levels")
+        if not federated and (opts.criterion != "folds" or opts.repeats > 1):
+            key = "cv-criterion" if opts.criterion != "folds" else "cv-repeats"
+            raise InputError(f"{key}: for the federated tuning ({args.method} is not tuned so)")
+        if args.tune == "cv" and not federated:
             cfg, table, summary = grid_search.tune_cv(
                 cfg,
                 data,
@@ -204,19 +237,17 @@ def fit(args) -> int:
                 file=sys.stderr,
             )
         if args.engine == "flower":
-            _run_flower(cfg, args, data, tmp)
+            tune = None
+            if federated:
+                tune = _tune_run_config(args.tune, opts, lam1_grid, lam2_grid, args.size_power_grid)
+            _run_flower(cfg, args, data, tmp, tune)
         else:
-            if args.tune == "gic":
-                res, table = grid_search.tune_gic(cfg, data, args.method, lam1_grid, lam2_grid)
-                cfg = cfg.replace(lam1=res.lam1, lam2=res.lam2)
-                table.to_csv(os.path.join(tmp, "gic.csv"), index=False)
-                extra["tuning"] = {
-                    "criterion": "gic",
-                    "selected": {"lam1": res.lam1, "lam2": res.lam2, "gic": res.gic},
-                    "grid_size": len(table),
-                }
-            else:
-                res = fed.run_methods_inprocess(cfg, data, [args.method])[args.method]
+            tune = None
+            if federated:
+                tune = (args.tune, (opts, lam1_grid, lam2_grid, args.size_power_grid))
+            progress = _line_to_stderr if federated else None
+            res = fed.run_methods_inprocess(cfg, data, [args.method], progress, tune=tune)
+            res = res[args.method]
             fed.write_result(tmp, res, data, cfg)
         path = os.path.join(tmp, "metrics.json")
         with open(path) as fh:
@@ -245,7 +276,7 @@ def fit(args) -> int:
 
     state = "converged" if metrics["converged"] else "did NOT converge"
     tuned = ""
-    if "tuning" in metrics:
+    if metrics.get("tuning", {}).get("criterion") == "gic":
         tuned = f"; selected by GIC ({metrics['tuning']['selected']['gic']:.6g})"
     elif "tuned" in metrics:
         tuned = f"; selected by {metrics['cv']['folds']}-fold CV"

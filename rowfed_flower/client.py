@@ -48,11 +48,14 @@ penalized).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
 from flwr.client import NumPyClient
 
+from strategies import batch
+from strategies.folds import site_folds
 from strategies.local import (
     admm_update,
     best_model,
@@ -154,6 +157,39 @@ class RowFedClient(NumPyClient):
         self.index = int(index)
         self.features = tuple(features)
         self._cache: dict = {}
+        self._views: dict = {}
+
+    # -- views of the rows (a federated tuning's folds: strategies/batch.py) ---------------
+    def view(self, spec: dict) -> RowFedClient:
+        """This client on fold ``k`` of ``folds`` of its rows (the rows outside it to fit,
+        the fold to validate; random, from its own seeded stream:
+        :func:`strategies.folds.site_folds`), or on all its rows."""
+        key = json.dumps(spec, sort_keys=True)
+        if key not in self._views:
+            d = self.data
+            if "fold" in spec:
+                fold = site_folds(
+                    np.zeros(d.n), int(spec["folds"]), int(spec.get("fold-seed", 0)),
+                    int(spec.get("repeat", 0)), d.site, stratified=False,
+                )  # fmt: skip
+                train, val = fold != int(spec["fold"]), fold == int(spec["fold"])
+                d = ClientSamples(d.site, d.x[train], d.y[train], d.x[val], d.y[val])
+            self._views[key] = RowFedClient(d, self.index, self.features)
+        return self._views[key]
+
+    def oof_part(self, parameters, config) -> tuple[float, int]:
+        """The squared errors of this view's validation rows, summed, and their count."""
+        (theta,) = parameters
+        _, scale, x_mean, y_mean = self._work(config)
+        d = self.data
+        resid = (d.y_test - y_mean) - (d.x_test / scale - x_mean) @ theta
+        return float(np.sum(resid * resid)), int(resid.size)
+
+    @staticmethod
+    def pool(parts) -> dict:
+        """The MSE of a setting's out-of-fold predictions, all folds together."""
+        sse, count = sum(s for s, _ in parts), sum(c for _, c in parts)
+        return {"mse": sse / count if count else float("nan"), "n": int(count)}
 
     # -- working scale --------------------------------------------------------------------
     def _work(self, config) -> tuple[LocalLeastSquares, np.ndarray, np.ndarray, np.ndarray]:
@@ -187,7 +223,10 @@ class RowFedClient(NumPyClient):
         return [np.zeros((self.data.p, self.data.q))]
 
     def get_properties(self, config):
-        """Registration: who this client is, its counts and per-column sums."""
+        """Registration: who this client is, its counts and per-column sums (of a view of
+        its rows when the config names one)."""
+        if batch.VIEW_FIELD in config:
+            return batch.answer_properties(self, config)
         d = self.data
         return registration_properties(
             d.site, d.n, self.index, d.x, self.features, **rowfed_meta(d.p, d.q, d.y)
@@ -197,6 +236,8 @@ class RowFedClient(NumPyClient):
         task = config.get("task")
         d = self.data
         self._check_site(config)
+        if task == batch.TASK:
+            return batch.answer_fit(self, parameters, config)
         f, _, _, _ = self._work(config)
         if task == "admm":
             theta, pull = parameters
@@ -274,6 +315,8 @@ class RowFedClient(NumPyClient):
         error of that mean of squared errors (their SD over the rows / sqrt(rows); NaN with
         one row), and the training RSS."""
         self._check_site(config)
+        if config.get("task") == batch.TASK:
+            return batch.answer_evaluate(self, parameters, config)
         (theta,) = parameters
         d = self.data
         f, scale, x_mean, y_mean = self._work(config)

@@ -291,9 +291,12 @@ def make_strategy(
     raise InputError(f"method: must be one of {', '.join(ROWFED_METHODS)}, got {method!r}")
 
 
-def max_rounds_for(method: str, cfg: RowFedConfig) -> int:
+def max_rounds_for(method: str, cfg: RowFedConfig, tuned: bool = False) -> int:
     """A round budget for Flower's server loop: initialization, the method's own rounds and
-    the evaluation after the last (the loop stops as soon as the method has finished)."""
+    the evaluation after the last (the loop stops as soon as the method has finished); a
+    federated tuning's stages each within their fits' limits."""
+    if tuned:
+        return 2 * (cfg.max_rounds + 2) + 2
     if method in FEDAVG_FAMILY:
         return round_limit(method, cfg) + 1
     if method in FUSED_METHODS:
@@ -338,8 +341,18 @@ def oracle_inference(strategy, theta: np.ndarray, clusters: np.ndarray):
 
 
 def collect(method: str, strategy) -> MethodResult:
-    """What a finished strategy produced (coefficients on the input scale)."""
+    """What a finished strategy produced (coefficients on the input scale); of a federated
+    tuning, its result's fit with the tuning's outputs in ``extra``."""
+    from strategies.batch import BatchStrategy
+
     from .inference import without_moments
+
+    if isinstance(strategy, BatchStrategy):
+        from .tuning import federated_outputs
+
+        res = collect(method, strategy.result.strategy)
+        res.extra.update(federated_outputs(strategy))
+        return res
 
     rounds = strategy.rounds
     theta, clusters = strategy.coefficients(), strategy.clusters()
@@ -372,17 +385,32 @@ def run_methods_inprocess(
     methods,
     progress=None,
     registry: Registry | None = None,
+    tune=None,
 ) -> dict[str, MethodResult]:
     """Every method through the in-process engine (the same Strategy and NumPyClient
-    objects as under ``flwr run``), sharing one registry."""
+    objects as under ``flwr run``), sharing one registry.  ``tune``: ``(by, options)`` to
+    tune the method inside the federation first (:func:`tuned_strategy`, as ``tune.by``
+    does)."""
     clients = data.make_clients()
     registry = registry if registry is not None else rowfed_registry()
     out = {}
     for method in methods:
-        strategy = make_strategy(method, cfg, len(clients), registry, progress=progress)
-        run_inprocess(strategy, clients, max_rounds_for(method, cfg))
+        if tune is not None:  # progress: a line per round (a callable of one string)
+            strategy = tuned_strategy(method, cfg, len(clients), registry, tune, progress)
+        else:
+            strategy = make_strategy(method, cfg, len(clients), registry, progress=progress)
+        run_inprocess(strategy, clients, max_rounds_for(method, cfg, tune is not None))
         out[method] = collect(method, strategy)
     return out
+
+
+def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=None):
+    """``method`` tuned inside the federation (``tune = (by, options)``: GIC or CV) and
+    refitted, as one batched run."""
+    from .tuning import federated_strategy
+
+    by, options = tune
+    return federated_strategy(cfg, method, by, options, n_sites, registry, timeout, progress)
 
 
 # ----------------------------------------------------------------------------------------
@@ -533,8 +561,15 @@ def write_result(
     cfg: RowFedConfig,
     extra_metrics: dict | None = None,
 ) -> None:
-    """Write ``coefficients.csv``, ``history.csv``, ``clusters.csv`` and ``metrics.json``."""
+    """Write ``coefficients.csv``, ``history.csv``, ``clusters.csv``, ``metrics.json`` and,
+    after a federated tuning, its table (``gic.csv`` or ``cv.csv``; ``metrics.json``'s
+    settings: the tuned ones)."""
     os.makedirs(out_dir, exist_ok=True)
+    if "tuning_table" in res.extra:
+        name, table = res.extra["tuning_table"]
+        table.to_csv(os.path.join(out_dir, name), index=False)
+        extra_metrics = {**res.extra["tuning_metrics"], **(extra_metrics or {})}
+        cfg = res.extra["config"]
     coefficients_frame(res, data.features, data.responses).to_csv(
         os.path.join(out_dir, "coefficients.csv"), index=False
     )

@@ -11,8 +11,11 @@ its responses).  The folds run in a process pool.
 
 from __future__ import annotations
 
+from logging import WARNING
+
 import numpy as np
 import pandas as pd
+from flwr.common import log
 
 from strategies import tuning
 from strategies.config import FEDAVG_FAMILY, RowFedConfig
@@ -242,7 +245,219 @@ def tune_cv(
     return cfg.replace(**chosen), table, summary
 
 
+# ---------------------------------------------------------------------------------------
+# The federated tuning: GIC or the cross-validation as one batched Flower run
+# ---------------------------------------------------------------------------------------
+#: The methods the federated tuning tunes (a fused penalty, or NonFed's ``lam2``).
+FEDERATED_TUNABLE = TUNABLE
+
+
+def check_folds(registry, k: int) -> list[str]:
+    """Refuse folds a client cannot form (fewer rows than ``k``), naming the client; return
+    the clients with fewer than :data:`strategies.tuning.SMALL_FOLD` validation rows per
+    fold."""
+    small = []
+    for site in registry.order():
+        n = registry.sites[site].n
+        if n < k:
+            raise InputError(
+                f"folds: client {site!r} has {n} training rows, fewer than the {k} folds "
+                "(give fewer --folds)"
+            )
+        if n / k < tuning.SMALL_FOLD:
+            small.append(site)
+    return small
+
+
+def federated_plan(
+    cfg: RowFedConfig, method: str, by: str, opts: tuning.CVOptions, lam1_grid, lam2_grid,
+    size_power_grid=None,
+):  # fmt: skip
+    """The plan of :class:`strategies.batch.BatchStrategy` that tunes ``method`` inside the
+    federation (docs/methods.md 3.12).
+
+    ``by = "gic"``: every grid point fitted side by side on all rows, one batched evaluation
+    (each client's residual sum of squares), the smallest GIC (docs/methods.md 2.5); the
+    result is that fit.  ``by = "cv"``: every ``(fold, setting)`` fit on each client's own
+    random folds and, alongside, the all-rows fit at every setting (the refit; not with
+    ``inference = oracle``, whose refit follows the choice); one batched evaluation (each
+    client's validation MSE per fold and of its pooled out-of-fold predictions); the choice
+    by ``opts.criterion`` (``loss`` is the MSE, as ``folds``) and ``opts.rule``.  Every fit
+    starts from its own start (``cfg.init``), so the result equals a plain fit at the chosen
+    levels.  Leaves ``batch.outputs``."""
+    if method not in FEDERATED_TUNABLE:
+        raise InputError(
+            f"tune: the federated tuning is for {', '.join(FEDERATED_TUNABLE)}, not {method} "
+            "(fit --tune cv tunes the comparators in process)"
+        )
+    params = params_of(method) if by == "cv" else PARAMS
+
+    def strategy(point, registry):
+        return fed.make_strategy(method, point, len(registry.sites), registry)
+
+    def plan(batch):
+        from strategies.batch import Job, Stage
+
+        registry = batch.registry
+        order = registry.order()
+        if by == "gic":
+            levels = _levels(method, cfg, lam1_grid, lam2_grid)
+            jobs = [
+                Job(
+                    f"gic/{i}",
+                    strategy(cfg.replace(lam1=a, lam2=b), registry),
+                    {},
+                    {"lam1": a, "lam2": b},
+                )  # fmt: skip
+                for i, (a, b) in enumerate(levels)
+            ]
+            yield Stage(jobs, evaluate=True, name="gic")
+            rows = []
+            for job in jobs:
+                st = job.strategy
+                labels, support = st.structure()
+                rows.append(
+                    {
+                        **job.setting,
+                        "gic": st.gic(),
+                        "rss": st.rss(),
+                        "df": degrees_of_freedom(labels, support),
+                        "rounds": st.rounds,
+                        "converged": bool(st.converged),
+                        "objective": st.objective(),
+                    }
+                )
+            table = pd.DataFrame(rows)
+            gics = table["gic"].to_numpy(dtype=float)
+            if not np.isfinite(gics).any():
+                raise InputError("tune: no grid point gave a finite GIC")
+            best = int(np.nanargmin(gics))
+            table["selected"] = np.arange(len(table)) == best
+            batch.outputs = {"table": table, "by": "gic", "best": rows[best]}
+            return jobs[best].key
+        sizes = [registry.sites[s].n for s in order]
+        powers = ()
+        if method in fed.FUSED_METHODS:
+            powers = tuning.size_powers(sizes, cfg, size_power_grid)
+        settings = settings_grid(method, cfg, lam1_grid, lam2_grid, None, powers)
+        small = check_folds(registry, opts.folds)
+        if small:
+            names = ", ".join(small[:8]) + (" ..." if len(small) > 8 else "")
+            log(
+                WARNING,
+                "cv: %d client(s) have fewer than %d validation rows per fold (%s); their "
+                "fold MSEs are noisy (the pooled criterion takes all folds together)",
+                len(small),
+                tuning.SMALL_FOLD,
+                names,
+            )
+        base = opts.fit_config(cfg)
+        speculative = cfg.inference == "none"
+        cv_jobs, full = [], {}
+        for i, setting in enumerate(settings):
+            for rep in range(opts.repeats):
+                for k in range(opts.folds):
+                    view = {"fold": k, "folds": opts.folds, "fold-seed": opts.seed}
+                    if opts.repeats > 1:
+                        view["repeat"] = rep
+                    label = {"fold": k, **({"repeat": rep} if opts.repeats > 1 else {})}
+                    cv_jobs.append(
+                        Job(
+                            f"cv/{i}/{rep}/{k}",
+                            strategy(base.replace(**setting), batch.registry_for(view)),
+                            view,
+                            {**label, **setting},
+                            group=f"s{i}",
+                        )  # fmt: skip
+                    )
+            if speculative:
+                full[i] = Job(f"full/{i}", strategy(cfg.replace(**setting), registry))
+        yield Stage(cv_jobs, evaluate=True, name="cross-validation", also=list(full.values()))
+        rows, site_rows = [], []
+        for job in cv_jobs:
+            ev = job.strategy.evaluation
+            mse = [ev[s]["mse_pred"] for s in order if s in ev]
+            oof = batch.pooled.get(job.group, {})
+            pooled = [oof[s]["mse"] for s in order if s in oof]
+            rows.append({**job.setting, "val_mse": float(np.mean(mse)) if mse else np.nan,
+                         "pooled_mse": float(np.mean(pooled)) if pooled else np.nan,
+                         "rounds": int(job.strategy.rounds),
+                         "converged": bool(job.strategy.converged)})  # fmt: skip
+        for i, setting in enumerate(settings):
+            for site, m in batch.pooled.get(f"s{i}", {}).items():
+                site_rows.append({"site": site, **setting, "pooled_mse": m["mse"]})
+        table = pd.DataFrame(rows)
+        order_cols = [c for c in ("fold", "repeat") if c in table.columns]
+        table = table.sort_values(order_cols, kind="stable").reset_index(drop=True)
+        score, frame = ("pooled_mse", pd.DataFrame(site_rows)) if opts.criterion == "pooled" else (
+            "val_mse", table)  # fmt: skip
+        knob = tuning.KNOBS.get(method)
+        simplest = PARAMS if knob is None else (params[0], *knob.simplest)
+        chosen, summary = tuning.choose(frame, params, score, False, opts.rule, simplest)
+        i = next(j for j, s in enumerate(settings) if all(s[p] == chosen[p] for p in params))
+        batch.outputs = {"table": table, "by": "cv", "summary": summary, "tuned": chosen,
+                         "score": score, "small_sites": small}  # fmt: skip
+        if i not in full:
+            full[i] = Job(f"full/{i}", strategy(cfg.replace(**settings[i]), registry))
+            yield Stage([full[i]], name="refit")
+        return full[i].key
+
+    return plan
+
+
+def federated_options(tc) -> tuple[tuning.CVOptions, tuple, tuple, tuple | None]:
+    """The options and grids of a :class:`strategies.config.TuneConfig` (``tune.*``)."""
+    opts = tuning.CVOptions(
+        folds=tc.folds, rule=tc.rule, tol=tc.tol, max_rounds=tc.max_rounds, seed=tc.fold_seed,
+        quiet=True, criterion=tc.criterion, repeats=tc.repeats,
+    )  # fmt: skip
+    lam1 = tuning.parse_grid(tc.lam1_grid or DEFAULT_LAM1_GRID, "tune.lam1-grid")
+    lam2 = tuning.parse_grid(tc.lam2_grid or DEFAULT_LAM2_GRID, "tune.lam2-grid")
+    powers = tc.size_power_grid or None
+    return opts, lam1, lam2, powers
+
+
+def federated_strategy(cfg, method, by, tune, n_sites, registry, timeout=None, progress=None):
+    """The :class:`strategies.batch.BatchStrategy` of :func:`federated_plan`."""
+    from strategies.batch import BatchStrategy
+
+    opts, lam1, lam2, powers = tune
+    _levels(method, cfg, lam1, lam2)  # the grids checked before any round
+    plan = federated_plan(cfg, method, by, opts, lam1, lam2, powers)
+    batch = BatchStrategy(plan, n_sites, registry, timeout=timeout, progress=progress)
+    batch.method, batch.opts, batch.by = method, opts, by
+    return batch
+
+
+def federated_outputs(batch) -> dict:
+    """What a finished federated tuning adds to its fit's outputs: its table (``cv.csv`` or
+    ``gic.csv``), the metrics and the chosen ``config``."""
+    from strategies.runtime.cli import tuning_metrics
+
+    out = batch.outputs
+    rounds = {"engine": "federated", "rounds": int(batch.rounds), "fits": int(batch.fits)}
+    if out["by"] == "gic":
+        best = out["best"]
+        selected = {k: best[k] for k in ("lam1", "lam2", "gic")}
+        tuned = {"criterion": "gic", "grid_size": len(out["table"]), **rounds}
+        metrics = {"tuning": {**tuned, "selected": selected}}
+        name = "gic.csv"
+    else:
+        opts = batch.opts
+        metrics = tuning_metrics(out["summary"], params_of(batch.method), out["score"], False, opts)
+        metrics["cv"].update(criterion=opts.criterion, repeats=opts.repeats)
+        metrics["tuning"] = {**rounds, "small_sites": list(out["small_sites"])}
+        name = "cv.csv"
+    return {"tuning_table": (name, out["table"]), "tuning_metrics": metrics,
+            "config": batch.result.strategy.cfg}  # fmt: skip
+
+
 __all__ = [
+    "FEDERATED_TUNABLE",
+    "federated_options",
+    "federated_outputs",
+    "federated_plan",
+    "federated_strategy",
     "CV_TUNABLE",
     "DEFAULT_LAM1_GRID",
     "DEFAULT_LAM2_GRID",

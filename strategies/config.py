@@ -293,7 +293,9 @@ class TuneConfig:
     Flower run before its fit.  Grids are comma-separated numbers; an empty ``lam-grid``
     is the automatic path below ``lam_max``."""
 
-    by: str = setting("", "tune inside the federation: cv (empty: no tuning)", ("", "cv"))
+    by: str = setting(
+        "", "tune inside the federation: cv, or gic (RowFed; empty: no tuning)", ("", "cv", "gic")
+    )
     folds: int = setting(5, "folds within each site, >= 2", at_least=2)
     rule: str = setting("best", "the best mean score, or the simplest within 1 SE", ("best", "1se"))
     criterion: str = setting(
@@ -310,6 +312,8 @@ class TuneConfig:
     w_dist_grid: str = setting("0,1,2", "GrAUC-PFL w_dist values")
     ridge_grid: str = setting("0.001,0.01,0.1,1", "GrAUC-PFL ridge values")
     size_power_grid: str = setting("", "site weightings (empty: 0 and 1 when sizes differ)")
+    lam1_grid: str = setting("", "RowFed lam1 values (empty: 0.5, 0.2, 0.1, 0.05, 0.02, 0.01)")
+    lam2_grid: str = setting("", "RowFed lam2 values (empty: 0.1, 0.05, 0.02, 0.01, 0.005)")
 
     def __post_init__(self) -> None:
         _check_fields(self)

@@ -179,6 +179,30 @@ def test_tls_auth_run_equals_inprocess(federation, tmp_path):
     assert [r["status"] for r in listing["runs"]] == ["finished:completed"]
 
 
+def test_tls_auth_tuned_run_equals_inprocess(federation, tmp_path):
+    """The tuning inside the federation across SuperNodes (TLS, authentication): the same
+    cross-validation table, choice and coefficients as the in-process engine."""
+    from grauc_flower.tuning import Grid
+    from strategies.tuning import CVOptions
+
+    out = str(tmp_path / "tuned")
+    tune = {"tune.by": "cv", "tune.folds": 2, "tune.lam-grid": "0.3,0.03"}
+    tune.update({"tune.w-dist-grid": "1.0", "tune.ridge-grid": "0.1"})
+    code, text = federation.run({**tune, "grauc.max-rounds": 30, "out-dir": out})
+    assert code == 0, text[-3000:]
+    grid = Grid(lam=(0.3, 0.03), w_dist=(1.0,), ridge=(0.1,))
+    ref = fed.run_methods_inprocess(
+        GrAUCConfig(max_rounds=30), federation.sites, ["grauc"], tune=(CVOptions(folds=2), grid)
+    )["grauc"]
+    coef = pd.read_csv(os.path.join(out, "coefficients.csv"))
+    np.testing.assert_array_equal(coef[FEATURES].to_numpy(), ref.coefficients)
+    cv = pd.read_csv(os.path.join(out, "cv.csv"))
+    pd.testing.assert_frame_equal(cv, ref.extra["cv_table"], check_dtype=False)
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["tuned"] == ref.extra["cv_metrics"]["tuned"]
+    assert metrics["tuning"]["rounds"] == ref.extra["cv_metrics"]["tuning"]["rounds"] > 0
+
+
 def test_unregistered_supernode_is_refused(federation):
     cmd = supernode_command(
         f"127.0.0.1:{federation.port}",

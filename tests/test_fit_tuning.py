@@ -388,7 +388,8 @@ def test_rowfed_tune_cv_and_test_file(rowfed_files, capsys, tmp_path):
     )  # fmt: skip
     assert code == 0, err
     cv = _read(out, "cv.csv")
-    columns = ["fold", "lam1", "lam2", "size_power", "val_mse", "rounds", "converged"]
+    columns = ["fold", "lam1", "lam2", "size_power", "val_mse", "pooled_mse", "rounds"]
+    columns += ["converged"]
     assert list(cv.columns) == columns
     assert len(cv) == 3 * 3 * 2 and set(cv["size_power"]) == {0.0}  # clients of one size
     mean = cv.groupby(["lam1", "lam2"])["val_mse"].mean()

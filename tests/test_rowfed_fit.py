@@ -388,7 +388,7 @@ def test_bad_input_subprocess(tmp_path, kind, extra, message):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--engine", "flower", "--tune", "gic"], "tune: gic refits every grid point"),
+        (["--tune", "gic", "--method", "fedavg"], "tune: gic is available for"),
         (["--participation", "2"], "participation: must be in (0, 1]"),
         (["--graph", "/no/such/graph.csv"], "graph: no such file"),
         (["--lam1", "abc"], "--lam1"),

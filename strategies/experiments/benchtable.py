@@ -31,6 +31,43 @@ def finish(rows: list[dict], out: str) -> pd.DataFrame:
     return df
 
 
+def timed_tuning(strategy, clients, max_rounds: int) -> dict:
+    """Run a federated tuning (:class:`strategies.batch.BatchStrategy`) in process with each
+    client's ``fit`` and ``evaluate`` timed: the rounds and fits it took, the wall time, and
+    per round the server's time (the rest of the wall time) against the slowest site's (the
+    sites answer side by side in a federation; here one after another)."""
+    import time
+
+    from ..runtime.engine import run_inprocess
+
+    per_round: dict[int, list[float]] = {}
+    for z, c in enumerate(clients):
+        for name in ("fit", "evaluate"):
+            inner = getattr(c, name)
+
+            def timed(parameters, config, inner=inner, z=z):
+                t0 = time.perf_counter()
+                try:
+                    return inner(parameters, config)
+                finally:
+                    row = per_round.setdefault(strategy.rounds + 1, [0.0] * len(clients))
+                    row[z] += time.perf_counter() - t0
+
+            setattr(c, name, timed)
+    t0 = time.perf_counter()
+    rounds = run_inprocess(strategy, clients, max_rounds)
+    wall = time.perf_counter() - t0
+    site_total = sum(sum(r) for r in per_round.values())
+    slowest = [max(r) for r in per_round.values()]
+    return {
+        "rounds": rounds,
+        "fits": strategy.fits,
+        "wall_seconds": wall,
+        "server_seconds_per_round": (wall - site_total) / max(rounds, 1),
+        "slowest_site_seconds_per_round": float(sum(slowest)) / max(rounds, 1),
+    }
+
+
 def format_table(df: pd.DataFrame) -> str:
     """One block per measurement (``what``), each with only its own columns."""
     lines = [f"machine: {df['machine'].iloc[0]}"]

@@ -360,6 +360,12 @@ def plan_run_config(args, sites: list[PlanSite]) -> dict:
             }
         )
     rc["round-timeout"] = float(args.round_timeout)
+    if args.tune:  # the tuning inside the federation, then the refit (docs/methods.md 3.12)
+        if args.tune == "gic" and args.task != "rowfed":
+            raise InputError("tune: gic is RowFed's; GrAUC-PFL is tuned by cv")
+        rc.update(
+            {"tune.by": args.tune, "tune.folds": args.folds, "tune.criterion": args.cv_criterion}
+        )
     if args.out_dir:
         if not os.path.isabs(args.out_dir):
             raise InputError(f"out-dir: must be an absolute path, got {args.out_dir!r}")
@@ -421,6 +427,16 @@ def main(argv=None) -> int:
     p.add_argument("--round-timeout", type=float, default=120.0)
     p.add_argument("--responses", default="", help="rowfed: response columns, comma-separated")
     p.add_argument("--out-dir", default="", help="absolute results directory on the coordinator")
+    p.add_argument(
+        "--tune",
+        choices=("cv", "gic"),
+        default="",
+        help="tune the levels inside the federation first (gic: RowFed), then refit",
+    )
+    p.add_argument("--folds", type=int, default=5, help="--tune cv: folds within each site")
+    p.add_argument(
+        "--cv-criterion", choices=("folds", "pooled", "loss"), default="folds", help="--tune cv"
+    )
     p.add_argument("--write", default="", help="write config.toml and run_config.toml here")
     r = sub.add_parser("run", help="flwr run, exit status 1 unless the run completed")
     r.add_argument("app", help="the project directory")
