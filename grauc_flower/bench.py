@@ -246,6 +246,135 @@ def tuning_time(quick: bool) -> dict:
     }
 
 
+#: The designs of the criteria comparison: (name, DataSpec fields, folds, standardize, grid).
+CRITERIA_DESIGNS = (
+    ("sim 1 (main job)", {}, 5, "none"),
+    ("sim 2", {"simulation": 2}, 3, "none"),
+    ("sim 3", {"simulation": 3}, 5, "none"),
+    ("sim 4", {"simulation": 4}, 5, "none"),
+    ("crime (states)", {"source": "crime"}, 3, "federated"),
+)
+
+
+def _test_auc(sites, coef: np.ndarray) -> float:
+    """Mean over sites of the test AUC of ``coef`` (input scale, a row per site)."""
+    from .auc import auc
+
+    values = []
+    for s, b in zip(sites, coef, strict=True):
+        if len(set(s.y_test.tolist())) == 2:
+            values.append(auc(s.x_test @ b, s.y_test))
+    return float(np.mean(values))
+
+
+def criteria_table(seeds: int = 3, quick: bool = False) -> list[dict]:
+    """The cross-validation criteria of the federated tuning (docs/methods.md 3.12) compared
+    on held-out test AUC: per design of :data:`CRITERIA_DESIGNS` and data split, one batched
+    tuning of GrAUC-PFL (the criteria ``folds``, ``pooled``, ``loss`` read from the same
+    fits: each one's choice refitted on all rows), one with the folds drawn 3 times, and
+    FedAvg and individual fits tuned by their own cross-validation; the mean test AUC over
+    sites of each.  Grid: lam from lam_max, w_dist {0, 1}, ridge {0.01, 0.1} (crime:
+    w_dist 0, ridge 0.1)."""
+    from strategies.registry import Registry
+    from strategies.tuning import CVOptions, choose
+
+    from . import tuning
+    from .client import GrAUCClient
+
+    rows = []
+    designs = CRITERIA_DESIGNS[:2] if quick else CRITERIA_DESIGNS
+    for name, spec_fields, folds, standardize in designs:
+        for seed in range(seeds):
+            spec = fed.DataSpec(**spec_fields, data_seed=seed)
+            sites, _ = fed.load_sites(spec)
+            sites = list(sites)
+            cfg = GrAUCConfig(standardize=standardize)
+            crime = spec.source == "crime"
+            grid = tuning.Grid(
+                w_dist=(0.0,) if crime else (0.0, 1.0), ridge=(0.1,) if crime else (0.01, 0.1)
+            )
+            for repeats in (1, 3):
+                opts = CVOptions(folds=folds, quiet=True, repeats=repeats, seed=seed)
+                t0 = time.perf_counter()
+                clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
+                batch = fed.tuned_strategy("grauc", cfg, len(sites), Registry(), (opts, grid))
+                run_inprocess_tuned(batch, clients, fed.max_rounds_for("grauc", cfg, True))
+                out = batch.outputs
+                params = tuning.PARAMS["grauc"]
+                frames = {"folds": ("val_auc", True), "loss": ("val_loss", False)}
+                site_table = tuning._federated_tables(
+                    [j for j in batch.jobs.values() if j.key.startswith("cv/")],
+                    batch.pooled,
+                    _settings(batch),
+                    params,
+                    batch.registry.order(),
+                )[1]
+                for criterion in ("folds", "pooled", "loss") if repeats == 1 else ("folds",):
+                    if criterion == "pooled":
+                        chosen, _ = choose(site_table, params, "pooled_auc", True)
+                    else:
+                        score, up = frames[criterion]
+                        chosen, _ = choose(out["table"], params, score, up)
+                        if criterion == "folds":
+                            assert chosen == out["tuned"]
+                    # the all-rows fit at the choice (a plain fit: the batch's equals it)
+                    refit = fed.run_methods_inprocess(cfg.replace(**chosen), sites, ["grauc"])
+                    rows.append(
+                        {
+                            "what": "criteria",
+                            "design": name,
+                            "seed": seed,
+                            "method": "grauc",
+                            "criterion": criterion + (f" x{repeats}" if repeats > 1 else ""),
+                            "test_auc": _test_auc(sites, refit["grauc"].coefficients),
+                            "chosen": ", ".join(f"{k}={v:.4g}" for k, v in chosen.items()),
+                            "rounds": batch.rounds,
+                            "seconds": time.perf_counter() - t0,
+                        }
+                    )
+            for method in ("fedavg", "individual"):
+                t0 = time.perf_counter()
+                base = tuning.Grid(ridge=grid.ridge)
+                tuned, _, _ = tuning.tune(
+                    sites, cfg, method, base, CVOptions(folds=folds, quiet=True, seed=seed)
+                )
+                res = fed.run_methods_inprocess(tuned, sites, [method])[method]
+                rows.append(
+                    {
+                        "what": "criteria",
+                        "design": name,
+                        "seed": seed,
+                        "method": method,
+                        "criterion": "folds (in process)",
+                        "test_auc": _test_auc(sites, res.coefficients),
+                        "seconds": time.perf_counter() - t0,
+                    }
+                )
+            print(pd.DataFrame(rows[-6:]).to_string(index=False), flush=True)
+    return rows
+
+
+def run_inprocess_tuned(batch, clients, max_rounds: int) -> None:
+    from strategies.runtime.engine import run_inprocess
+
+    run_inprocess(batch, clients, max_rounds)
+
+
+def _settings(batch) -> list[dict]:
+    """The settings of a GrAUC-PFL tuning's all-rows jobs, in their index order."""
+    out = {}
+    for job in batch.jobs.values():
+        if job.key.startswith("cv/"):
+            i = int(job.key.split("/")[1])
+            out.setdefault(i, {k: job.setting[k] for k in ("lam", "w_dist", "ridge", "size_power")})
+    return [out[i] for i in sorted(out)]
+
+
+def criteria_run(out: str, seeds: int, quick: bool = False) -> pd.DataFrame:
+    check_out(out)
+    return finish(criteria_table(seeds, quick), out)
+
+
 def run(out: str, quick: bool = False, flower: bool = True) -> pd.DataFrame:
     check_out(out)
     rows = rounds_table(quick)

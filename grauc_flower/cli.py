@@ -171,6 +171,12 @@ def _bench_parser(sub) -> None:
     p.add_argument("--out", default="", help="directory for bench.csv")
     p.add_argument("--quick", action="store_true", help="smaller sizes and round limits")
     p.add_argument("--no-flower", action="store_true", help="skip the flwr run timing")
+    p.add_argument(
+        "--criteria",
+        action="store_true",
+        help="instead: the cross-validation criteria compared by the tuned fits' test AUC",
+    )
+    p.add_argument("--seeds", type=int, default=3, help="--criteria: data splits per design")
     add_predict_parser(sub, "risk scores")
     add_report_parser(sub)
 
@@ -178,7 +184,10 @@ def _bench_parser(sub) -> None:
 def cmd_bench(a) -> int:
     from . import bench
 
-    df = bench.run(a.out, quick=a.quick, flower=not a.no_flower)
+    if a.criteria:
+        df = bench.criteria_run(a.out, a.seeds, quick=a.quick)
+    else:
+        df = bench.run(a.out, quick=a.quick, flower=not a.no_flower)
     print(bench.format_table(df))
     return 0
 
@@ -326,6 +335,9 @@ def _check_tuning(a) -> None:
         return
     if a.method not in tuning.PARAMS:
         raise InputError(f"tune: cv is available for {', '.join(tuning.PARAMS)}, not {a.method}")
+    if (a.cv_criterion != "folds" or a.cv_repeats > 1) and a.method not in GRAUC_FUSED_METHODS:
+        key = "cv-criterion" if a.cv_criterion != "folds" else "cv-repeats"
+        raise InputError(f"{key}: for the fused methods' federated tuning ({a.method} is not one)")
     if a.knob_grid and a.method not in KNOBS:
         raise InputError(f"knob-grid: {a.method} has no setting to tune besides its levels")
     if a.size_power_grid and a.method not in GRAUC_FUSED_METHODS:

@@ -25,6 +25,7 @@ import pandas as pd
 from flwr.common import log
 
 from strategies import tuning
+from strategies.batch import pooled_by_site
 from strategies.config import FEDAVG_FAMILY, GRAUC_FUSED_METHODS, GrAUCConfig
 from strategies.errors import InputError
 from strategies.registry import Registry
@@ -506,7 +507,7 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
                         view,
                         {"fold": k, **({"repeat": rep} if opts.repeats > 1 else {}),
                          **{p: setting[p] for p in params}},
-                        group=f"s{i}",
+                        group=f"s{i}/r{rep}",
                     )  # fmt: skip
                     cv_jobs.append(job)
             if speculative:
@@ -618,10 +619,8 @@ def _federated_tables(cv_jobs, pooled, settings, params, order):
     table = table.sort_values(order, kind="stable", ascending=up).reset_index(drop=True)
     site_rows = []
     for i, setting in enumerate(settings):
-        for site, m in pooled.get(f"s{i}", {}).items():
-            site_rows.append(
-                {"site": site, **{p: setting[p] for p in params}, "pooled_auc": m["auc"]}
-            )
+        for site, value in pooled_by_site(pooled, i, "auc").items():
+            site_rows.append({"site": site, **{p: setting[p] for p in params}, "pooled_auc": value})
     return table, pd.DataFrame(site_rows)
 
 

@@ -18,6 +18,7 @@ import pandas as pd
 from flwr.common import log
 
 from strategies import tuning
+from strategies.batch import pooled_by_site
 from strategies.config import FEDAVG_FAMILY, RowFedConfig
 from strategies.errors import InputError
 from strategies.problems import degrees_of_freedom
@@ -367,7 +368,7 @@ def federated_plan(
                             strategy(base.replace(**setting), batch.registry_for(view)),
                             view,
                             {**label, **setting},
-                            group=f"s{i}",
+                            group=f"s{i}/r{rep}",
                         )  # fmt: skip
                     )
             if speculative:
@@ -384,8 +385,8 @@ def federated_plan(
                          "rounds": int(job.strategy.rounds),
                          "converged": bool(job.strategy.converged)})  # fmt: skip
         for i, setting in enumerate(settings):
-            for site, m in batch.pooled.get(f"s{i}", {}).items():
-                site_rows.append({"site": site, **setting, "pooled_mse": m["mse"]})
+            for site, value in pooled_by_site(batch.pooled, i, "mse").items():
+                site_rows.append({"site": site, **setting, "pooled_mse": value})
         table = pd.DataFrame(rows)
         order_cols = [c for c in ("fold", "repeat") if c in table.columns]
         table = table.sort_values(order_cols, kind="stable").reset_index(drop=True)

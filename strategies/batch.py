@@ -152,18 +152,53 @@ def answer_evaluate(client, parameters, config) -> tuple[float, int, dict]:
     return 0.0, 0, metrics
 
 
+def pooled_by_site(pooled: dict, i: int, key: str) -> dict[str, float]:
+    """Each site's pooled out-of-fold score of setting ``i`` from :attr:`BatchStrategy.pooled`
+    (groups ``s<i>/r<repeat>``): per repeat of the folds its scores of all K folds
+    together, then the mean over repeats (each row counts once per score)."""
+    values: dict[str, list[float]] = {}
+    for group, per_site in pooled.items():
+        if group.startswith(f"s{i}/"):
+            for site, m in per_site.items():
+                values.setdefault(site, []).append(float(m[key]))
+    out = {}
+    for site, v in values.items():
+        finite = [x for x in v if np.isfinite(x)]
+        out[site] = float(np.mean(finite)) if finite else float("nan")
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # The server side
 # ---------------------------------------------------------------------------------------
+class _Once(logging.Filter):
+    """Each distinct warning once: a site that does not answer is named by every job."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if text in self.seen:
+            return False
+        self.seen.add(text)
+        return True
+
+
 @contextlib.contextmanager
 def _quiet():
-    """The jobs' own INFO lines (each fit's set-up line) silenced: a batch has hundreds."""
+    """The jobs' own INFO lines (each fit's set-up line) silenced, and each of their
+    warnings said once: a batch has hundreds of jobs."""
     logger = logging.getLogger("flwr")
     level = logger.level
+    once = _Once()
     logger.setLevel(max(level, logging.WARNING))
+    logger.addFilter(once)
     try:
         yield
     finally:
+        logger.removeFilter(once)
         logger.setLevel(level)
 
 
@@ -446,6 +481,7 @@ __all__ = [
     "answer_fit",
     "answer_properties",
     "data_view",
+    "pooled_by_site",
     "decode",
     "encode",
 ]

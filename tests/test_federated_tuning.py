@@ -1,0 +1,482 @@
+"""``fit --tune cv`` of GrAUC-PFL inside the federation (strategies/batch.py,
+grauc_flower/tuning.py: federated_plan), checked against independent references.
+
+What is checked against what: each batched (fold, setting) fit against the same fit run
+alone on folds rebuilt here from ``site_folds`` (validation AUC and pairwise surrogate loss
+by brute force over pairs, the pooled out-of-fold AUC from each fold's own fit); the top of
+the automatic lam path against the in-process L-BFGS ``lam_maxes`` and the grid below it
+against ``log_path``; the choice of each criterion against cv.csv's means (pandas); the
+refit against a plain fit at the chosen values; bad input: one line, exit 2, nothing
+written; the Flower engine against the in-process one."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ROOT, write_grauc_csv
+
+from grauc_flower.data import SiteData, simulate
+
+K, SEED = 3, 5  # folds and fold seed (--data-seed) of the shared runs
+#: An explicit grid on which the three criteria pick three different settings, each the
+#: unique best of its criterion (asserted below); no lam = 0, where w_dist makes no
+#: difference and the settings would tie.
+GRID = ("--lam-grid", "2,0.5,0.2,0.05,0.01", "--w-dist-grid", "0,2", "--ridge-grid", "0.1")
+KEYS = ["lam", "w_dist", "ridge", "size_power"]
+CRITERIA = {"folds": ("val_auc", True), "loss": ("val_loss", False), "pooled": ("pooled_auc", True)}
+
+
+def _main(capsys, *args) -> tuple[int, str]:
+    from grauc_flower.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def _ok(*args) -> None:
+    """Run ``python -m grauc_flower args`` in this process; assert it succeeded."""
+    from grauc_flower.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:
+            code = exc.code
+    assert code == 0, err.getvalue()[-3000:]
+
+
+def _rejected(code, err, out, *words):
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert not os.path.exists(out)
+
+
+def _read(out, name):
+    return pd.read_csv(os.path.join(out, name))
+
+
+def _metrics(out):
+    with open(os.path.join(out, "metrics.json")) as fh:
+        return json.load(fh)
+
+
+def _pairs(scores, y) -> tuple[float, float]:
+    """AUC (ties 1/2) and the mean pairwise logistic loss, by brute force over all pairs."""
+    d = scores[y == 1][:, None] - scores[y == 0][None, :]
+    return float(((d > 0) + 0.5 * (d == 0)).mean()), float(np.log1p(np.exp(-d)).mean())
+
+
+def _fold_sites(sites, k, repeat=0, folds=K, seed=SEED) -> list[SiteData]:
+    """Each site's rows outside fold ``k`` of its own stratified folds for training, fold
+    ``k`` for validation (the folds rebuilt here from ``site_folds``)."""
+    from strategies.folds import site_folds
+
+    out = []
+    for s in sites:
+        fold = site_folds(s.y_train, folds, seed, repeat, s.site, stratified=True)
+        tr, va = fold != k, fold == k
+        out.append(
+            SiteData(
+                s.site, s.lat, s.lon, s.x_train[tr], s.y_train[tr], s.x_train[va],
+                s.y_train[va], s.features,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _alone(sites, lam, w_dist, ridge):
+    """The fit of one (fold, setting) run alone: the CLI's defaults at the CV tolerance."""
+    from grauc_flower.federation import run_methods_inprocess
+    from strategies.config import GrAUCConfig
+    from strategies.tuning import CVOptions
+
+    opts = CVOptions()
+    point = GrAUCConfig().replace(
+        lam=lam, w_dist=w_dist, ridge=ridge, tol=opts.tol, max_rounds=opts.max_rounds
+    )
+    return run_methods_inprocess(point, sites, ["grauc"])["grauc"]
+
+
+# ---------------------------------------------------------------------------------------
+# Fixtures: four sites of 36 rows (14 positive), three features
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("federated_cv"))
+    sites = simulate(1, 4, 3, 36, 60, 0.4, 3, seed=4242)
+    data, site_file = write_grauc_csv(root, sites)
+    return sites, data, site_file, root
+
+
+def _fit_args(files, out, *extra):
+    _, data, site_file, _ = files
+    return ("fit", "--data", data, "--sites", site_file, "--out", out, "--quiet", *extra)
+
+
+@pytest.fixture(scope="module")
+def tuned(files):
+    """``tuned(criterion)``: the output directory of ``fit --tune cv`` on :data:`GRID` with
+    that criterion (each run once per module)."""
+    done: dict[str, str] = {}
+
+    def get(criterion: str) -> str:
+        if criterion not in done:
+            out = os.path.join(files[3], f"tuned-{criterion}")
+            extra = ("--tune", "cv", "--folds", K, "--data-seed", SEED, *GRID)
+            _ok(*_fit_args(files, out, *extra, "--cv-criterion", criterion))
+            done[criterion] = out
+        return done[criterion]
+
+    return get
+
+
+# ---------------------------------------------------------------------------------------
+# 1. Multiplexing is exact
+# ---------------------------------------------------------------------------------------
+def test_each_batched_fit_equals_the_same_fit_alone(files, tuned):
+    """For two settings, every fold: the fit run alone on folds rebuilt from
+    ``site_folds`` gives cv.csv's val_auc, val_loss (brute force over validation pairs, mean
+    over sites), rounds and converged; each site's AUC of its out-of-fold scores from the
+    three folds' own fits, averaged over sites, gives pooled_auc."""
+    from strategies.config import GrAUCConfig
+
+    sites = files[0]
+    out = tuned("folds")
+    cv = _read(out, "cv.csv")
+    assert list(cv.columns) == [
+        "fold", "lam", "w_dist", "ridge", "size_power", "val_auc", "val_loss", "pooled_auc",
+        "rounds", "converged",
+    ]  # fmt: skip
+    assert len(cv) == K * 5 * 2 and set(cv["fold"]) == set(range(K))
+    # the run's settings are the CLI's defaults (those the fits alone use) at the choice
+    m = _metrics(out)
+    t = m["tuned"]
+    want = GrAUCConfig().replace(lam=t["lam"], w_dist=t["w_dist"], ridge=t["ridge"])
+    assert m["config"] == {k.replace("_", "-"): v for k, v in vars(want).items()}
+
+    worst = 0.0
+    for lam, w_dist in ((0.5, 2.0), (0.05, 0.0)):
+        pooled: dict[str, tuple[list, list]] = {s.site: ([], []) for s in sites}
+        for k in range(K):
+            fold_sites = _fold_sites(sites, k)
+            res = _alone(fold_sites, lam, w_dist, 0.1)
+            aucs, losses = [], []
+            for z, s in enumerate(fold_sites):
+                scores = s.x_test @ res.coefficients[z]
+                a, loss = _pairs(scores, s.y_test)
+                aucs.append(a)
+                losses.append(loss)
+                pooled[s.site][0].append(scores)
+                pooled[s.site][1].append(s.y_test)
+            row = cv[(cv["fold"] == k) & (cv["lam"] == lam) & (cv["w_dist"] == w_dist)]
+            assert len(row) == 1
+            row = row.iloc[0]
+            worst = max(worst, abs(row["val_auc"] - np.mean(aucs)))
+            worst = max(worst, abs(row["val_loss"] - np.mean(losses)))
+            assert row["val_auc"] == pytest.approx(np.mean(aucs), abs=1e-10)
+            assert row["val_loss"] == pytest.approx(np.mean(losses), abs=1e-10)
+            assert (row["rounds"], bool(row["converged"])) == (res.rounds, res.converged)
+        oof = np.mean(
+            [_pairs(np.concatenate(sc), np.concatenate(y))[0] for sc, y in pooled.values()]
+        )
+        got = cv[(cv["lam"] == lam) & (cv["w_dist"] == w_dist)]["pooled_auc"]
+        worst = max(worst, float(np.max(np.abs(got - oof))))
+        np.testing.assert_allclose(got, oof, rtol=0, atol=1e-10)
+    assert worst < 1e-10, worst
+
+
+def test_repeats_draw_each_sites_folds_again(files):
+    """``repeats = 2``: one row per (fold, repeat), each the fit alone on the folds of
+    ``site_folds(..., repeat, ...)``; the mean and SE are over all R*K folds."""
+    from grauc_flower.federation import run_methods_inprocess
+    from grauc_flower.tuning import Grid
+    from strategies.config import GrAUCConfig
+    from strategies.tuning import CVOptions
+
+    sites = files[0]
+    opts = CVOptions(folds=2, repeats=2, seed=SEED, quiet=True)
+    grid = Grid(lam=(0.3,), w_dist=(1.0,), ridge=(0.1,))
+    res = run_methods_inprocess(GrAUCConfig(), sites, ["grauc"], tune=(opts, grid))["grauc"]
+    cv = res.extra["cv_table"]
+    assert sorted(zip(cv["fold"], cv["repeat"], strict=True)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    values = []
+    for _, row in cv.iterrows():
+        fold_sites = _fold_sites(sites, int(row["fold"]), int(row["repeat"]), folds=2)
+        alone = _alone(fold_sites, 0.3, 1.0, 0.1)
+        pairs = [
+            _pairs(s.x_test @ alone.coefficients[z], s.y_test) for z, s in enumerate(fold_sites)
+        ]
+        assert row["val_auc"] == pytest.approx(np.mean([a for a, _ in pairs]), abs=1e-10)
+        assert row["val_loss"] == pytest.approx(np.mean([v for _, v in pairs]), abs=1e-10)
+        assert row["rounds"] == alone.rounds
+        values.append(np.mean([a for a, _ in pairs]))
+    # the second repeat drew other folds (else the test could not tell them apart)
+    assert not np.allclose(cv.sort_values(["repeat", "fold"])["val_loss"].iloc[:2],
+                           cv.sort_values(["repeat", "fold"])["val_loss"].iloc[2:])  # fmt: skip
+    stats = res.extra["cv_metrics"]["cv"]
+    assert stats["repeats"] == 2
+    assert stats["mean"] == pytest.approx(np.mean(values), abs=1e-12)
+    assert stats["se"] == pytest.approx(np.std(values, ddof=1) / 2, rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------
+# 2. The top of the path
+# ---------------------------------------------------------------------------------------
+#: The batched lam_max (the gradients at a pqn fit stopped at tol 1e-6) against the L-BFGS
+#: one (gtol 1e-10): observed relative differences 1.1e-5 (ridge 1) and 1.5e-4 (ridge 0.01).
+TOP_RTOL = 3e-4
+
+
+def test_top_of_the_path_is_lam_max(files, tmp_path):
+    """Automatic lam grid: per (ridge, w_dist) the largest lam is ``lam_maxes`` (the
+    in-process L-BFGS reference), the grid below it ``log_path(top, 12, 1e-3)`` and 0; the
+    fits: one top fit per ridge (the graph is connected at both w_dist), one per (fold,
+    setting) and one on all rows per setting."""
+    from grauc_flower.graph import build_graph
+    from grauc_flower.tuning import lam_maxes
+    from strategies.config import GrAUCConfig
+    from strategies.tuning import components, log_path
+
+    sites = files[0]
+    ridges, w_dists = (0.01, 1.0), (0.0, 2.0)
+    out = str(tmp_path / "auto")
+    extra = ("--tune", "cv", "--folds", "2", "--w-dist-grid", "0,2", "--ridge-grid", "0.01,1")
+    _ok(*_fit_args(files, out, *extra))
+    cv = _read(out, "cv.csv")
+    cfg = GrAUCConfig()
+    ref = lam_maxes(sites, cfg, ridges, w_dists)
+    tops = {}
+    for (ridge, w), grp in cv.groupby(["ridge", "w_dist"]):
+        lams = tuple(sorted(grp["lam"].unique(), reverse=True))
+        tops[(ridge, w)] = lams[0]
+        assert lams[0] == pytest.approx(ref[(ridge, w)], rel=TOP_RTOL), (
+            ridge, w, lams[0] / ref[(ridge, w)] - 1,
+        )  # fmt: skip
+        np.testing.assert_allclose(lams, log_path(lams[0], 12, 1e-3), rtol=1e-12, atol=0)
+        assert len(lams) == 13 and lams[-1] == 0.0
+        assert len(grp) == 2 * 13
+    assert set(tops) == {(r, w) for r in ridges for w in w_dists}
+    # lam_max depends on w_dist (the graph's weights): the test tells the paths apart
+    assert tops[(0.01, 2.0)] > 2 * tops[(0.01, 0.0)]
+
+    graph = build_graph(
+        np.array([s.lat for s in sites]), np.array([s.lon for s in sites]), cfg.graph, cfg.knn_k
+    )
+    for w in w_dists:
+        assert len(set(components(graph.edges, graph.weights(w, cfg.q), len(sites)))) == 1
+    n_settings = len(ridges) * len(w_dists) * 13
+    assert _metrics(out)["tuning"]["fits"] == len(ridges) + 2 * n_settings + n_settings
+
+
+# ---------------------------------------------------------------------------------------
+# 3. The choice follows the criterion; 4. the refit is a plain fit
+# ---------------------------------------------------------------------------------------
+def _per_setting(cv, column):
+    if column == "pooled_auc":  # one value per setting, repeated on its folds' rows
+        assert (cv.groupby(KEYS)[column].nunique() == 1).all()
+        return cv.groupby(KEYS)[column].first()
+    return cv.groupby(KEYS)[column].mean()
+
+
+def _best(series, maximize):
+    value = series.max() if maximize else series.min()
+    assert int((series == value).sum()) == 1, "a tie: choose other data"
+    return series.idxmax() if maximize else series.idxmin(), float(value)
+
+
+@pytest.mark.parametrize("criterion", list(CRITERIA))
+def test_choice_follows_the_criterion(tuned, criterion):
+    """The tuned setting is the argmax mean val_auc (folds), argmin mean val_loss (loss) or
+    argmax pooled_auc (pooled) of cv.csv; on these data each criterion picks another
+    setting, so each check tells the criteria apart."""
+    out = tuned(criterion)
+    cv = _read(out, "cv.csv")
+    m = _metrics(out)
+    column, maximize = CRITERIA[criterion]
+    best, value = _best(_per_setting(cv, column), maximize)
+    assert tuple(m["tuned"][k] for k in KEYS) == pytest.approx(best)
+    assert m["cv"]["criterion"] == criterion and m["cv"]["score"] == column
+    assert m["cv"]["mean"] == pytest.approx(value, abs=1e-12)
+    if criterion != "pooled":  # the SE over folds
+        rows = cv[(cv[KEYS] == pd.Series(dict(zip(KEYS, best, strict=True)))).all(axis=1)]
+        assert len(rows) == K
+        se = rows[column].std(ddof=1) / np.sqrt(K)
+        assert m["cv"]["se"] == pytest.approx(se, rel=1e-9)
+    others = {
+        c: _best(_per_setting(cv, col), mx)[0]
+        for c, (col, mx) in CRITERIA.items()
+        if c != criterion
+    }
+    assert all(o != best for o in others.values()), others
+
+
+def test_table_does_not_depend_on_the_criterion(tuned):
+    base = _read(tuned("folds"), "cv.csv")
+    for criterion in ("loss", "pooled"):
+        pd.testing.assert_frame_equal(_read(tuned(criterion), "cv.csv"), base, check_exact=True)
+
+
+@pytest.mark.parametrize("criterion", list(CRITERIA))
+def test_refit_equals_a_plain_fit(files, tuned, tmp_path, criterion):
+    """coefficients.csv of the tuned fit and of ``fit --lam --w-dist --ridge`` at the tuned
+    values agree to 1e-12, and so do the rounds and objective."""
+    out = tuned(criterion)
+    t = _metrics(out)["tuned"]
+    plain = str(tmp_path / "plain")
+    _ok(
+        *_fit_args(
+            files, plain, "--lam", repr(float(t["lam"])), "--w-dist", repr(float(t["w_dist"])),
+            "--ridge", repr(float(t["ridge"])),
+        )
+    )  # fmt: skip
+    got, want = _read(out, "coefficients.csv"), _read(plain, "coefficients.csv")
+    assert list(got["site"]) == list(want["site"]) and list(got.columns) == list(want.columns)
+    diff = float(np.max(np.abs(got.iloc[:, 1:].to_numpy() - want.iloc[:, 1:].to_numpy())))
+    assert diff < 1e-12, diff
+    a, b = _metrics(out), _metrics(plain)
+    assert a["rounds"] == b["rounds"]
+    assert a["objective"] == pytest.approx(b["objective"], rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------
+# 5. Bad input
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("extra", "words", "absent"),
+    [
+        (("--tune", "cv", "--folds", "5", "--lam-grid", "0.1"), ("folds:", "S3"), "S1"),
+        (("--tune", "cv", "--ridge-grid", "-1"), ("ridge-grid",), None),
+        (
+            ("--tune", "cv", "--cv-criterion", "pooled", "--method", "fedavg", "--folds", "2",
+             "--ridge-grid", "0.1", "--rounds-grid", "2", "--jobs", "1"),
+            ("cv-criterion", "fedavg"),
+            None,
+        ),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line(files, capsys, tmp_path, extra, words, absent):
+    """Exit 2, one ``error:`` line naming the field (the folds: the site, S3 with 4
+    positive rows, not the sites with 14), no traceback, no output directory."""
+    _, data, site_file, _ = files
+    frame = pd.read_csv(data)
+    few = frame[(frame["site"] == "S3") & (frame["y"] == 1)].index[4:]
+    small = str(tmp_path / "small.csv")
+    frame.drop(index=few).to_csv(small, index=False)
+    out = str(tmp_path / "never")
+    code, err = _main(
+        capsys, "fit", "--data", small, "--sites", site_file, "--out", out, "--quiet", *extra
+    )
+    _rejected(code, err, out, *words)
+    if absent:
+        assert absent not in err
+
+
+# ---------------------------------------------------------------------------------------
+# 6. The Flower engine
+# ---------------------------------------------------------------------------------------
+def _ours(marker: str) -> dict[int, str]:
+    """Live processes whose environment holds ``marker`` (the SuperLink, Ray and their
+    workers inherit the run's environment): pid -> command line."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if marker.encode() not in fh.read():
+                    continue
+            with open(f"/proc/{entry}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                found[int(entry)] = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return found
+
+
+def _run_watched(args, env, marker, log_dir) -> tuple[subprocess.Popen, str, dict]:
+    """``python -m grauc_flower args`` with ``env``; returns the process, its stderr and
+    every process seen carrying ``marker`` while it ran."""
+    import time
+
+    err_path = os.path.join(log_dir, "stderr.txt")
+    seen: dict[int, str] = {}
+    with open(err_path, "w") as err, open(os.devnull, "w") as null:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grauc_flower", *args], stdout=null, stderr=err, cwd=ROOT,
+            env=env,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 600
+            while proc.poll() is None and time.monotonic() < deadline:
+                seen.update(_ours(marker))
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    with open(err_path) as fh:
+        return proc, fh.read(), seen
+
+
+@pytest.mark.slow
+@pytest.mark.flower
+def test_flower_engine_equals_inprocess(files, tmp_path):
+    """``fit --tune cv`` (tiny grid) through ``--engine flower`` and in process: the same
+    cv.csv, choice and coefficients, to the last digit; the SuperLink and Ray, seen while
+    the run lasted, are gone when it ends."""
+    import signal
+
+    # a marker in the environment, to find the run's processes (not TMPDIR: Ray's sockets
+    # under a long pytest path exceed AF_UNIX's 107 bytes and the simulation fails)
+    value = f"{os.getpid()}-{id(tmp_path)}"
+    marker = f"PFL_TEST_RUN={value}"
+    env = {**os.environ, "PFL_TEST_RUN": value}
+    extra = ("--tune", "cv", "--folds", "2", "--lam-grid", "0.3,0.03", "--w-dist-grid", "1")
+    extra += ("--ridge-grid", "0.1")
+    outs = {}
+    try:
+        for engine in ("inprocess", "flower"):
+            out = str(tmp_path / engine)
+            os.makedirs(tmp_path / f"log-{engine}")
+            args = (*_fit_args(files, out, *extra), "--engine", engine)
+            proc, err, seen = _run_watched(args, env, marker, str(tmp_path / f"log-{engine}"))
+            assert proc.returncode == 0, err[-3000:]
+            outs[engine] = out
+        assert any("flower-superlink" in cmd for cmd in seen.values()), seen
+        left = _ours(marker)
+        assert not left, f"processes of the Flower run still alive: {left}"
+    finally:
+        for pid in _ours(marker):  # only the processes this test started
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    a, b = _read(outs["inprocess"], "cv.csv"), _read(outs["flower"], "cv.csv")
+    assert list(a.columns) == list(b.columns) and len(a) == len(b) == 2 * 2
+    numbers = a.select_dtypes("number").columns
+    diff = float(np.max(np.abs(a[numbers].to_numpy(float) - b[numbers].to_numpy(float))))
+    assert diff == 0.0, f"cv.csv: max abs difference {diff:g}"
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    ca, cb = _read(outs["inprocess"], "coefficients.csv"), _read(outs["flower"], "coefficients.csv")
+    assert list(ca["site"]) == list(cb["site"])
+    diff = float(np.max(np.abs(ca.iloc[:, 1:].to_numpy() - cb.iloc[:, 1:].to_numpy())))
+    assert diff == 0.0, f"coefficients.csv: max abs difference {diff:g}"
+    ma, mb = _metrics(outs["inprocess"]), _metrics(outs["flower"])
+    assert ma["tuned"] == mb["tuned"] and ma["tuning"] == mb["tuning"]
+    assert (ma["engine"], mb["engine"]) == ("inprocess", "flower")
