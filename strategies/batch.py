@@ -288,6 +288,7 @@ class BatchStrategy(Strategy):
         self.fits = 0
         self._plan = None
         self._evaluating = False
+        self._evaluated: list[Job] = []
         self._t0 = time.perf_counter()
 
     # -- what the apps read -----------------------------------------------------------------
@@ -370,10 +371,11 @@ class BatchStrategy(Strategy):
             out.append(
                 (proxy, FitIns(params, {"task": TASK, "site": site, FIELD: encode(records)}))
             )
+        if out:
+            self.rounds = server_round
         return out
 
     def aggregate_fit(self, server_round, results, failures):
-        self.rounds = server_round
         per_job: dict[str, list] = {}
         for proxy, res in results:
             if FIELD not in res.metrics:
@@ -417,7 +419,10 @@ class BatchStrategy(Strategy):
         if self.stage is not None and self.stage.evaluate and all(j.done for j in self.stage.jobs):
             self._evaluating = True
             per_client: dict[str, tuple[ClientProxy, list]] = {}
-            for job in self.stage.jobs:
+            # the stage's jobs, and those of its unwaited jobs that are done (their own
+            # evaluation: the result among them needs no round of its own afterwards)
+            self._evaluated = [*self.stage.jobs, *(j for j in self.stage.also if j.strategy.done)]
+            for job in self._evaluated:
                 for proxy, ins in job.strategy.configure_evaluate(
                     server_round, parameters, client_manager
                 ):
@@ -441,10 +446,15 @@ class BatchStrategy(Strategy):
                 config = {"task": TASK, "site": site, FIELD: encode(records)}
                 params = Parameters(tensors=tensors, tensor_type="numpy.ndarray")
                 out.append((proxy, EvaluateIns(params, config)))
+            if out:
+                self.rounds = server_round
             return out
         self._evaluating = False
         if self.result is not None and self.result.strategy.done:
-            return self.result.strategy.configure_evaluate(server_round, parameters, client_manager)
+            out = self.result.strategy.configure_evaluate(server_round, parameters, client_manager)
+            if out:
+                self.rounds = server_round
+            return out
         return []
 
     def aggregate_evaluate(self, server_round, results, failures):
@@ -462,7 +472,7 @@ class BatchStrategy(Strategy):
                 per_job.setdefault(it["job"], []).append((proxy, sub))
             for it in decode(str(res.metrics.get("pooled", "[]"))):
                 self.pooled.setdefault(it["group"], {})[site] = it["config"]
-        for job in self.stage.jobs:
+        for job in self._evaluated:
             job.strategy.aggregate_evaluate(server_round, per_job.get(job.key, []), [])
         self._next(None)
         self._advance_stages()
