@@ -361,7 +361,13 @@ def cv_section(out_dir: str, metrics: dict, params: Sequence[str]) -> Section:
     score = info["score"]
     params = [p for p in params if p in cv.columns]
     summary = summarize(cv, params, score)
-    label = {"val_auc": "mean validation AUC", "val_mse": "mean validation MSE"}.get(score, score)
+    label = {
+        "val_auc": "mean validation AUC",
+        "val_mse": "mean validation MSE",
+        "val_loss": "mean validation surrogate loss",
+        "pooled_auc": "mean pooled out-of-fold AUC",
+        "pooled_mse": "mean pooled out-of-fold MSE",
+    }.get(score, score)
     chosen = {p: float(metrics["tuned"][p]) for p in params}
     body = text(
         f"{info['folds']}-fold cross-validation over {info['settings']} settings, rule "

@@ -480,3 +480,112 @@ def test_flower_engine_equals_inprocess(files, tmp_path):
     ma, mb = _metrics(outs["inprocess"]), _metrics(outs["flower"])
     assert ma["tuned"] == mb["tuned"] and ma["tuning"] == mb["tuning"]
     assert (ma["engine"], mb["engine"]) == ("inprocess", "flower")
+
+
+# ---------------------------------------------------------------------------------------
+# 7. RowFed: GIC and CV inside the federation
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rowfed_data():
+    """Six clients, five predictors, two responses; clients 0-2 share a slope."""
+    from rowfed_flower.client import ClientSamples
+    from rowfed_flower.federation import FederatedData
+
+    rng = np.random.default_rng(2026)
+    clients = []
+    for m in range(6):
+        theta = np.array([[1.0, -0.5], [0.0, 0.0], [0.5, 0.5], [0.0, 1.0], [0.0, 0.0]])
+        theta[0] += 0.8 * (m >= 3)
+        x = rng.standard_normal((40 + 5 * m, 5))
+        y = 0.3 * m + x @ theta + 0.4 * rng.standard_normal((len(x), 2))
+        clients.append(ClientSamples(f"c{m}", x, y))
+    return FederatedData(tuple(clients), tuple(f"x{j}" for j in range(5)), ("Y1", "Y2"))
+
+
+ROWFED_GRID = ((0.3, 0.05, 0.01), (0.05, 0.005))
+
+
+def test_rowfed_gic_inside_the_federation_equals_the_warm_started_walk(rowfed_data):
+    """The lasso's optimum is unique: the batched GIC (every grid point from its own start,
+    side by side) and the in-process walk with warm starts give the same GIC table (to the
+    fits' tolerance), the same choice and the same coefficients."""
+    from rowfed_flower import federation as rfed
+    from rowfed_flower import tuning as rtuning
+    from strategies.config import RowFedConfig
+    from strategies.tuning import CVOptions
+
+    cfg = RowFedConfig(tol=1e-10)
+    tune = ("gic", (CVOptions(quiet=True), *ROWFED_GRID, None))
+    res = rfed.run_methods_inprocess(cfg, rowfed_data, ["rowfed"], tune=tune)["rowfed"]
+    name, table = res.extra["tuning_table"]
+    old, want = rtuning.tune_gic(cfg, rowfed_data, "rowfed", *ROWFED_GRID)
+    assert name == "gic.csv" and len(table) == len(want) == 6
+    np.testing.assert_allclose(table["gic"], want["gic"], rtol=1e-6)
+    np.testing.assert_array_equal(table["df"], want["df"])
+    assert (res.lam1, res.lam2) == (old.lam1, old.lam2)
+    np.testing.assert_allclose(res.theta, old.theta, atol=1e-6)
+    tuning_info = res.extra["tuning_metrics"]["tuning"]
+    assert tuning_info["fits"] == 6 and 0 < tuning_info["rounds"] < table["rounds"].sum()
+
+
+def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
+    """A (fold, setting) row of the batched RowFed CV: the same fit run alone on that
+    fold's rows (each client's own random folds) gives the same validation MSE (the mean
+    over clients of each client's mean squared error, computed here) and rounds; the pooled
+    MSE is each client's squared errors over all its folds' validation rows."""
+    from rowfed_flower import federation as rfed
+    from rowfed_flower.client import ClientSamples
+    from rowfed_flower.federation import FederatedData
+    from strategies.config import RowFedConfig
+    from strategies.folds import site_folds
+    from strategies.tuning import CVOptions
+
+    cfg = RowFedConfig()
+    opts = CVOptions(folds=3, quiet=True, seed=4)
+    tune = ("cv", (opts, (0.05,), (0.02, 0.005), None))
+    res = rfed.run_methods_inprocess(cfg, rowfed_data, ["rowfed"], tune=tune)["rowfed"]
+    name, table = res.extra["tuning_table"]
+    assert name == "cv.csv" and len(table) == 3 * 2 * 2  # sizes differ: size_power 0 and 1
+    for lam2 in (0.02, 0.005):
+        sse = {c.site: 0.0 for c in rowfed_data.clients}
+        count = dict.fromkeys(sse, 0)
+        for k in range(3):
+            folds = [site_folds(np.zeros(c.n), 3, 4, 0, c.site, False) for c in rowfed_data.clients]
+            alone = FederatedData(
+                tuple(
+                    ClientSamples(c.site, c.x[f != k], c.y[f != k], c.x[f == k], c.y[f == k])
+                    for c, f in zip(rowfed_data.clients, folds, strict=True)
+                ),
+                rowfed_data.features,
+                rowfed_data.responses,
+            )
+            point = cfg.replace(lam1=0.05, lam2=lam2, tol=opts.tol, max_rounds=opts.max_rounds)
+            fit = rfed.run_methods_inprocess(point, alone, ["rowfed"])["rowfed"]
+            mses = []
+            for z, c in enumerate(alone.clients):
+                pred = c.x_test @ fit.theta[z] + fit.intercept[z]
+                err = c.y_test - pred
+                mses.append(np.mean(err**2))
+                sse[c.site] += float(np.sum(err**2))
+                count[c.site] += err.size
+            row = table[(table["fold"] == k) & (table["lam2"] == lam2) & (table["size_power"] == 0)]
+            assert len(row) == 1
+            assert row["val_mse"].iloc[0] == pytest.approx(np.mean(mses), rel=1e-9)
+            assert row["rounds"].iloc[0] == fit.rounds
+        pooled = np.mean([sse[s] / count[s] for s in sse])
+        assert row["pooled_mse"].iloc[0] == pytest.approx(pooled, rel=1e-9)
+    # the refit is a plain fit at the chosen levels
+    chosen = res.extra["tuning_metrics"]["tuned"]
+    plain = rfed.run_methods_inprocess(cfg.replace(**chosen), rowfed_data, ["rowfed"])["rowfed"]
+    np.testing.assert_array_equal(res.theta, plain.theta)
+
+
+def test_rowfed_folds_a_client_cannot_form_are_refused(rowfed_data):
+    from rowfed_flower import federation as rfed
+    from strategies.config import RowFedConfig
+    from strategies.errors import InputError
+    from strategies.tuning import CVOptions
+
+    tune = ("cv", (CVOptions(folds=41, quiet=True), *ROWFED_GRID, None))
+    with pytest.raises(InputError, match="folds: client 'c0' has 40 training rows"):
+        rfed.run_methods_inprocess(RowFedConfig(), rowfed_data, ["rowfed"], tune=tune)
