@@ -372,15 +372,18 @@ def tune(
 COMMON_LAM = 1e12
 
 
-def check_folds(registry: Registry, k: int) -> list[str]:
+def check_folds(registry: Registry, k: int, borrow: bool = False) -> list[str]:
     """Refuse folds a site cannot form (fewer rows of a class than ``k``), naming the site;
     return the sites with fewer than :data:`strategies.tuning.SMALL_FOLD` validation rows of
-    a class per fold."""
+    a class per fold.  With ``borrow`` (``missing-class = borrow``) a site without a class
+    takes part, without a validation AUC of its own."""
     small = []
     for site in registry.order():
         meta = registry.sites[site].meta
         n_pos, n_neg = int(meta["n_pos"]), int(meta["n_neg"])
         least = min(n_pos, n_neg)
+        if borrow and least == 0:
+            continue
         if least < k:
             which = "positive" if n_pos <= n_neg else "negative"
             raise InputError(
@@ -436,7 +439,7 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
         order = registry.order()
         sizes = [registry.sites[s].n for s in order]
         powers = tuple(dict.fromkeys(grid.size_power)) or tuning.size_powers(sizes, cfg)
-        small = check_folds(registry, opts.folds)
+        small = check_folds(registry, opts.folds, cfg.missing_class == "borrow")
         if small:
             names = ", ".join(small[:8]) + (" ..." if len(small) > 8 else "")
             log(

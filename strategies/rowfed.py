@@ -93,9 +93,10 @@ class _RowFedOutputs:
 
     def rss(self) -> float:
         """``sum_m ||Y_m - X_m Theta_m||_F^2`` from the clients' evaluation answers."""
-        if len(self.evaluation) < len(self.sites):
+        if any(s not in self.evaluation for s in self.sites):
             return float("nan")
-        return float(sum(m["rss"] for m in self.evaluation.values()))
+        # summed in federation order: the same number whichever order the answers came in
+        return float(sum(self.evaluation[s]["rss"] for s in self.sites))
 
     def gic(self) -> float:
         """GIC of the fit from the uploaded RSS; ``nan`` before evaluation."""

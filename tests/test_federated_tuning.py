@@ -589,3 +589,39 @@ def test_rowfed_folds_a_client_cannot_form_are_refused(rowfed_data):
     tune = ("cv", (CVOptions(folds=41, quiet=True), *ROWFED_GRID, None))
     with pytest.raises(InputError, match="folds: client 'c0' has 40 training rows"):
         rfed.run_methods_inprocess(RowFedConfig(), rowfed_data, ["rowfed"], tune=tune)
+
+
+@pytest.mark.slow
+@pytest.mark.flower
+def test_rowfed_gic_through_flwr_run_equals_inprocess(rowfed_data, tmp_path, capsys):
+    """``fit --tune gic`` through ``flwr run`` and in process: the same GIC table and the
+    same coefficients, to the last digit."""
+    import importlib
+
+    frames = []
+    for c in rowfed_data.clients:
+        frame = pd.DataFrame(c.x, columns=list(rowfed_data.features))
+        frame.insert(0, "client", c.site)
+        frame["Y1"], frame["Y2"] = c.y[:, 0], c.y[:, 1]
+        frames.append(frame)
+    data = str(tmp_path / "data.csv")
+    pd.concat(frames).to_csv(data, index=False)
+    main = importlib.import_module("rowfed_flower.cli").main
+    outs = {}
+    for engine in ("inprocess", "flower"):
+        outs[engine] = str(tmp_path / engine)
+        args = ["fit", "--data", data, "--responses", "Y1,Y2", "--tune", "gic", "--out"]
+        args += [outs[engine], "--lam1-grid", "0.3,0.05", "--lam2-grid", "0.05,0.005"]
+        assert main([*args, "--engine", engine]) == 0, capsys.readouterr().err[-3000:]
+    a, b = (pd.read_csv(os.path.join(outs[e], "gic.csv")) for e in ("inprocess", "flower"))
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    ca, cb = (pd.read_csv(os.path.join(outs[e], "coefficients.csv")) for e in outs)
+    diff = float(
+        np.max(
+            np.abs(ca.select_dtypes("number").to_numpy() - cb.select_dtypes("number").to_numpy())
+        )
+    )
+    assert diff == 0.0, f"coefficients.csv: max abs difference {diff:g}"
+    ma, mb = _metrics(outs["inprocess"]), _metrics(outs["flower"])
+    assert ma["tuning"]["selected"] == mb["tuning"]["selected"]
+    assert ma["tuning"]["rounds"] == mb["tuning"]["rounds"] > 0
