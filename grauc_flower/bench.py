@@ -267,7 +267,7 @@ def _test_auc(sites, coef: np.ndarray) -> float:
     return float(np.mean(values))
 
 
-def criteria_table(seeds: int = 3, quick: bool = False) -> list[dict]:
+def criteria_table(seeds=3, quick: bool = False, designs=None) -> list[dict]:
     """The cross-validation criteria of the federated tuning (docs/methods.md 3.12) compared
     on held-out test AUC: per design of :data:`CRITERIA_DESIGNS` and data split, one batched
     tuning of GrAUC-PFL (the criteria ``folds``, ``pooled``, ``loss`` read from the same
@@ -282,9 +282,10 @@ def criteria_table(seeds: int = 3, quick: bool = False) -> list[dict]:
     from .client import GrAUCClient
 
     rows = []
-    designs = CRITERIA_DESIGNS[:2] if quick else CRITERIA_DESIGNS
+    if designs is None:
+        designs = CRITERIA_DESIGNS[:2] if quick else CRITERIA_DESIGNS
     for name, spec_fields, folds, standardize in designs:
-        for seed in range(seeds):
+        for seed in range(seeds) if isinstance(seeds, int) else seeds:
             spec = fed.DataSpec(**spec_fields, data_seed=seed)
             sites, _ = fed.load_sites(spec)
             sites = list(sites)
