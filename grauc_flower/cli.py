@@ -33,6 +33,7 @@ from strategies.runtime.cli import (
     fail,
     project_dir,
     settings_from_args,
+    tune_run_config,
     tuning_metrics,
     warn_no_intervals,
 )
@@ -228,28 +229,6 @@ class Progress:
 
 def _line_to_stderr(line: str) -> None:
     sys.stderr.write(line + "\n")
-
-
-def tune_run_config(opts, grid) -> dict:
-    """The ``tune.*`` run-config keys of a federated tuning with ``opts`` and ``grid``."""
-
-    def text(values) -> str:
-        return ",".join(repr(float(v)) for v in values)
-
-    return {
-        "tune.by": "cv",
-        "tune.folds": opts.folds,
-        "tune.rule": opts.rule,
-        "tune.criterion": opts.criterion,
-        "tune.repeats": opts.repeats,
-        "tune.fold-seed": opts.seed,
-        "tune.tol": opts.tol,
-        "tune.max-rounds": opts.max_rounds,
-        "tune.lam-grid": text(grid.lam),
-        "tune.w-dist-grid": text(grid.w_dist),
-        "tune.ridge-grid": text(grid.ridge),
-        "tune.size-power-grid": text(grid.size_power),
-    }
 
 
 def _data_spec(a):
@@ -451,7 +430,9 @@ def cmd_fit(a) -> int:
                 "checkpoint.resume": os.path.abspath(a.resume) if a.resume else "",
             }
             if federated:
-                rc.update(tune_run_config(opts, grid))
+                grids = {"lam-grid": grid.lam, "w-dist-grid": grid.w_dist}
+                grids.update({"ridge-grid": grid.ridge, "size-power-grid": grid.size_power})
+                rc.update(tune_run_config("cv", opts, grids))
             flwr_run(project_dir(), rc, len(sites), echo=stream_echo(a.quiet, a.verbose))
             os.remove(os.path.join(tmp, "auc.csv"))
         path = os.path.join(tmp, "metrics.json")

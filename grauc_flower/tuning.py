@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, replace
-from logging import WARNING
 
 import numpy as np
 import pandas as pd
-from flwr.common import log
 
 from strategies import tuning
 from strategies.batch import pooled_by_site
@@ -440,16 +438,7 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
         sizes = [registry.sites[s].n for s in order]
         powers = tuple(dict.fromkeys(grid.size_power)) or tuning.size_powers(sizes, cfg)
         small = check_folds(registry, opts.folds, cfg.missing_class == "borrow")
-        if small:
-            names = ", ".join(small[:8]) + (" ..." if len(small) > 8 else "")
-            log(
-                WARNING,
-                "cv: %d site(s) have fewer than %d validation rows of a class per fold (%s); "
-                "their fold AUCs are noisy (the pooled criterion ranks all folds together)",
-                len(small),
-                tuning.SMALL_FOLD,
-                names,
-            )
+        tuning.warn_small_folds(small, "site", "rows of a class", "AUCs")
         # 1. the top of each path
         lams: dict[tuple, tuple] = {}
         if grid.lam:

@@ -41,6 +41,7 @@ from strategies.runtime.cli import (
     fail,
     project_dir,
     settings_from_args,
+    tune_run_config,
     tuning_metrics,
     warn_no_intervals,
 )
@@ -102,28 +103,6 @@ def _config(args) -> RowFedConfig:
 
 def _line_to_stderr(line: str) -> None:
     print(line, file=sys.stderr)
-
-
-def _tune_run_config(by, opts, lam1_grid, lam2_grid, size_power_grid) -> dict:
-    """The ``tune.*`` run-config keys of a federated tuning."""
-
-    def text(values) -> str:
-        return ",".join(repr(float(v)) for v in values)
-
-    powers = parse_grid(size_power_grid, "size-power-grid") if size_power_grid else ()
-    return {
-        "tune.by": by,
-        "tune.folds": opts.folds,
-        "tune.rule": opts.rule,
-        "tune.criterion": opts.criterion,
-        "tune.repeats": opts.repeats,
-        "tune.fold-seed": opts.seed,
-        "tune.tol": opts.tol,
-        "tune.max-rounds": opts.max_rounds,
-        "tune.lam1-grid": text(lam1_grid),
-        "tune.lam2-grid": text(lam2_grid),
-        "tune.size-power-grid": text(powers),
-    }
 
 
 def _run_flower(cfg: RowFedConfig, args, data, tmp: str, tune: dict | None = None) -> None:
@@ -239,7 +218,10 @@ def fit(args) -> int:
         if args.engine == "flower":
             tune = None
             if federated:
-                tune = _tune_run_config(args.tune, opts, lam1_grid, lam2_grid, args.size_power_grid)
+                powers = args.size_power_grid
+                powers = parse_grid(powers, "size-power-grid") if powers else ()
+                grids = {"lam1-grid": lam1_grid, "lam2-grid": lam2_grid, "size-power-grid": powers}
+                tune = tune_run_config(args.tune, opts, grids)
             _run_flower(cfg, args, data, tmp, tune)
         else:
             tune = None

@@ -11,11 +11,8 @@ its responses).  The folds run in a process pool.
 
 from __future__ import annotations
 
-from logging import WARNING
-
 import numpy as np
 import pandas as pd
-from flwr.common import log
 
 from strategies import tuning
 from strategies.batch import pooled_by_site
@@ -342,16 +339,7 @@ def federated_plan(
             powers = tuning.size_powers(sizes, cfg, size_power_grid)
         settings = settings_grid(method, cfg, lam1_grid, lam2_grid, None, powers)
         small = check_folds(registry, opts.folds)
-        if small:
-            names = ", ".join(small[:8]) + (" ..." if len(small) > 8 else "")
-            log(
-                WARNING,
-                "cv: %d client(s) have fewer than %d validation rows per fold (%s); their "
-                "fold MSEs are noisy (the pooled criterion takes all folds together)",
-                len(small),
-                tuning.SMALL_FOLD,
-                names,
-            )
+        tuning.warn_small_folds(small, "client", "rows", "MSEs")
         base = opts.fit_config(cfg)
         speculative = cfg.inference == "none"
         cv_jobs, full = [], {}

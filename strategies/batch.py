@@ -343,14 +343,14 @@ class BatchStrategy(Strategy):
     def running(self) -> list[Job]:
         return [j for j in self.jobs.values() if not j.done]
 
-    def configure_fit(self, server_round, parameters, client_manager):
-        self._advance_stages()
+    def _pack(self, jobs, ask, make) -> list:
+        """Every job's instructions for each client (``ask(job)``: its ``(proxy, ins)``
+        list) packed into one message per client (``make(params, config)``): the arrays one
+        after the other, the jobs' configs in one JSON field."""
         per_client: dict[str, tuple[ClientProxy, list]] = {}
         with _quiet():
-            for job in self.running():
-                for proxy, ins in job.strategy.configure_fit(
-                    server_round, parameters, client_manager
-                ):
+            for job in jobs:
+                for proxy, ins in ask(job):
                     per_client.setdefault(proxy.cid, (proxy, []))[1].append((job, ins))
         out = []
         for proxy, items in per_client.values():
@@ -363,14 +363,22 @@ class BatchStrategy(Strategy):
                         "job": job.key,
                         "view": job.view,
                         "n": len(ins.parameters.tensors),
+                        "group": job.group,
                         "config": dict(ins.config),
                     }
                 )
             site = self.registry.cid_to_site.get(proxy.cid, "")
             params = Parameters(tensors=tensors, tensor_type="numpy.ndarray")
-            out.append(
-                (proxy, FitIns(params, {"task": TASK, "site": site, FIELD: encode(records)}))
-            )
+            out.append((proxy, make(params, {"task": TASK, "site": site, FIELD: encode(records)})))
+        return out
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        self._advance_stages()
+        out = self._pack(
+            self.running(),
+            lambda job: job.strategy.configure_fit(server_round, parameters, client_manager),
+            FitIns,
+        )
         if out:
             self.rounds = server_round
         return out
@@ -418,34 +426,16 @@ class BatchStrategy(Strategy):
     def configure_evaluate(self, server_round, parameters, client_manager):
         if self.stage is not None and self.stage.evaluate and all(j.done for j in self.stage.jobs):
             self._evaluating = True
-            per_client: dict[str, tuple[ClientProxy, list]] = {}
             # the stage's jobs, and those of its unwaited jobs that are done (their own
             # evaluation: the result among them needs no round of its own afterwards)
             self._evaluated = [*self.stage.jobs, *(j for j in self.stage.also if j.strategy.done)]
-            for job in self._evaluated:
-                for proxy, ins in job.strategy.configure_evaluate(
+            out = self._pack(
+                self._evaluated,
+                lambda job: job.strategy.configure_evaluate(
                     server_round, parameters, client_manager
-                ):
-                    per_client.setdefault(proxy.cid, (proxy, []))[1].append((job, ins))
-            out = []
-            for proxy, items in per_client.values():
-                tensors: list[bytes] = []
-                records = []
-                for job, ins in items:
-                    tensors.extend(ins.parameters.tensors)
-                    records.append(
-                        {
-                            "job": job.key,
-                            "view": job.view,
-                            "n": len(ins.parameters.tensors),
-                            "group": job.group,
-                            "config": dict(ins.config),
-                        }
-                    )
-                site = self.registry.cid_to_site.get(proxy.cid, "")
-                config = {"task": TASK, "site": site, FIELD: encode(records)}
-                params = Parameters(tensors=tensors, tensor_type="numpy.ndarray")
-                out.append((proxy, EvaluateIns(params, config)))
+                ),
+                EvaluateIns,
+            )
             if out:
                 self.rounds = server_round
             return out

@@ -158,6 +158,24 @@ def site_rng(seed: int, site: str) -> np.random.Generator:
     return np.random.default_rng([int(seed), zlib.crc32(str(site).encode())])
 
 
+def warn_small_folds(small: Sequence[str], entity: str, rows: str, score: str) -> None:
+    """The one warning naming the sites (``entity``: site or client) with fewer than
+    :data:`SMALL_FOLD` validation ``rows`` per fold, whose fold ``score`` is noisy."""
+    if not small:
+        return
+    from logging import WARNING
+
+    from flwr.common import log
+
+    names = ", ".join(small[:8]) + (" ..." if len(small) > 8 else "")
+    log(
+        WARNING,
+        "cv: %d %s(s) have fewer than %d validation %s per fold (%s); their fold %s are "
+        "noisy (the pooled criterion takes all folds together)",
+        len(small), entity, SMALL_FOLD, rows, names, score,
+    )  # fmt: skip
+
+
 def holdout_mask(y: np.ndarray | None, n: int, fraction: float, rng) -> np.ndarray:
     """Rows held out for testing: ``fraction`` of each class (binary ``y``) or of all rows
     (``y`` is None), rounded half up and leaving at least one row of each class (or row)
@@ -531,4 +549,5 @@ __all__ = [
     "run_items",
     "stratified_folds",
     "summarize",
+    "warn_small_folds",
 ]

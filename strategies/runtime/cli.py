@@ -149,6 +149,25 @@ def check_test_arguments(args: argparse.Namespace) -> None:
         raise InputError(f"test-data: file not found: {args.test_data}")
 
 
+def tune_run_config(by: str, opts, grids: dict) -> dict:
+    """The ``tune.*`` run-config keys of a federated tuning (``--engine flower``): ``by``,
+    the options of ``opts`` and each grid of ``grids`` (``{"lam-grid": values, ...}``) as
+    comma-separated numbers (empty: the default)."""
+    out = {
+        "tune.by": by,
+        "tune.folds": opts.folds,
+        "tune.rule": opts.rule,
+        "tune.criterion": opts.criterion,
+        "tune.repeats": opts.repeats,
+        "tune.fold-seed": opts.seed,
+        "tune.tol": opts.tol,
+        "tune.max-rounds": opts.max_rounds,
+    }
+    for key, values in grids.items():
+        out[f"tune.{key}"] = ",".join(repr(float(v)) for v in values)
+    return out
+
+
 def tuning_metrics(summary, params, score: str, maximize: bool, opts) -> dict:
     """What ``metrics.json`` records of a cross-validation: the chosen setting, its mean
     validation score and standard error, the best mean of the grid, the grid's size, and
