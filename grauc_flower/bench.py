@@ -276,6 +276,7 @@ def criteria_table(seeds=3, quick: bool = False, designs=None) -> list[dict]:
     sites of each.  Grid: lam from lam_max, w_dist {0, 1}, ridge {0.01, 0.1} (crime:
     w_dist 0, ridge 0.1)."""
     from strategies.registry import Registry
+    from strategies.runtime.engine import run_inprocess
     from strategies.tuning import CVOptions, choose
 
     from . import tuning
@@ -299,7 +300,7 @@ def criteria_table(seeds=3, quick: bool = False, designs=None) -> list[dict]:
                 t0 = time.perf_counter()
                 clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
                 batch = fed.tuned_strategy("grauc", cfg, len(sites), Registry(), (opts, grid))
-                run_inprocess_tuned(batch, clients, fed.max_rounds_for("grauc", cfg, True))
+                run_inprocess(batch, clients, fed.max_rounds_for("grauc", cfg, True))
                 out = batch.outputs
                 params = tuning.PARAMS["grauc"]
                 frames = {"folds": ("val_auc", True), "loss": ("val_loss", False)}
@@ -353,12 +354,6 @@ def criteria_table(seeds=3, quick: bool = False, designs=None) -> list[dict]:
                 )
             print(pd.DataFrame(rows[-6:]).to_string(index=False), flush=True)
     return rows
-
-
-def run_inprocess_tuned(batch, clients, max_rounds: int) -> None:
-    from strategies.runtime.engine import run_inprocess
-
-    run_inprocess(batch, clients, max_rounds)
 
 
 def _settings(batch) -> list[dict]:

@@ -134,13 +134,19 @@ def tune_gic(
         fits.append(res)
         if method != "nonfed":
             theta0 = res.theta_work
+    table, best = gic_table(rows)
+    return fits[best], table
+
+
+def gic_table(rows: list[dict]) -> tuple[pd.DataFrame, int]:
+    """The GIC table of a grid's rows with its ``selected`` column, and the chosen row."""
     table = pd.DataFrame(rows)
     gics = table["gic"].to_numpy(dtype=float)
     if not np.isfinite(gics).any():
         raise InputError("tune: no grid point gave a finite GIC")
     best = int(np.nanargmin(gics))
     table["selected"] = np.arange(len(table)) == best
-    return fits[best], table
+    return table, best
 
 
 def fold_data(data: fed.FederatedData, folds, k: int) -> fed.FederatedData:
@@ -325,12 +331,7 @@ def federated_plan(
                         "objective": st.objective(),
                     }
                 )
-            table = pd.DataFrame(rows)
-            gics = table["gic"].to_numpy(dtype=float)
-            if not np.isfinite(gics).any():
-                raise InputError("tune: no grid point gave a finite GIC")
-            best = int(np.nanargmin(gics))
-            table["selected"] = np.arange(len(table)) == best
+            table, best = gic_table(rows)
             batch.outputs = {"table": table, "by": "gic", "best": rows[best]}
             return jobs[best].key
         sizes = [registry.sites[s].n for s in order]
