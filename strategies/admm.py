@@ -47,6 +47,8 @@ def all_pairs(n_sites: int) -> np.ndarray:
 
 #: What a split's matrix is (:attr:`Split.kind`).
 SPLIT_KINDS = ("edges", "mean", "identity")
+#: Splits with at most this many entries of ``A`` (rows x sites) also keep ``A`` dense.
+DENSE_SPLIT = 4096
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,10 @@ class Split:
         object.__setattr__(self, "matrix", sp.csr_matrix(self.matrix))
         # A^T kept once: transposing on every product cost as much as the product
         object.__setattr__(self, "_matrix_t", sp.csr_matrix(self.matrix.T))
+        # a small A also dense: a sparse product's call costs ~30x a small dense one's, and
+        # the inner ADMM of the server's model problem makes thousands of them a round
+        small = self.matrix.shape[0] * self.matrix.shape[1] <= DENSE_SPLIT
+        object.__setattr__(self, "_dense", self.matrix.toarray() if small else None)
         lam = np.asarray(self.lam, dtype=float)
         if lam.ndim <= 1:
             lam = np.broadcast_to(lam, (self.matrix.shape[0],))
@@ -94,12 +100,14 @@ class Split:
     def apply(self, beta: np.ndarray) -> np.ndarray:
         """``A beta`` for ``beta`` of shape ``(n_sites, *block)``."""
         flat = beta.reshape(beta.shape[0], -1)
-        return np.asarray(self.matrix @ flat).reshape((self.matrix.shape[0],) + beta.shape[1:])
+        m = self.matrix if self._dense is None else self._dense
+        return np.asarray(m @ flat).reshape((self.matrix.shape[0],) + beta.shape[1:])
 
     def apply_t(self, v: np.ndarray) -> np.ndarray:
         """``A^T v`` for ``v`` of shape ``(n_rows, *block)``."""
         flat = v.reshape(v.shape[0], -1)
-        return np.asarray(self._matrix_t @ flat).reshape((self.matrix.shape[1],) + v.shape[1:])
+        m = self._matrix_t if self._dense is None else self._dense.T
+        return np.asarray(m @ flat).reshape((self.matrix.shape[1],) + v.shape[1:])
 
     def _grouped(self, x: np.ndarray) -> tuple[np.ndarray, bool]:
         if self.grouping == "block":
