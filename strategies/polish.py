@@ -32,12 +32,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.linalg import cho_factor, cho_solve
 from scipy.sparse.csgraph import breadth_first_order, connected_components
 from scipy.sparse.linalg import splu
 
 DUAL_SLACK = 1e-9  # relative slack of the check |nu| <= lam on fused entries
 PATTERNS = 4  # sparsity structures kept per tree
 PATIENCE = 3  # active-set steps without fewer violations before giving up
+#: Blocks of at least this many coordinates solve a pattern by Schur complements onto the
+#: shared clusters (:func:`cluster_solve`), up to this many shared clusters.
+SCHUR_MIN_P = 64
+SCHUR_MAX = 1500
 
 
 # the system is symmetric positive definite: a symmetric ordering, pivots on the diagonal
@@ -106,8 +111,7 @@ class Forest:
 
 def forest(matrix: sp.spmatrix) -> Forest | None:
     """``matrix`` as a :class:`Forest`, or ``None`` unless every row is ``e_u - e_v`` and the
-    rows form a forest (no cycle).  Each tree is rooted at a centre of its longest path, so the
-    subtree sums take as few levels as possible."""
+    rows form a forest (no cycle); rooted by :func:`rooted`."""
     d = sp.csr_matrix(matrix)
     n_edges, n_sites = d.shape
     if n_edges == 0 or not np.all(np.diff(d.indptr) == 2):
@@ -124,6 +128,20 @@ def forest(matrix: sp.spmatrix) -> Forest | None:
     n_comp, label = connected_components(adj, directed=False)
     if n_edges != n_sites - n_comp or adj.max() > 1:  # a cycle, or a repeated edge
         return None
+    parent, depth = rooted(adj, label)
+    levels = tuple(np.flatnonzero(depth == k) for k in range(int(depth.max()) + 1))
+    child = np.where(parent[plus] == minus, plus, minus)
+    edge_of = np.full(n_sites, -1)
+    edge_of[child] = np.arange(n_edges)
+    sign = np.where(child == plus, 1.0, -1.0)
+    return Forest(plus, minus, child, sign, parent, levels, edge_of)
+
+
+def rooted(adj: sp.csr_matrix, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each site's parent (-1 at roots) and depth in the forest ``adj`` (symmetric, its
+    components labelled ``label``), each tree rooted at a centre of its longest path, so
+    that sweeps over the levels take as few steps as possible."""
+    n_sites = adj.shape[0]
     parent = np.full(n_sites, -1)
     depth = np.zeros(n_sites, int)
     _, firsts = np.unique(label, return_index=True)
@@ -139,12 +157,7 @@ def forest(matrix: sp.spmatrix) -> Forest | None:
         parent[order[1:]] = pred[order[1:]]
         for site in order[1:]:
             depth[site] = depth[pred[site]] + 1
-    levels = tuple(np.flatnonzero(depth == k) for k in range(int(depth.max()) + 1))
-    child = np.where(parent[plus] == minus, plus, minus)
-    edge_of = np.full(n_sites, -1)
-    edge_of[child] = np.arange(n_edges)
-    sign = np.where(child == plus, 1.0, -1.0)
-    return Forest(plus, minus, child, sign, parent, levels, edge_of)
+    return parent, depth
 
 
 @dataclass(frozen=True)
@@ -153,6 +166,59 @@ class Polished:
     delta: np.ndarray  # (E, p) D b, exact zeros where fused
     nu: np.ndarray  # (E, p) the multipliers, nu_e in lam_e * subdifferential of |delta_e|
     iterations: int
+
+
+def cluster_solve(
+    tree: Forest, cluster: np.ndarray, n_clusters: int, hess: np.ndarray, rhs: np.ndarray
+) -> np.ndarray | None:
+    """Solve ``(sum_z E_z^T B_z E_z) y = rhs`` (one unknown per cluster), ``None`` if the
+    matrix is not positive definite.
+
+    With blocks of ``SCHUR_MIN_P`` or more coordinates, by the Schur complement onto the
+    shared clusters: a cluster holds at most one coordinate of a site (fusion links one
+    coordinate across sites), so the clusters of one coordinate alone are a site's own; each
+    site eliminates its own coordinates with one ``p x p`` Cholesky, leaving a dense system
+    in the shared clusters only (few where fusion is strong: ``p`` when every coordinate is
+    fused over the whole tree).  Otherwise, or with more than ``SCHUR_MAX`` shared clusters,
+    by a sparse LU of the assembled matrix."""
+    n_sites, p = hess.shape[:2]
+    shared = np.bincount(cluster, minlength=n_clusters) > 1
+    n_shared = int(shared.sum())
+    if p < SCHUR_MIN_P or n_shared > SCHUR_MAX:
+        try:
+            return splu(tree.assemble(cluster, n_clusters, hess), **_SPLU).solve(rhs)
+        except RuntimeError:
+            return None
+    index = np.cumsum(shared) - 1  # a shared cluster's place in the reduced system
+    reduced = np.zeros((n_shared, n_shared))
+    r_shared = rhs[shared].copy()
+    parts = []
+    try:
+        for z in range(n_sites):
+            cz = cluster[z * p : (z + 1) * p]
+            own, sh = ~shared[cz], shared[cz]
+            at = index[cz[sh]]
+            b = hess[z]
+            if not own.any():
+                reduced[np.ix_(at, at)] += b
+                parts.append(None)
+                continue
+            factor = cho_factor(b[np.ix_(own, own)], check_finite=False)
+            w = cho_solve(factor, np.column_stack([b[np.ix_(own, sh)], rhs[cz[own]]]))
+            w_s, w_r = w[:, :-1], w[:, -1]
+            reduced[np.ix_(at, at)] += b[np.ix_(sh, sh)] - b[np.ix_(sh, own)] @ w_s
+            r_shared[at] -= b[np.ix_(sh, own)] @ w_r
+            parts.append((cz[own], w_s, w_r, at))
+        y = np.empty(n_clusters)
+        if n_shared:
+            y[shared] = cho_solve(cho_factor(reduced, check_finite=False), r_shared)
+    except np.linalg.LinAlgError:
+        return None
+    for part in parts:
+        if part is not None:
+            ids, w_s, w_r, at = part
+            y[ids] = w_r - w_s @ y[shared][at]
+    return y
 
 
 def polish(
@@ -183,11 +249,9 @@ def polish(
         force = np.zeros((n_sites, p))  # D^T nu on the unfused entries
         np.add.at(force, tree.plus, nu_free)
         np.add.at(force, tree.minus, -nu_free)
-        system = tree.assemble(cluster, n_clusters, hess)
         rhs = np.bincount(cluster, weights=(c - force).ravel(), minlength=n_clusters)
-        try:
-            y = splu(system, **_SPLU).solve(rhs)
-        except RuntimeError:  # singular: B not positive definite on the clusters
+        y = cluster_solve(tree, cluster, n_clusters, hess, rhs)
+        if y is None:  # singular: B not positive definite on the clusters
             return None
         b = y[cluster].reshape(n_sites, p)
         nu = tree.subtree_flow(c - np.einsum("zij,zj->zi", hess, b))

@@ -69,13 +69,17 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve
+from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import splu
 
 from .admm import Problem
-from .polish import Forest, forest, polish
+from .polish import Forest, forest, polish, rooted
 
 ARMIJO = 1e-4  # sufficient-decrease constant
 DENSE_LIMIT = 3000  # model problems up to this many unknowns per column use dense Cholesky
+#: ... unless the graph is a forest and a dense solve (``n^2`` flops) costs more than a
+#: block elimination's Python sweep over the forest's levels (about this many flops a level)
+FOREST_LEVEL = 4e4
 MIN_STEP = 2.0**-30
 RELAX = 1.6  # the inner ADMM's over-relaxation
 INNER_TOL = 1e-11  # the model problem's tolerance near the optimum (relative to its scale)
@@ -149,6 +153,68 @@ def _complete_solver(hess: np.ndarray, e: np.ndarray, rho: float) -> Callable:
         kr = np.einsum("zij,zjk->zik", k_inv, r3)
         total = c_inv @ kr.sum(axis=0)
         out = kr + rho * np.einsum("zij,jk->zik", k_inv, total)
+        return out.reshape(np.shape(r))
+
+    return solve
+
+
+@dataclass(frozen=True)
+class _Elimination:
+    """A forest's elimination order: ``parent`` (-1 at roots), the off-diagonal entry to the
+    parent ``weight``, and the sites by depth (``levels[0]``: the roots)."""
+
+    parent: np.ndarray
+    weight: np.ndarray
+    levels: tuple[np.ndarray, ...]
+
+
+def _elimination(gram: sp.spmatrix) -> _Elimination | None:
+    """The elimination order of ``gram`` when its off-diagonal entries form a forest (a
+    tree's Laplacian, with or without an identity split besides: GrAUC-PFL's graph, a
+    RowFed tree), else ``None``."""
+    g = sp.csr_matrix(gram)
+    n = g.shape[0]
+    off = sp.csr_matrix(g - sp.diags(g.diagonal()))
+    off.eliminate_zeros()
+    n_comp, label = connected_components(off, directed=False)
+    if off.nnz != 2 * (n - n_comp):  # a cycle (or an asymmetric entry)
+        return None
+    parent, depth = rooted(off, label)
+    has = parent >= 0
+    weight = np.zeros(n)
+    weight[has] = np.asarray(g[np.flatnonzero(has), parent[has]]).ravel()
+    levels = tuple(np.flatnonzero(depth == k) for k in range(int(depth.max()) + 1))
+    return _Elimination(parent, weight, levels)
+
+
+def _forest_solver(hess: np.ndarray, gram: sp.spmatrix, order: _Elimination, rho: float):
+    """Solve ``(blockdiag(B_z) + rho (G kron I_p)) b = r`` when ``G``'s off-diagonal entries
+    form a forest, by block elimination from the leaves to the roots (``O(Z p^3)``; block
+    Gaussian elimination on a tree keeps every Schur complement a ``p x p`` block).  With
+    ``a = rho G_{c, parent}``: a child's block ``K_c`` (its own, less its children's
+    ``a^2 K^{-1}``) leaves ``- a^2 K_c^{-1}`` on its parent's block and ``- a K_c^{-1} r_c`` on
+    its parent's right-hand side; back down, ``b_c = K_c^{-1} (r_c - a b_parent)``.  Each
+    level is one batched inversion of positive definite blocks."""
+    n, p = hess.shape[:2]
+    k = hess + (rho * np.asarray(sp.csr_matrix(gram).diagonal()))[:, None, None] * np.eye(p)
+    a = rho * order.weight
+    k_inv = np.empty_like(k)
+    for level in reversed(order.levels):
+        k_inv[level] = np.linalg.inv(k[level])
+        below = level[order.parent[level] >= 0]
+        np.subtract.at(k, order.parent[below], a[below, None, None] ** 2 * k_inv[below])
+
+    def solve(r: np.ndarray) -> np.ndarray:
+        rr = np.array(r, dtype=float).reshape(n, p, -1)
+        for level in reversed(order.levels[1:]):
+            t = np.einsum("zij,zjk->zik", k_inv[level], rr[level])
+            np.subtract.at(rr, order.parent[level], a[level, None, None] * t)
+        out = np.empty_like(rr)
+        roots = order.levels[0]
+        out[roots] = np.einsum("zij,zjk->zik", k_inv[roots], rr[roots])
+        for level in order.levels[1:]:
+            pull = rr[level] - a[level, None, None] * out[order.parent[level]]
+            out[level] = np.einsum("zij,zjk->zik", k_inv[level], pull)
         return out.reshape(np.shape(r))
 
     return solve
@@ -229,11 +295,15 @@ def solve_model(
     else:
         gram_ff, gram_fx = gram, None
     complete = _complete_diagonal(problem, frozen)
+    site_gram = problem.gram()[~frozen][:, ~frozen]  # among the live sites
+    order = _elimination(site_gram) if complete is None else None
 
     def factor(rho):
         rhs_fixed = rho * (gram_fx @ x_flat[~free]) if gram_fx is not None else 0.0
         if complete is not None:  # all pairs: per-site solves and one p x p system
             return _complete_solver(hess[~frozen], complete, rho), rhs_fixed
+        if order is not None and len(order.levels) * FOREST_LEVEL < free.sum() ** 2:  # forest
+            return _forest_solver(hess[~frozen], site_gram, order, rho), rhs_fixed
         matrix = blocks + rho * gram_ff  # symmetric positive definite
         if matrix.shape[0] <= DENSE_LIMIT:  # small (or dense): Cholesky
             chol = cho_factor(matrix.toarray())

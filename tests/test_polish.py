@@ -10,8 +10,9 @@ import pytest
 from numpy.testing import assert_allclose
 
 from strategies import admm, pqn
+from strategies import polish as polish_module
 from strategies.penalties import Penalty
-from strategies.polish import forest, polish
+from strategies.polish import cluster_solve, forest, polish
 
 
 def random_forest(n_sites, n_trees, seed):
@@ -74,9 +75,11 @@ def test_subtree_flow_solves_the_tree_equations(seed):
     assert_allclose(np.linalg.lstsq(d.T, q, rcond=None)[0], nu_true, atol=1e-10)
 
 
+@pytest.mark.parametrize("solver", ["lu", "schur"])
 @pytest.mark.parametrize("lam_level", [0.05, 0.5, 5.0])  # little, much and (almost) all fusion
 @pytest.mark.parametrize("seed", [0, 1])
-def test_polish_from_a_perturbed_pattern_matches_cvxpy(lam_level, seed):
+def test_polish_from_a_perturbed_pattern_matches_cvxpy(lam_level, seed, solver, monkeypatch):
+    monkeypatch.setattr(polish_module, "SCHUR_MIN_P", 1 if solver == "schur" else 10**9)
     n_sites, p = 30, 3
     edges = random_forest(n_sites, 2, seed)
     lam = lam_level * np.random.default_rng(seed).uniform(0.5, 1.5, len(edges))
@@ -99,6 +102,41 @@ def test_polish_from_a_perturbed_pattern_matches_cvxpy(lam_level, seed):
     free = res.delta != 0.0
     assert_allclose(res.nu[free], (lam[:, None] * np.sign(res.delta))[free], rtol=1e-12)
     assert np.all(np.abs(res.nu) <= lam[:, None] * (1 + 1e-9))
+
+
+@pytest.mark.parametrize("fusion", [0.0, 0.3, 0.8, 1.0])
+def test_cluster_solve_equals_a_dense_solve_of_the_assembled_system(fusion, monkeypatch):
+    """A pattern's linear system ``sum_z E_z^T B_z E_z y = r``, assembled entry by entry in
+    loops and solved densely, against both of :func:`cluster_solve`'s routes (the Schur
+    complement onto the shared clusters and the sparse LU); a singular system gives
+    ``None``."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    n_sites, p = 12, 4
+    rng = np.random.default_rng(int(10 * fusion))
+    edges = random_forest(n_sites, 2, 3)
+    tree = forest(admm.incidence_matrix(edges, n_sites))
+    _, _, hess = random_model(n_sites, p, 4, 0.0)
+    e, j = np.nonzero(rng.random((len(edges), p)) < fusion)
+    links = coo_matrix(
+        (np.ones(len(e)), (tree.plus[e] * p + j, tree.minus[e] * p + j)), shape=(n_sites * p,) * 2
+    )
+    n_clusters, cluster = connected_components(links, directed=False)
+    dense = np.zeros((n_clusters, n_clusters))
+    for z in range(n_sites):
+        for a in range(p):
+            for b in range(p):
+                dense[cluster[z * p + a], cluster[z * p + b]] += hess[z, a, b]
+    rhs = rng.standard_normal(n_clusters)
+    want = np.linalg.solve(dense, rhs)
+    for min_p in (1, 10**9):
+        monkeypatch.setattr(polish_module, "SCHUR_MIN_P", min_p)
+        assert_allclose(cluster_solve(tree, cluster, n_clusters, hess, rhs), want, atol=1e-10)
+        if fusion == 0.0:  # site 0 alone in its clusters, its block zero: singular
+            bad = hess.copy()
+            bad[0] = 0.0
+            assert cluster_solve(tree, cluster, n_clusters, bad, rhs) is None
 
 
 def test_polish_gives_up_on_a_hopeless_start():

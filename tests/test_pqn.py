@@ -52,10 +52,13 @@ def model_value(b, x, g, hess, prob):
     return float(np.sum(g * d) + 0.5 * np.einsum("zi,zij,zj->", d, hess, d) + prob.penalty_value(b))
 
 
+@pytest.mark.parametrize("solver", ["dense", "forest"])
 @pytest.mark.parametrize("grouping", ["entry", "block"])
 @pytest.mark.parametrize("n_frozen", [0, 2])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_model_problem_matches_cvxpy(grouping, n_frozen, seed):
+def test_model_problem_matches_cvxpy(grouping, n_frozen, seed, solver, monkeypatch):
+    if solver == "forest":  # the tree's block elimination however small the problem
+        monkeypatch.setattr(pqn, "FOREST_LEVEL", 0.0)
     x, g, hess = random_model(seed)
     prob = problem(grouping)
     frozen = np.zeros(Z, bool)
@@ -97,6 +100,35 @@ def test_all_pairs_linear_solve_equals_the_dense_solve(n_frozen, q):
     r = rng.standard_normal((free.sum(), q))
     got = pqn._complete_solver(hess[~frozen], e, 2.5)(r)
     assert_allclose(got, np.linalg.solve(dense, r), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("identity", [False, True])
+@pytest.mark.parametrize("n_frozen", [0, 2, 3])
+@pytest.mark.parametrize("q", [1, 3])
+def test_forest_linear_solve_equals_the_dense_solve(n_frozen, q, identity):
+    """A tree (GrAUC-PFL's graph; with an identity split besides, RowFed on a tree; frozen
+    sites cut it into a forest): the block elimination against a dense solve of the whole
+    system; a graph with a cycle is turned away."""
+    rng = np.random.default_rng(10 * n_frozen + q)
+    splits = [admm.Split(admm.incidence_matrix(EDGES, Z), Penalty("lasso"), 0.1)]
+    if identity:
+        splits.append(admm.Split(sp.identity(Z, format="csr"), Penalty("lasso"), 0.1))
+    prob = admm.Problem(tuple(splits), Z)
+    frozen = np.zeros(Z, bool)
+    frozen[[1, 4, 3][:n_frozen]] = True  # site 1 is the hub: three trees remain
+    _, _, hess = random_model(n_frozen + 7)
+    live = ~frozen
+    site_gram = prob.gram()[live][:, live]
+    order = pqn._elimination(site_gram)
+    assert order is not None
+    blocks, gram = pqn._system_parts(prob, hess)
+    free = np.repeat(live, P)
+    dense = (blocks + 0.7 * gram).toarray()[np.ix_(free, free)]
+    r = rng.standard_normal((free.sum(), q))
+    got = pqn._forest_solver(hess[live], site_gram, order, 0.7)(r)
+    assert_allclose(got, np.linalg.solve(dense, r), rtol=0, atol=1e-10)
+    cycle = admm.incidence_matrix(np.vstack([EDGES, [[0, 6]]]), Z)
+    assert pqn._elimination(sp.csr_matrix(cycle.T @ cycle)) is None
 
 
 @pytest.mark.parametrize("n_frozen", [0, 2])
