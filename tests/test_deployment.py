@@ -316,9 +316,11 @@ def test_bad_input_or_an_absent_site_ends_the_run_naming_it(tmp_path, pki):
 def test_rowfed_runs_the_same_way(tmp_path, pki):
     """RowFed in deployment, as planned for ``--task rowfed``: the server has no data
     (``rowfed-data.source = deployment``); each SuperNode reads its own file; the
-    coefficients equal the in-process fit."""
+    coefficients equal the in-process fit; then the GIC tuning inside the federation equals
+    the in-process tuning."""
     from rowfed_flower import federation as rfed
     from strategies.config import RowFedConfig
+    from strategies.tuning import CVOptions
 
     base = {
         "task": "rowfed",
@@ -359,6 +361,28 @@ def test_rowfed_runs_the_same_way(tmp_path, pki):
         np.testing.assert_allclose(
             got[["Y1", "Y2"]].to_numpy(), want[["Y1", "Y2"]].to_numpy(), rtol=0, atol=1e-8
         )
+        # the GIC tuning inside the federation, on the same SuperNodes: the in-process
+        # tuning's table, choice and coefficients
+        tuned = str(tmp_path / "tuned")
+        grids = {"tune.lam1-grid": "0.3,0.03", "tune.lam2-grid": "0.05,0.005"}
+        code, text = fedn.run({"tune.by": "gic", **grids, "out-dir": tuned})
+        assert code == 0, text[-3000:]
+        options = (CVOptions(quiet=True), (0.3, 0.03), (0.05, 0.005), None)
+        ref = rfed.run_methods_inprocess(RowFedConfig(), data, ["rowfed"], tune=("gic", options))[
+            "rowfed"
+        ]
+        name, table = ref.extra["tuning_table"]
+        pd.testing.assert_frame_equal(
+            pd.read_csv(os.path.join(tuned, name)), table, check_dtype=False
+        )
+        got = pd.read_csv(os.path.join(tuned, "coefficients.csv"), dtype={"client": str})
+        want = rfed.coefficients_frame(ref, data.features, data.responses)
+        np.testing.assert_allclose(
+            got[["Y1", "Y2"]].to_numpy(), want[["Y1", "Y2"]].to_numpy(), rtol=0, atol=1e-8
+        )
+        metrics = json.load(open(os.path.join(tuned, "metrics.json")))
+        assert metrics["tuning"]["selected"] == ref.extra["tuning_metrics"]["tuning"]["selected"]
+        assert metrics["tuning"]["rounds"] == ref.extra["tuning_metrics"]["tuning"]["rounds"]
     finally:
         fedn.close()
         assert all(p.poll() is not None for p in fedn.procs)
