@@ -16,6 +16,7 @@ Ratios between variants are the figures to quote; absolute times depend on the m
 
 from __future__ import annotations
 
+import itertools
 import time
 import tracemalloc
 
@@ -267,17 +268,18 @@ def _test_auc(sites, coef: np.ndarray) -> float:
     return float(np.mean(values))
 
 
-def criteria_table(seeds=3, quick: bool = False, designs=None) -> list[dict]:
+def criteria_table(seeds=3, quick: bool = False, designs=None, repeats=(1, 3)) -> list[dict]:
     """The cross-validation criteria of the federated tuning (docs/methods.md 3.12) compared
     on held-out test AUC: per design of :data:`CRITERIA_DESIGNS` and data split, one batched
     tuning of GrAUC-PFL (the criteria ``folds``, ``pooled``, ``loss`` read from the same
-    fits: each one's choice refitted on all rows), one with the folds drawn 3 times, and
+    fits, each by the ``best`` and the ``1se`` rule: each one's choice refitted on all
+    rows), one with the folds drawn 3 times (``repeats``), and
     FedAvg and individual fits tuned by their own cross-validation; the mean test AUC over
     sites of each.  Grid: lam from lam_max, w_dist {0, 1}, ridge {0.01, 0.1} (crime:
     w_dist 0, ridge 0.1)."""
     from strategies.registry import Registry
     from strategies.runtime.engine import run_inprocess
-    from strategies.tuning import CVOptions, choose
+    from strategies.tuning import RULES, CVOptions, choose
 
     from . import tuning
     from .client import GrAUCClient
@@ -295,15 +297,19 @@ def criteria_table(seeds=3, quick: bool = False, designs=None) -> list[dict]:
             grid = tuning.Grid(
                 w_dist=(0.0,) if crime else (0.0, 1.0), ridge=(0.1,) if crime else (0.01, 0.1)
             )
-            for repeats in (1, 3):
-                opts = CVOptions(folds=folds, quiet=True, repeats=repeats, seed=seed)
+            for rep in repeats:
+                opts = CVOptions(folds=folds, quiet=True, repeats=rep, seed=seed)
                 t0 = time.perf_counter()
                 clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
                 batch = fed.tuned_strategy("grauc", cfg, len(sites), Registry(), (opts, grid))
                 run_inprocess(batch, clients, fed.max_rounds_for("grauc", cfg, True))
                 out = batch.outputs
                 params = tuning.PARAMS["grauc"]
-                frames = {"folds": ("val_auc", True), "loss": ("val_loss", False)}
+                frames = {
+                    "folds": ("val_auc", True),
+                    "pooled": ("pooled_auc", True),
+                    "loss": ("val_loss", False),
+                }
                 site_table = tuning._federated_tables(
                     [j for j in batch.jobs.values() if j.key.startswith("cv/")],
                     batch.pooled,
@@ -311,23 +317,23 @@ def criteria_table(seeds=3, quick: bool = False, designs=None) -> list[dict]:
                     params,
                     batch.registry.order(),
                 )[1]
-                for criterion in ("folds", "pooled", "loss") if repeats == 1 else ("folds",):
-                    if criterion == "pooled":
-                        chosen, _ = choose(site_table, params, "pooled_auc", True)
-                    else:
-                        score, up = frames[criterion]
-                        chosen, _ = choose(out["table"], params, score, up)
-                        if criterion == "folds":
-                            assert chosen == out["tuned"]
+                criteria = ("folds", "pooled", "loss") if rep == 1 else ("folds",)
+                for criterion, rule in itertools.product(criteria, RULES):
+                    table = site_table if criterion == "pooled" else out["table"]
+                    score, up = frames[criterion]
+                    chosen, _ = choose(table, params, score, up, rule, tuning.SIMPLEST["grauc"])
+                    if (criterion, rule) == ("folds", "best"):
+                        assert chosen == out["tuned"]
                     # the all-rows fit at the choice (a plain fit: the batch's equals it)
                     refit = fed.run_methods_inprocess(cfg.replace(**chosen), sites, ["grauc"])
+                    label = criterion + (f" x{rep}" if rep > 1 else "")
                     rows.append(
                         {
                             "what": "criteria",
                             "design": name,
                             "seed": seed,
                             "method": "grauc",
-                            "criterion": criterion + (f" x{repeats}" if repeats > 1 else ""),
+                            "criterion": label + (" 1se" if rule == "1se" else ""),
                             "test_auc": _test_auc(sites, refit["grauc"].coefficients),
                             "chosen": ", ".join(f"{k}={v:.4g}" for k, v in chosen.items()),
                             "rounds": batch.rounds,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from strategies.datasets.tables import numeric_columns, read_table
-from strategies.errors import InputError
+from strategies.errors import InputError, bad_cell, file_line, plain
 
 if TYPE_CHECKING:  # pandas is imported where CSV files are read (clients stay light)
     import pandas as pd
@@ -190,10 +190,12 @@ def read_data(path: str, key: str = "data") -> tuple[pd.DataFrame, list[str]]:
     y = pd.to_numeric(df["y"], errors="coerce")
     if y.isna().any():
         row = int(np.flatnonzero(y.isna().to_numpy())[0])
-        raise InputError(f"{key}: column 'y' has a missing or non-numeric value at row {row + 2}")
+        raise InputError(f"{key}: {bad_cell('y', df['y'].iloc[row], row)}")
     if not np.isin(y.to_numpy(), (0, 1)).all():
-        bad = y[~np.isin(y.to_numpy(), (0, 1))].iloc[0]
-        raise InputError(f"{key}: column 'y' must be 0 or 1, found {bad!r}")
+        row = int(np.flatnonzero(~np.isin(y.to_numpy(), (0, 1)))[0])
+        raise InputError(
+            f"{key}: column 'y' must be 0 or 1, found {plain(y.iloc[row])} at {file_line(row)}"
+        )
     df = df.assign(site=df["site"].astype(str).str.strip(), y=y.astype(np.int64))
     return df, features
 

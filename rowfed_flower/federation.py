@@ -15,7 +15,7 @@ import pandas as pd
 
 from strategies.config import FEDAVG_FAMILY, ROWFED_FUSED_METHODS, ROWFED_METHODS, RowFedConfig
 from strategies.datasets.tables import read_table
-from strategies.errors import InputError
+from strategies.errors import InputError, bad_cell, file_line
 from strategies.fedavg import comparator_class, round_limit
 from strategies.registry import Registry
 from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy, rowfed_registry
@@ -143,14 +143,14 @@ def _numeric_column(df: pd.DataFrame, col: str, key: str = "data") -> np.ndarray
     raw = df[col].str.strip()
     missing = raw.eq("") | raw.str.upper().isin(["NA", "NAN", "?"])
     if missing.any():
-        row = int(np.flatnonzero(missing.to_numpy())[0]) + 2
-        raise InputError(f"{key}: column {col!r} has missing values (line {row})")
+        row = int(np.flatnonzero(missing.to_numpy())[0])
+        raise InputError(f"{key}: column {col!r} has a missing value at {file_line(row)}")
     values = pd.to_numeric(raw, errors="coerce")
     bad = values.isna() | ~np.isfinite(values.to_numpy(dtype=float))
     if bad.any():
         k = int(np.flatnonzero(bad.to_numpy())[0])
         value = df[col].iloc[k]
-        raise InputError(f"{key}: column {col!r} is not numeric (line {k + 2}: {value!r})")
+        raise InputError(f"{key}: {bad_cell(col, value, k)}")
     return values.to_numpy(dtype=float)
 
 
@@ -186,8 +186,8 @@ def read_fit_csv(
         raise InputError(f"{key}: {path!r} has no rows")
     client = df[client_column].str.strip()
     if client.eq("").any():
-        row = int(np.flatnonzero(client.eq("").to_numpy())[0]) + 2
-        raise InputError(f"{key}: column {client_column!r} has missing values (line {row})")
+        row = int(np.flatnonzero(client.eq("").to_numpy())[0])
+        raise InputError(f"{key}: column {client_column!r} has a missing value at {file_line(row)}")
     y = np.column_stack([_numeric_column(df, c, key) for c in responses])
     x = np.column_stack([_numeric_column(df, c, key) for c in predictors])
     order = list(dict.fromkeys(client))

@@ -32,3 +32,50 @@ def site_input_error(failure) -> SiteInputError | None:
     if match is None:
         return None
     return SiteInputError(f"site {match.group(1)}: {match.group(2)}")
+
+
+def plain(value) -> str:
+    """A value as a message shows it: numbers as numbers (``2``, ``0.5``; not numpy's
+    ``np.int64(2)``), ``infinite`` / ``-infinite`` and ``NaN`` by name, text quoted."""
+    import math
+
+    if hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()  # a numpy scalar
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "infinite" if value > 0 else "-infinite"
+        return f"{value:g}" if value == int(value) else repr(value)
+    if isinstance(value, bool | int):
+        return str(value)
+    return repr(value)
+
+
+def kind_of_bad(raw) -> str:
+    """What is wrong with a table cell that is not a finite number: ``missing``,
+    ``infinite`` or ``non-numeric``."""
+    import math
+
+    text = "" if raw is None else str(raw).strip()
+    if text == "" or text.upper() in ("NA", "NAN", "?") or (isinstance(raw, float) and raw != raw):
+        return "missing"
+    try:
+        return "infinite" if math.isinf(float(text)) else "non-numeric"
+    except ValueError:
+        return "non-numeric"
+
+
+def file_line(index: int) -> str:
+    """Where the data row at 0-based ``index`` sits in its file (one header line first):
+    ``line 9 of the file``, the one wording every message uses."""
+    return f"line {index + 2} of the file"
+
+
+def bad_cell(column: str, raw, index: int) -> str:
+    """``column 'x1' has a non-numeric value ('abc') at line 9 of the file`` (or a missing,
+    or an infinite, value) for the table cell ``raw`` of data row ``index`` (0-based)."""
+    kind = kind_of_bad(raw)
+    shown = f" ({plain(raw)})" if kind == "non-numeric" else ""
+    article = "an" if kind == "infinite" else "a"
+    return f"column {column!r} has {article} {kind} value{shown} at {file_line(index)}"

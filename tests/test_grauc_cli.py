@@ -98,9 +98,10 @@ def _frames(small_federation):
     "case,words",
     [
         ("no_y", ["'y'"]),
-        ("y_not_binary", ["'y'", "0 or 1"]),
+        ("y_not_binary", ["'y'", "must be 0 or 1, found 2 at line 5 of the file"]),
         ("y_missing", ["'y'"]),
-        ("feature_text", ["'f2'", "non-numeric"]),
+        ("feature_text", ["'f2'", "non-numeric value ('abc') at line 9 of the file"]),
+        ("feature_inf", ["'f1'", "has an infinite value at line 4 of the file"]),
         ("feature_missing", ["'f1'", "missing"]),
         ("no_lat", ["'lat'"]),
         ("lat_range", ["lat", "range"]),
@@ -124,6 +125,8 @@ def test_bad_input_is_rejected(small_federation, tmp_path, capsys, case, words):
     elif case == "feature_text":
         data["f2"] = data["f2"].astype(object)
         data.loc[7, "f2"] = "abc"
+    elif case == "feature_inf":
+        data.loc[2, "f1"] = np.inf
     elif case == "feature_missing":
         data.loc[4, "f1"] = np.nan
     elif case == "no_lat":

@@ -349,8 +349,8 @@ def _bad_csv(tmp_path, kind):
 
 CASES = [
     ("good", ["--responses", "Y1,Y9"], "responses: 'Y9' is not a column"),
-    ("text", [], "column 'x1' is not numeric"),
-    ("missing", [], "column 'Y2' has missing values"),
+    ("text", [], "column 'x1' has a non-numeric value"),
+    ("missing", [], "column 'Y2' has a missing value at line 5 of the file"),
     ("one-row", [], "client 'lonely' has 1 row"),
     ("good", ["--penalty", "mcp", "--concavity", "0.5", "--rho", "1"], "concavity: MCP"),
     ("good", ["--penalty", "scad", "--concavity", "1.8", "--rho", "1"], "concavity: SCAD"),

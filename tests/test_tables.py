@@ -38,3 +38,33 @@ def test_a_good_file_is_read(tmp_path):
     path.write_text("y,x1\n0,1.5\n1,2.5\n")
     df = read_table(str(path), "data")
     assert list(df.columns) == ["y", "x1"] and df["x1"].sum() == 4.0
+
+
+def test_messages_show_plain_values_and_file_lines():
+    """Messages print numbers as numbers (no numpy repr), call inf infinite, and count rows
+    as the file's lines (the header is line 1)."""
+    import numpy as np
+
+    from strategies.errors import bad_cell, file_line, plain
+
+    assert [plain(v) for v in (np.int64(2), np.float64(3.0), 0.5, np.float64("nan"))] == [
+        "2",
+        "3",
+        "0.5",
+        "NaN",
+    ]
+    assert (plain(np.inf), plain(-np.inf), plain("a b"), plain(True)) == (
+        "infinite",
+        "-infinite",
+        "'a b'",
+        "True",
+    )
+    assert file_line(0) == "line 2 of the file"
+    assert (
+        bad_cell("x1", "abc", 7)
+        == "column 'x1' has a non-numeric value ('abc') at line 9 of the file"
+    )
+    assert bad_cell("x1", " inf", 0) == "column 'x1' has an infinite value at line 2 of the file"
+    assert bad_cell("x1", "-Infinity", 1).startswith("column 'x1' has an infinite value")
+    for missing in ("", " ", "NA", "nan", "?", None, float("nan")):
+        assert bad_cell("y", missing, 3) == "column 'y' has a missing value at line 5 of the file"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from typing import TYPE_CHECKING
 
-from ..errors import InputError
+from ..errors import InputError, bad_cell
 
 if TYPE_CHECKING:
     import numpy as np
@@ -64,9 +64,6 @@ def numeric_columns(df: pd.DataFrame, columns: list[str], what: str) -> np.ndarr
         if bad.any():
             row = int(np.flatnonzero(bad.to_numpy())[0])
             raw = df[col].iloc[row]
-            kind = "missing" if pd.isna(raw) or str(raw).strip() == "" else "non-numeric"
-            raise InputError(
-                f"{what}: column {col!r} has a {kind} value ({raw!r}) at data row {row + 2}"
-            )
+            raise InputError(f"{what}: {bad_cell(col, raw, row)}")
         out[:, k] = values.to_numpy(dtype=float)
     return out
