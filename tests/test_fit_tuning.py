@@ -252,7 +252,8 @@ def test_grauc_holdout(grauc_files, capsys, tmp_path):
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
-        (("--holdout", "1.5"), ("holdout:", "(0, 1)")),
+        (("--holdout", "1.5"), ("holdout:", "(0, 1), got 1.5")),
+        (("--holdout", "0"), ("holdout:", "got 0; leave --holdout out for no test set")),
         (("--holdout", "0.2", "--test-data", "TEST"), ("holdout:", "not both")),
         (("--test-data", "/no/such.csv"), ("test-data:", "not found")),
         (("--test-data", "UNKNOWN_SITE"), ("test-data:", "'zz'")),
@@ -503,6 +504,7 @@ def test_rowfed_holdout(rowfed_files, capsys, tmp_path):
     ("extra", "words"),
     [
         (("--holdout", "1.2"), ("holdout:",)),
+        (("--holdout", "0"), ("holdout:", "leave --holdout out for no test set")),
         (("--holdout", "0.2", "--test-data", "TEST"), ("holdout:", "not both")),
         (("--test-data", "UNKNOWN"), ("test-data:", "'zz'")),
         (("--test-data", "MISSING"), ("test-data:", "'x2'")),

@@ -10,7 +10,7 @@ import shutil
 import sys
 import tempfile
 
-from ..errors import InputError
+from ..errors import InputError, plain
 
 
 class Parser(argparse.ArgumentParser):
@@ -133,18 +133,24 @@ def add_test_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--holdout",
         type=float,
-        default=0.0,
+        default=None,
         metavar="F",
         help="hold out this share of each site's rows for testing (seeded; default: none)",
     )
 
 
 def check_test_arguments(args: argparse.Namespace) -> None:
-    """``--test-data`` and ``--holdout``: one of them, a share in (0, 1), a file there."""
+    """``--test-data`` and ``--holdout``: one of them, a share in (0, 1) (``--holdout 0``
+    is refused: no test set is the flag left out), a file there.  ``args.holdout`` is then a
+    number (0: none)."""
+    if args.holdout is not None and not 0 < args.holdout < 1:
+        raise InputError(
+            f"holdout: must be in (0, 1), got {plain(args.holdout)}"
+            + ("; leave --holdout out for no test set" if args.holdout == 0 else "")
+        )
+    args.holdout = args.holdout or 0.0
     if args.test_data and args.holdout:
         raise InputError("holdout: give --test-data or --holdout, not both")
-    if args.holdout and not 0 < args.holdout < 1:
-        raise InputError(f"holdout: must be in (0, 1), got {args.holdout!r}")
     if args.test_data and not os.path.isfile(args.test_data):
         raise InputError(f"test-data: file not found: {args.test_data}")
 
