@@ -247,13 +247,15 @@ def tuning_time(quick: bool) -> dict:
     }
 
 
-#: The designs of the criteria comparison: (name, DataSpec fields, folds, standardize, grid).
+#: The designs of the criteria comparison: (name, DataSpec fields, folds, standardize, the
+#: grid's w_dist and ridge values; lam from lam_max).  Crime's ridge grid holds the crime
+#: study's ridge 1 (configs/crime_grauc.toml).
 CRITERIA_DESIGNS = (
-    ("sim 1 (main job)", {}, 5, "none"),
-    ("sim 2", {"simulation": 2}, 3, "none"),
-    ("sim 3", {"simulation": 3}, 5, "none"),
-    ("sim 4", {"simulation": 4}, 5, "none"),
-    ("crime (states)", {"source": "crime"}, 3, "federated"),
+    ("sim 1 (main job)", {}, 5, "none", ((0.0, 1.0), (0.01, 0.1))),
+    ("sim 2", {"simulation": 2}, 3, "none", ((0.0, 1.0), (0.01, 0.1))),
+    ("sim 3", {"simulation": 3}, 5, "none", ((0.0, 1.0), (0.01, 0.1))),
+    ("sim 4", {"simulation": 4}, 5, "none", ((0.0, 1.0), (0.01, 0.1))),
+    ("crime (states)", {"source": "crime"}, 3, "federated", ((0.0,), (0.1, 1.0))),
 )
 
 
@@ -275,8 +277,7 @@ def criteria_table(seeds=3, quick: bool = False, designs=None, repeats=(1, 3)) -
     fits, each by the ``best`` and the ``1se`` rule: each one's choice refitted on all
     rows), one with the folds drawn 3 times (``repeats``), and
     FedAvg and individual fits tuned by their own cross-validation; the mean test AUC over
-    sites of each.  Grid: lam from lam_max, w_dist {0, 1}, ridge {0.01, 0.1} (crime:
-    w_dist 0, ridge 0.1)."""
+    sites of each.  Grids: :data:`CRITERIA_DESIGNS`."""
     from strategies.registry import Registry
     from strategies.runtime.engine import run_inprocess
     from strategies.tuning import RULES, CVOptions, choose
@@ -287,16 +288,13 @@ def criteria_table(seeds=3, quick: bool = False, designs=None, repeats=(1, 3)) -
     rows = []
     if designs is None:
         designs = CRITERIA_DESIGNS[:2] if quick else CRITERIA_DESIGNS
-    for name, spec_fields, folds, standardize in designs:
+    for name, spec_fields, folds, standardize, (w_dist, ridge) in designs:
         for seed in range(seeds) if isinstance(seeds, int) else seeds:
             spec = fed.DataSpec(**spec_fields, data_seed=seed)
             sites, _ = fed.load_sites(spec)
             sites = list(sites)
             cfg = GrAUCConfig(standardize=standardize)
-            crime = spec.source == "crime"
-            grid = tuning.Grid(
-                w_dist=(0.0,) if crime else (0.0, 1.0), ridge=(0.1,) if crime else (0.01, 0.1)
-            )
+            grid = tuning.Grid(w_dist=w_dist, ridge=ridge)
             for rep in repeats:
                 opts = CVOptions(folds=folds, quiet=True, repeats=rep, seed=seed)
                 t0 = time.perf_counter()

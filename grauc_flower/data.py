@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strategies.datasets.tables import numeric_columns, read_table
+from strategies.datasets.tables import numeric_columns, read_table, stripped_ids, warn
 from strategies.errors import InputError, bad_cell, file_line, plain
 
 if TYPE_CHECKING:  # pandas is imported where CSV files are read (clients stay light)
@@ -152,7 +152,7 @@ def read_sites(path: str) -> pd.DataFrame:
             raise InputError(f"sites: missing column {col!r} in {path}")
     if df["site"].isna().any():
         raise InputError("sites: column 'site' has a missing value")
-    df = df.assign(site=df["site"].astype(str).str.strip())
+    df = df.assign(site=stripped_ids(df["site"], "sites: column 'site'"))
     coords = numeric_columns(df, ["lat", "lon"], "sites")
     df = df.assign(lat=coords[:, 0], lon=coords[:, 1])
     bad_lat = df[(df["lat"] < -90) | (df["lat"] > 90)]
@@ -196,7 +196,7 @@ def read_data(path: str, key: str = "data") -> tuple[pd.DataFrame, list[str]]:
         raise InputError(
             f"{key}: column 'y' must be 0 or 1, found {plain(y.iloc[row])} at {file_line(row)}"
         )
-    df = df.assign(site=df["site"].astype(str).str.strip(), y=y.astype(np.int64))
+    df = df.assign(site=stripped_ids(df["site"], f"{key}: column 'site'"), y=y.astype(np.int64))
     return df, features
 
 
@@ -216,6 +216,12 @@ def sites_from_frames(
     if unknown:
         raise InputError(f"sites: site {unknown[0]!r} is in the data but not in the sites file")
     present = set(data["site"])
+    idle = [s for s in sites["site"] if s not in present]
+    if idle:
+        warn(
+            f"sites: {len(idle)} site(s) of the sites file have no data rows and are left out "
+            f"({', '.join(map(repr, idle[:8]))}{' ...' if len(idle) > 8 else ''})"
+        )
     out = []
     y_all = data["y"].to_numpy()
     site_col = data["site"].to_numpy()

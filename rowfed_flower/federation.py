@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from strategies.config import FEDAVG_FAMILY, ROWFED_FUSED_METHODS, ROWFED_METHODS, RowFedConfig
-from strategies.datasets.tables import read_table
+from strategies.datasets.tables import read_table, stripped_ids
 from strategies.errors import InputError, bad_cell, file_line
 from strategies.fedavg import comparator_class, round_limit
 from strategies.registry import Registry
@@ -184,7 +184,7 @@ def read_fit_csv(
         raise InputError(f"{key}: {path!r} has no predictor columns")
     if len(df) == 0:
         raise InputError(f"{key}: {path!r} has no rows")
-    client = df[client_column].str.strip()
+    client = stripped_ids(df[client_column], f"{key}: column {client_column!r}")
     if client.eq("").any():
         row = int(np.flatnonzero(client.eq("").to_numpy())[0])
         raise InputError(f"{key}: column {client_column!r} has a missing value at {file_line(row)}")

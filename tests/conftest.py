@@ -118,3 +118,18 @@ def assert_self_contained(page: dict) -> None:
         assert link.startswith(("data:", "#")), link[:60]
     assert not page["tags"] & {"script", "link", "iframe", "object", "embed"}
     assert "http://" not in page["text"] and "https://" not in page["text"]
+
+
+def flwr_warnings(caplog, fn):
+    """``fn()`` and the warnings it logged on Flower's logger (which may not propagate)."""
+    import logging
+
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(caplog.handler)
+    caplog.clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            out = fn()
+    finally:
+        flwr_logger.removeHandler(caplog.handler)
+    return out, [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

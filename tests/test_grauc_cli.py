@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import run_module, write_grauc_csv
+from conftest import flwr_warnings, run_module, write_grauc_csv
 
 from grauc_flower.data import simulate
 
@@ -274,3 +274,31 @@ def test_valid_edge_cases(tmp_path):
         assert len(pd.read_csv(out / "edges.csv")) == 3
         # the constant feature carries no information: from zero it stays exactly zero
         np.testing.assert_allclose(coef["f3"].to_numpy(), 0.0, atol=1e-8)
+
+
+def test_spaced_site_ids_and_sites_without_data_are_read_with_a_warning(
+    small_federation, tmp_path, caplog
+):
+    """Site ids with spaces around them are read stripped (same sites, same rows as the
+    clean files) and a sites-file site with no data is left out; each says so in a warning."""
+    from grauc_flower.data import load_csv
+
+    _, data_path, sites_path = small_federation
+    want, _ = load_csv(data_path, sites_path)
+    data, sites = _frames(small_federation)
+    first = sites["site"].iloc[0]
+    data["site"] = data["site"].where(data["site"] != first, f"  {first} ")
+    sites["site"] = sites["site"].where(sites["site"] != first, f"{first}  ")
+    sites = pd.concat([sites, sites.iloc[[1]].assign(site="NO_DATA")])
+    d, s = str(tmp_path / "d.csv"), str(tmp_path / "s.csv")
+    data.to_csv(d, index=False)
+    sites.to_csv(s, index=False)
+    (got, _), warned = flwr_warnings(caplog, lambda: load_csv(d, s))
+    assert [g.site for g in got] == [w.site for w in want]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g.x_train, w.x_train)
+    assert any("data: column 'site'" in m and f"read as {first!r}" in m for m in warned), warned
+    assert any(m.startswith("sites: column 'site'") for m in warned), warned
+    assert any("no data rows" in m and "'NO_DATA'" in m for m in warned), warned
+    _, clean = flwr_warnings(caplog, lambda: load_csv(data_path, sites_path))
+    assert not [m for m in clean if "spaces" in m or "no data rows" in m]

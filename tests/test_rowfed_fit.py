@@ -492,3 +492,25 @@ def test_flower_engine_equals_inprocess(data_csv, tmp_path):
         ib[["client", "feature", "response", "kind"]]
     )
     assert_allclose(ib[["estimate", "se"]], ia[["estimate", "se"]], rtol=1e-10)
+
+
+def test_spaced_client_ids_are_read_stripped_with_a_warning(tmp_path, caplog):
+    """Client ids with spaces around them: the same clients and rows as the clean file, and
+    a warning naming the column and the first such id."""
+    from conftest import flwr_warnings
+
+    from rowfed_flower.federation import read_fit_csv
+
+    df = make_data()
+    clean, spaced = str(tmp_path / "clean.csv"), str(tmp_path / "spaced.csv")
+    df.to_csv(clean, index=False)
+    first = df["client"].iloc[0]
+    df.assign(client=df["client"].where(df["client"] != first, f"{first}   ")).to_csv(
+        spaced, index=False
+    )
+    want = read_fit_csv(clean, "Y1,Y2,Y3")
+    got, warned = flwr_warnings(caplog, lambda: read_fit_csv(spaced, "Y1,Y2,Y3"))
+    assert [c.site for c in got.clients] == [c.site for c in want.clients]
+    for g, w in zip(got.clients, want.clients, strict=True):
+        np.testing.assert_array_equal(g.x, w.x)
+    assert any(m.startswith("data: column 'client'") and "spaces" in m for m in warned), warned

@@ -67,3 +67,28 @@ def numeric_columns(df: pd.DataFrame, columns: list[str], what: str) -> np.ndarr
             raise InputError(f"{what}: {bad_cell(col, raw, row)}")
         out[:, k] = values.to_numpy(dtype=float)
     return out
+
+
+def warn(message: str) -> None:
+    """One warning line on the run's log (stderr), as Flower's own."""
+    from logging import WARNING
+
+    from flwr.common import log
+
+    log(WARNING, "%s", message)
+
+
+def stripped_ids(ids: pd.Series, what: str) -> pd.Series:
+    """The ids (a site or client column) without spaces around them; when any had some, a
+    warning names the first and how many (``what``: the setting and column, e.g. ``data:
+    column 'site'``)."""
+    text = ids.astype(str)
+    out = text.str.strip()
+    changed = text.ne(out).to_numpy()
+    if changed.any():
+        first = text[changed].iloc[0]
+        warn(
+            f"{what}: {int(changed.sum())} id(s) have spaces around them (e.g. {first!r}); "
+            f"read as {first.strip()!r}"
+        )
+    return out
