@@ -31,6 +31,7 @@ from strategies.runtime.cli import (
     check_test_arguments,
     cv_options,
     fail,
+    fit_summary,
     project_dir,
     settings_from_args,
     tune_run_config,
@@ -473,12 +474,9 @@ def cmd_fit(a) -> int:
             json.dump(metrics, fh, indent=2)
         fed.sites_table(sites).to_csv(os.path.join(tmp, "sites.csv"), index=False)
         fit_report(tmp)
-    status = "converged" if metrics["converged"] else "stopped at the round limit"
     what = "test" if n_test else "in-sample"
-    print(
-        f"{a.method}: {status} after {metrics['rounds']} rounds; objective "
-        f"{metrics['objective']}; mean {what} AUC {metrics['mean_auc']}; wrote {a.out}"
-    )
+    scores = f"mean {what} AUC {metrics['mean_auc']:.4f}"
+    print(fit_summary(a.method, metrics, tuning.used_levels(a.method), scores, a.out))
     warn_no_intervals(metrics)
     return 0
 

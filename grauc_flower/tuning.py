@@ -71,6 +71,14 @@ PARAMS = {
         for m in FEDAVG_FAMILY[1:]
     },
 }
+
+
+def used_levels(method: str) -> tuple[str, ...]:
+    """The settings ``method`` reads, as its fit's summary line names them: those it is
+    tuned over (:data:`PARAMS`) but FedAvg's rounds (the line gives its rounds)."""
+    return tuple(p for p in PARAMS[method] if p != "fedavg_rounds")
+
+
 #: The most regularized first, for the ``1se`` rule.
 SIMPLEST = {
     "grauc": ("lam", "ridge"),

@@ -39,6 +39,7 @@ from strategies.runtime.cli import (
     check_test_arguments,
     cv_options,
     fail,
+    fit_summary,
     project_dir,
     settings_from_args,
     tune_run_config,
@@ -256,7 +257,6 @@ def fit(args) -> int:
             ).to_csv(os.path.join(tmp, "edges.csv"), index=False)
         fit_report(tmp)
 
-    state = "converged" if metrics["converged"] else "did NOT converge"
     tuned = ""
     if metrics.get("tuning", {}).get("criterion") == "gic":
         tuned = f"; selected by GIC ({metrics['tuning']['selected']['gic']:.6g})"
@@ -264,11 +264,8 @@ def fit(args) -> int:
         tuned = f"; selected by {metrics['cv']['folds']}-fold CV"
     if "test" in metrics and metrics["test"]["mse"] is not None:
         tuned += f"; test MSE {metrics['test']['mse']:.6g}"
-    print(
-        f"{metrics['method']}: {state} after {metrics['rounds']} rounds; objective "
-        f"{metrics['objective']}; lam1 = {metrics['lam1']:g}, lam2 = {metrics['lam2']:g}"
-        f"{tuned}; wrote {os.path.abspath(args.out)}"
-    )
+    method, out = metrics["method"], os.path.abspath(args.out)
+    print(fit_summary(method, metrics, grid_search.used_levels(method), tuned.lstrip("; "), out))
     warn_no_intervals(metrics)
     if not metrics["converged"]:
         print("warning: stopped at the round limit; see history.csv", file=sys.stderr)

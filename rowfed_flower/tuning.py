@@ -43,6 +43,12 @@ def params_of(method: str) -> tuple[str, ...]:
     return (*PARAMS, "size_power") if method in fed.FUSED_METHODS else PARAMS
 
 
+def used_levels(method: str) -> tuple[str, ...]:
+    """The settings ``method`` reads, as its fit's summary line names them: NonFed's
+    sparsity level alone (no fusion), else :func:`params_of`."""
+    return ("lam2",) if method == "nonfed" else params_of(method)
+
+
 def settings_grid(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid, knob_grid=None, powers=()):
     """The grid of ``method`` in walking order, as ``[{setting: value}, ...]``: the fused
     methods' ``(lam1, lam2)`` snake (:func:`_levels`), once per site weighting in

@@ -156,6 +156,7 @@ def cmd_predict(args, read_model, ignore_outputs: bool) -> int:
     ignore = ("y",) if not ignore_outputs else model.outputs
     result = predict(model, args.data, ignore)
     path = write_csv_atomic(result, args.out)
-    n_sites = result[model.site_column].nunique()
-    print(f"predicted {len(result)} rows for {n_sites} sites; wrote {path}")
+    n = result[model.site_column].nunique()
+    entity = model.site_column + ("" if n == 1 else "s")  # site(s), or RowFed's client(s)
+    print(f"predicted {len(result)} rows for {n} {entity}; wrote {path}")
     return 0

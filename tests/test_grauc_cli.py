@@ -302,3 +302,29 @@ def test_spaced_site_ids_and_sites_without_data_are_read_with_a_warning(
     assert any("no data rows" in m and "'NO_DATA'" in m for m in warned), warned
     _, clean = flwr_warnings(caplog, lambda: load_csv(data_path, sites_path))
     assert not [m for m in clean if "spaces" in m or "no data rows" in m]
+
+
+@pytest.mark.parametrize(
+    ("method", "words", "absent"),
+    [
+        ("grauc", ["grauc: converged after", "; lam = 0.1, w_dist = 1, ridge = 0.001;"], []),
+        ("fedavg", ["fedavg: ran 100 rounds (a fixed count);", "; ridge = 0.001;"], ["lam ="]),
+        ("individual", ["individual: converged after 1 round;"], ["objective", "lam ="]),
+    ],
+)
+def test_the_summary_line_is_true_to_each_method(
+    small_federation, tmp_path, capsys, method, words, absent
+):
+    """How the fit ended in the method's own terms (a fixed count of rounds for FedAvg, no
+    objective where there is none), the levels it reads and no others; both methods print
+    it by one function (strategies.runtime.cli.fit_summary)."""
+    _, data, sites = small_federation
+    out = str(tmp_path / "out")
+    proc = _fit_here(capsys, data, sites, out, "--method", method)
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip().splitlines()[-1]
+    for w in words:
+        assert w in line, line
+    for w in absent:
+        assert w not in line, line
+    assert line.endswith(f"wrote {out}") and "None" not in line, line

@@ -84,9 +84,10 @@ def test_grauc_scores_are_each_sites_linear_score(grauc_model, tmp_path, capsys)
     )
 
 
-def test_rowfed_predictions_are_intercept_plus_theta(rowfed_model, tmp_path):
+def test_rowfed_predictions_are_intercept_plus_theta(rowfed_model, tmp_path, capsys):
     root, res, new = rowfed_model
     got = predicted(rowfed_main, root / "model", new, tmp_path, "client")
+    assert "predicted 12 rows for 3 clients;" in capsys.readouterr().out
     assert list(got.columns) == ["row", "client", "Y1", "Y2"]
     z = [res.sites.index(s) for s in new["client"]]
     x = new[FEATURES].to_numpy()

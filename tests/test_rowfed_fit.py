@@ -514,3 +514,36 @@ def test_spaced_client_ids_are_read_stripped_with_a_warning(tmp_path, caplog):
     for g, w in zip(got.clients, want.clients, strict=True):
         np.testing.assert_array_equal(g.x, w.x)
     assert any(m.startswith("data: column 'client'") and "spaces" in m for m in warned), warned
+
+
+@pytest.mark.parametrize(
+    ("method", "words", "absent"),
+    [
+        ("rowfed", ["rowfed: converged after", "; lam1 = 0.05, lam2 = 0.02;"], []),
+        ("nonfed", ["nonfed: converged after", "; lam2 = 0.02;"], ["lam1"]),
+        (
+            "fedprox",
+            ["fedprox: ran 100 rounds (a fixed count);", "lam2 = 0.02, fedprox_mu = 0.01"],
+            ["lam1"],
+        ),
+    ],
+)
+def test_the_summary_line_names_only_the_levels_the_method_reads(
+    tmp_path, capsys, method, words, absent
+):
+    from rowfed_flower.cli import main
+
+    data = str(tmp_path / "data.csv")
+    make_data().to_csv(data, index=False)
+    out = str(tmp_path / "out")
+    capsys.readouterr()
+    assert (
+        main(["fit", "--data", data, "--responses", "Y1,Y2,Y3", "--method", method, "--out", out])
+        == 0
+    )
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    for w in words:
+        assert w in line, line
+    for w in absent:
+        assert w not in line, line
+    assert line.endswith(f"wrote {out}"), line

@@ -278,3 +278,33 @@ def warn_no_intervals(metrics: dict) -> None:
     info = metrics.get("inference") or {}
     if "error" in info:
         print(f"warning: no confidence intervals: {info['error']}", file=sys.stderr)
+
+
+def fit_summary(method: str, metrics: dict, levels, scores: str, out: str) -> str:
+    """The one line a fit prints, both methods: how it ended (a FedAvg-family method runs
+    a fixed count of rounds; the others converge or stop at the round limit), its objective
+    when it has one, the levels it used (``levels``: the names of the settings the method
+    reads, each method's ``tuning.used_levels``; their values from ``metrics["config"]``; a
+    site weighting of 0 left out), ``scores`` (e.g. ``mean test AUC 0.9185``) and where it
+    wrote."""
+    from ..config import FEDAVG_FAMILY
+
+    rounds = int(metrics["rounds"])
+    n = f"{rounds} round{'' if rounds == 1 else 's'}"
+    if method in FEDAVG_FAMILY:
+        status = f"ran {n} (a fixed count)"
+    elif metrics.get("converged"):
+        status = f"converged after {n}"
+    else:
+        status = f"stopped at the round limit after {n}"
+    parts = [f"{method}: {status}"]
+    if metrics.get("objective") is not None:
+        parts.append(f"objective {float(metrics['objective']):.6g}")
+    config = metrics.get("config", {})
+    shown = {k: config[k.replace("_", "-")] for k in levels}
+    shown = {k: v for k, v in shown.items() if not (k == "size_power" and v == 0)}
+    if shown:
+        parts.append(", ".join(f"{k} = {float(v):g}" for k, v in shown.items()))
+    if scores:
+        parts.append(scores)
+    return "; ".join([*parts, f"wrote {out}"])
