@@ -36,6 +36,7 @@ from strategies.runtime.cli import (
     settings_from_args,
     tune_run_config,
     tuning_metrics,
+    warn_grid_edge,
     warn_no_intervals,
 )
 from strategies.tuning import size_powers
@@ -478,6 +479,7 @@ def cmd_fit(a) -> int:
     scores = f"mean {what} AUC {metrics['mean_auc']:.4f}"
     print(fit_summary(a.method, metrics, tuning.used_levels(a.method), scores, a.out))
     warn_no_intervals(metrics)
+    warn_grid_edge(metrics)
     return 0
 
 

@@ -527,7 +527,8 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
         chosen, summary = tuning.choose(frame, params, score, maximize, opts.rule, SIMPLEST[method])
         i = next(j for j, s in enumerate(settings) if all(s[p] == chosen[p] for p in params))
         batch.outputs = {"table": table, "summary": summary, "tuned": chosen, "score": score,
-                         "maximize": maximize, "small_sites": small}  # fmt: skip
+                         "maximize": maximize, "small_sites": small,
+                         "lam_path": not grid.lam}  # fmt: skip
         if i not in full:
             full[i] = Job(
                 f"full/{i}",
@@ -579,7 +580,11 @@ def federated_outputs(batch, method: str, opts: tuning.CVOptions) -> dict:
     from strategies.runtime.cli import tuning_metrics
 
     out = batch.outputs
-    metrics = tuning_metrics(out["summary"], PARAMS[method], out["score"], out["maximize"], opts)
+    # an automatic path's largest lam is lam_max: every site fused, nothing beyond it
+    top = (("lam", "largest"),) if out["lam_path"] else ()
+    metrics = tuning_metrics(
+        out["summary"], PARAMS[method], out["score"], out["maximize"], opts, no_edge=top
+    )
     metrics["cv"].update(criterion=opts.criterion, repeats=opts.repeats)
     metrics["tuning"] = {
         "engine": "federated",

@@ -44,6 +44,7 @@ from strategies.runtime.cli import (
     settings_from_args,
     tune_run_config,
     tuning_metrics,
+    warn_grid_edge,
     warn_no_intervals,
 )
 from strategies.tuning import KNOBS, parse_grid
@@ -267,6 +268,7 @@ def fit(args) -> int:
     method, out = metrics["method"], os.path.abspath(args.out)
     print(fit_summary(method, metrics, grid_search.used_levels(method), tuned.lstrip("; "), out))
     warn_no_intervals(metrics)
+    warn_grid_edge(metrics)
     if not metrics["converged"]:
         print("warning: stopped at the round limit; see history.csv", file=sys.stderr)
     return 0

@@ -436,7 +436,8 @@ def federated_outputs(batch) -> dict:
         best = out["best"]
         selected = {k: best[k] for k in ("lam1", "lam2", "gic")}
         tuned = {"criterion": "gic", "grid_size": len(out["table"]), **rounds}
-        metrics = {"tuning": {**tuned, "selected": selected}}
+        edges = tuning.grid_edges(out["table"], PARAMS, selected)
+        metrics = {"tuning": {**tuned, "selected": selected}, "at_grid_edge": edges}
         name = "gic.csv"
     else:
         opts = batch.opts

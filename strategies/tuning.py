@@ -348,6 +348,27 @@ def summarize(table: pd.DataFrame, params: Sequence[str], score: str) -> pd.Data
     return pd.DataFrame(rows)
 
 
+def grid_edges(table: pd.DataFrame, params: Sequence[str], chosen: dict) -> dict[str, str]:
+    """``{setting: "smallest" | "largest"}`` for each setting of ``chosen`` at an end of the
+    values tried with the other settings at their chosen values (settings with one value
+    there left out): a choice at a grid's edge may have its optimum beyond it."""
+    out = {}
+    for p in params:
+        mask = np.ones(len(table), bool)
+        for q in params:
+            if q != p:
+                mask &= table[q].to_numpy(dtype=float) == float(chosen[q])
+        values = np.unique(table.loc[mask, p].to_numpy(dtype=float))
+        if len(values) < 2:
+            continue
+        value = float(chosen[p])
+        if value == values[0]:
+            out[p] = "smallest"
+        elif value == values[-1]:
+            out[p] = "largest"
+    return out
+
+
 def choose(
     table: pd.DataFrame,
     params: Sequence[str],

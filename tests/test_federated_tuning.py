@@ -526,6 +526,13 @@ def test_rowfed_gic_inside_the_federation_equals_the_warm_started_walk(rowfed_da
     np.testing.assert_allclose(res.theta, old.theta, atol=1e-6)
     tuning_info = res.extra["tuning_metrics"]["tuning"]
     assert tuning_info["fits"] == 6 and 0 < tuning_info["rounds"] < table["rounds"].sum()
+    # the choice's place in each grid (lam1 over 3 values, lam2 over 2: both at an edge)
+    lam1s, lam2s = (sorted(set(g)) for g in ROWFED_GRID)
+    want = {"lam1": "smallest" if res.lam1 == lam1s[0] else "largest"}
+    want["lam2"] = "smallest" if res.lam2 == lam2s[0] else "largest"
+    if lam1s[0] < res.lam1 < lam1s[-1]:
+        del want["lam1"]
+    assert res.extra["tuning_metrics"]["at_grid_edge"] == want
 
 
 def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):

@@ -96,6 +96,29 @@ def _delong(scores, y):
     return a, np.sqrt(var)
 
 
+def _assert_grid_edges(cv, params, m, err, skip=()):
+    """``metrics.json: at_grid_edge`` and the warnings on stderr name exactly the tuned
+    settings at the first or last value tried with the others at their tuned values (read
+    off cv.csv), less ``skip``."""
+    tuned = m["tuned"]
+    want = {}
+    for p in params:
+        rows = cv
+        for q in params:
+            if q != p:
+                rows = rows[rows[q] == tuned[q]]
+        values = sorted(set(rows[p]))
+        if len(values) > 1 and tuned[p] in (values[0], values[-1]):
+            want[p] = "smallest" if tuned[p] == values[0] else "largest"
+    want = {p: e for p, e in want.items() if (p, e) not in skip}
+    assert m["at_grid_edge"] == want
+    lines = [x for x in err.splitlines() if x.startswith("warning: the tuned")]
+    assert len(lines) == len(want), err
+    for p, end in want.items():
+        assert any(f"tuned {p} = " in x and f"the {end} value of its grid" in x for x in lines)
+        assert any(f"widen --{p.replace('_', '-')}-grid" in x for x in lines)
+
+
 def test_grauc_tune_cv_and_test_file(grauc_files, capsys, tmp_path):
     sites, _, _, test_file, _ = grauc_files
     out = str(tmp_path / "tuned")
@@ -118,6 +141,8 @@ def test_grauc_tune_cv_and_test_file(grauc_files, capsys, tmp_path):
     m = _metrics(out)
     assert (m["tuned"]["lam"], m["tuned"]["w_dist"], m["tuned"]["ridge"]) == pytest.approx(best)
     assert m["cv"]["mean"] == pytest.approx(mean.max())
+    # the automatic path's top is lam_max (every site fused): not an edge to widen
+    _assert_grid_edges(cv, ["lam", "w_dist", "ridge"], m, err, skip=[("lam", "largest")])
 
     # the refit equals a plain fit at the chosen values
     plain = str(tmp_path / "plain")
@@ -175,6 +200,8 @@ def test_grauc_baselines_tune_their_ridge_and_rounds(grauc_files, capsys, tmp_pa
     best = max(mean.index[mean == mean.max()])  # ties: the larger ridge, more rounds
     assert (m["tuned"]["ridge"], m["tuned"]["fedavg_rounds"]) == pytest.approx(best)
     assert m["rounds"] == best[1]
+    _assert_grid_edges(cv, ["ridge", "fedavg_rounds"], m, err)  # two values each: edges
+    assert len(m["at_grid_edge"]) == 2
 
 
 @pytest.mark.parametrize(
@@ -397,6 +424,7 @@ def test_rowfed_tune_cv_and_test_file(rowfed_files, capsys, tmp_path):
     m = _metrics(out)
     assert (m["tuned"]["lam1"], m["tuned"]["lam2"]) == pytest.approx(mean.idxmin())
     assert (m["lam1"], m["lam2"]) == pytest.approx(mean.idxmin())
+    _assert_grid_edges(cv, ["lam1", "lam2"], m, err)
 
     coef = _read(out, "coefficients.csv")
     test = pd.read_csv(rowfed_files[1])

@@ -174,14 +174,20 @@ def tune_run_config(by: str, opts, grids: dict) -> dict:
     return out
 
 
-def tuning_metrics(summary, params, score: str, maximize: bool, opts) -> dict:
+def tuning_metrics(summary, params, score: str, maximize: bool, opts, no_edge=()) -> dict:
     """What ``metrics.json`` records of a cross-validation: the chosen setting, its mean
-    validation score and standard error, the best mean of the grid, the grid's size, and
-    the folds and rule of ``opts``."""
+    validation score and standard error, the best mean of the grid, the grid's size, the
+    folds and rule of ``opts``, and ``at_grid_edge`` (:func:`strategies.tuning.grid_edges`;
+    less the ``(setting, end)`` pairs of ``no_edge``, ends that cannot be passed)."""
+    from ..tuning import grid_edges
+
     row = summary[summary["chosen"]].iloc[0]
     best = summary["mean"].max() if maximize else summary["mean"].min()
+    tuned = {p: _plain(row[p]) for p in params}
+    edges = grid_edges(summary, params, tuned).items()
     return {
-        "tuned": {p: _plain(row[p]) for p in params},
+        "tuned": tuned,
+        "at_grid_edge": {p: end for p, end in edges if (p, end) not in no_edge},
         "cv": {
             "score": score,
             "mean": _plain(row["mean"]),
@@ -270,6 +276,19 @@ def project_dir() -> str:
     if not os.path.isfile(os.path.join(here, "pyproject.toml")):
         raise InputError("engine: the flower engine needs the project checkout (pip install -e .)")
     return here
+
+
+def warn_grid_edge(metrics: dict, stream=None) -> None:
+    """A warning line per tuned setting that sits at an end of its grid (``metrics.json:
+    at_grid_edge``): the best value may lie beyond it."""
+    stream = stream if stream is not None else sys.stderr
+    tuned = metrics.get("tuned") or (metrics.get("tuning") or {}).get("selected") or {}
+    for name, end in (metrics.get("at_grid_edge") or {}).items():
+        flag = name.replace("_", "-") + "-grid"
+        stream.write(
+            f"warning: the tuned {name} = {float(tuned[name]):g} is the {end} value of its "
+            f"grid; the best may lie beyond it: widen --{flag}\n"
+        )
 
 
 def warn_no_intervals(metrics: dict) -> None:
