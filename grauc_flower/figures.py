@@ -9,7 +9,8 @@
   the replications.
 - ``fig_coef_heatmap.png``: one replication of that cell: GrAUC-PFL's coefficients (sites x
   features) with a dendrogram of the sites (average linkage, Euclidean), next to the
-  individual fits in the same site order (the paper's Figure 6).
+  individual fits in the same site order (the paper's Figure 6); each panel's colours scaled
+  per feature (:func:`scaled_by_feature`).
 - ``fig_site_map.png``: the sites at their coordinates with the graph's edges; an edge's
   shade is the number of features on which GrAUC-PFL fused its two sites; site colours are
   the dendrogram's two main clusters.
@@ -307,6 +308,15 @@ def _linkage(coef: np.ndarray):
     return linkage(coef, method="average", metric="euclidean")
 
 
+def scaled_by_feature(coef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``coef`` (sites x features) with each feature divided by its largest |coefficient|,
+    and those scales (1 for a feature that is zero everywhere): a colour scale per feature,
+    so that one large feature does not wash out the features that differ between sites."""
+    scale = np.nanmax(np.abs(coef), axis=0) if len(coef) else np.ones(coef.shape[1])
+    scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
+    return coef / scale, scale
+
+
 def fig_coef_heatmap(
     coef: pd.DataFrame, cell: dict, rep: int, path: str, method: str = "grauc", title: str = ""
 ) -> tuple[str, np.ndarray]:
@@ -353,26 +363,26 @@ def fig_coef_heatmap(
     else:
         order, labels = list(range(len(sites))), np.ones(len(sites), dtype=int)
     ax_d.set_axis_off()
-    vmax = float(np.nanmax(np.abs(np.vstack([b for _, b in panels])))) or 1.0
     im = None
-    for k, (m, b) in enumerate(panels):
+    for k, (m, raw) in enumerate(panels):
+        # each panel scaled on its own: the individual fits' noise would wash out the fused
+        b, scale = scaled_by_feature(raw)
+        ticks = (
+            features if p > 12 else [f"{f}\n±{v:.2g}" for f, v in zip(features, scale, strict=True)]
+        )
         ax = fig.add_subplot(grid[0, k + 2])
         rows = b[order][::-1]  # dendrogram leaves run bottom-up
-        im = ax.imshow(
-            rows, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest"
-        )
+        im = ax.imshow(rows, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
         ax.set_xticks(range(len(features)))
-        ax.set_xticklabels(
-            features, rotation=90 if len(features) > 12 else 0, fontsize=min(10, fontsize)
-        )
+        ax.set_xticklabels(ticks, rotation=90 if p > 12 else 0, fontsize=min(10, fontsize))
         ax.set_yticks(range(len(sites)))
         ax.set_yticklabels([sites[i] for i in order][::-1] if k == 0 else [])
         ax.set_title(LABELS.get(m, m))
     cax = fig.add_subplot(grid[0, -1])
-    fig.colorbar(im, cax=cax, label="coefficient")
+    fig.colorbar(im, cax=cax, label="coefficient / the feature's largest |coefficient|")
     h = fig.get_figheight()
     fig.suptitle(
-        title or f"Coefficients (input scale), replication {rep} ({_cell_title(cell)})",
+        title or f"Coefficients, scaled per feature, replication {rep} ({_cell_title(cell)})",
         y=1 - 0.1 / h,
         va="top",
         fontsize=12,
@@ -675,17 +685,22 @@ def fit_report(out_dir: str) -> str:
             0,
             os.path.join(tmp, "heatmap.png"),
             method=method,
-            title=f"{LABELS.get(method, method)} coefficients (input scale), sites clustered",
+            title=f"{LABELS.get(method, method)} coefficients, scaled per feature, sites clustered",
         )
         heat = report.Section(
             "coefficients",
             "Coefficients",
             report.text(
-                "Each site's coefficients on the input scale (coefficients.csv); the sites are "
-                "ordered by average-linkage clustering of their coefficient vectors, so fused "
-                "sites sit together with a dendrogram merge at distance 0."
+                "Each site's coefficients, each feature's colours scaled by its largest "
+                "|coefficient| over the sites in each panel (under its name when there are few), "
+                "so that the "
+                "features that differ between sites show whatever their scale; the sites are "
+                "ordered by average-linkage clustering of their coefficient vectors (input "
+                "scale), so fused sites sit together with a dendrogram merge at distance 0. "
+                "The values themselves (coefficients.csv, input scale) are in the table below."
             )
             + report.image(path)
+            + report.table(coef.round(4))
             + report.inference_block(
                 out_dir,
                 metrics,

@@ -184,3 +184,27 @@ def test_cv_curve_names_each_line_or_greys_out_all_but_the_chosen(n_other):
             if line.get_label().startswith("_") and to_rgba(line.get_color())[:3] == (0.65,) * 3
         ]
         assert len(grey) == n_other - 1
+
+
+def test_coefficient_colours_are_scaled_per_feature_and_the_values_shown(
+    small_federation, tmp_path
+):
+    """The heatmap's colours divide each feature by its largest |coefficient| (so one large
+    feature does not wash out the others); the values themselves are in a table beside it,
+    equal to coefficients.csv."""
+    from grauc_flower.figures import scaled_by_feature
+
+    coef = np.array([[100.0, 0.1, 0.0], [-50.0, -0.3, 0.0], [25.0, 0.2, 0.0]])
+    scaled, scale = scaled_by_feature(coef)
+    np.testing.assert_allclose(scale, [100.0, 0.3, 1.0])
+    np.testing.assert_allclose(scaled[:, 1], [1 / 3, -1.0, 2 / 3])
+    assert np.abs(scaled).max(axis=0).tolist() == [1.0, 1.0, 0.0]
+
+    out = tmp_path / "out"
+    page = _grauc_fit(small_federation, out)
+    table = pd.read_csv(out / "coefficients.csv", dtype={"site": str})
+    shown = _section_table(page, "coefficients", len(table.columns))
+    assert list(shown[:, 0]) == list(table["site"])
+    np.testing.assert_allclose(
+        shown[:, 1:].astype(float), table.iloc[:, 1:].to_numpy(), rtol=1e-3, atol=1e-4
+    )
