@@ -378,9 +378,11 @@ def cmd_fit(a) -> int:
         federated = a.tune == "cv" and a.method in GRAUC_FUSED_METHODS
         opts = cv_options(a, a.data_seed) if a.tune == "cv" else None
         if a.tune == "cv" and not federated:
-            cfg, table, summary = tuning.tune(sites, cfg, a.method, grid, opts)
+            cfg, table, summary = tuning.tune(sites, cfg, a.method, grid, opts, widen=True)
             table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
             extra = tuning_metrics(summary, tuning.PARAMS[a.method], "val_auc", True, opts)
+            if table.attrs.get("extended"):
+                extra["cv"]["extended"] = table.attrs["extended"]
             if not a.quiet:
                 chosen = ", ".join(f"{k} = {v:g}" for k, v in extra["tuned"].items())
                 sys.stderr.write(

@@ -16,6 +16,7 @@ The pieces run in a process pool, one per ``(fold, ridge)``.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass, replace
 
@@ -34,6 +35,9 @@ from .data import SiteData
 W_DIST_GRID = (0.0, 1.0, 2.0)
 RIDGE_GRID = (1e-3, 1e-2, 0.1, 1.0)
 ROUNDS_GRID = (10, 25, 50, 100, 200)
+#: FedAvg's rounds grid is doubled while CV chooses its largest value, up to this many
+#: times the largest value given (then the choice is reported at the grid's edge).
+ROUNDS_BOUND = 4
 N_LAM = 12
 LAM_RATIO = 1e-3
 
@@ -354,14 +358,35 @@ def tune(
     method: str = "grauc",
     grid: Grid | None = None,
     opts: tuning.CVOptions | None = None,
+    widen: bool = False,
 ) -> tuple[GrAUCConfig, pd.DataFrame, pd.DataFrame]:
     """Cross-validate and return the settings chosen (``cfg`` with the tuned values), the
-    per-fold table (``cv.csv``) and the per-setting summary (``mean, se, folds, chosen``)."""
+    per-fold table (``cv.csv``) and the per-setting summary (``mean, se, folds, chosen``).
+
+    ``widen`` (the fit command's): FedAvg's rounds grid is doubled while the choice is its
+    largest value, up to :data:`ROUNDS_BOUND` times it (``table.attrs["extended"]``); a
+    study keeps the grid it was given, as part of its design."""
     opts = opts or tuning.CVOptions()
+    grid = grid or Grid()
     table = cross_validate(sites, cfg, method, grid, opts)
     chosen, summary = tuning.choose(
         table, PARAMS[method], "val_auc", True, opts.rule, SIMPLEST[method]
     )
+    if method == "fedavg" and widen:  # still rising at the most rounds tried: twice as many
+        rounds, limit, added = grid.fedavg_rounds, ROUNDS_BOUND * max(grid.fedavg_rounds), []
+        while int(chosen["fedavg_rounds"]) == max(rounds) and 2 * max(rounds) <= limit:
+            added.append(2 * max(rounds))
+            rounds = (*rounds, added[-1])
+            if not opts.quiet:
+                sys.stderr.write(
+                    f"cv: fedavg chose the most rounds tried ({max(rounds) // 2}); trying "
+                    f"{added[-1]} (up to {limit}, {ROUNDS_BOUND}x the grid's largest)\n"
+                )
+            table = cross_validate(sites, cfg, method, replace(grid, fedavg_rounds=rounds), opts)
+            chosen, summary = tuning.choose(
+                table, PARAMS[method], "val_auc", True, opts.rule, SIMPLEST[method]
+            )
+        table.attrs["extended"] = {"fedavg_rounds": added} if added else {}
     knob = tuning.KNOBS.get(method)
     integers = ["fedavg_rounds"] + ([knob.name] if knob is not None and knob.integer else [])
     for name in integers:

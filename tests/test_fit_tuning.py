@@ -194,14 +194,15 @@ def test_grauc_baselines_tune_their_ridge_and_rounds(grauc_files, capsys, tmp_pa
     assert list(cv.columns) == [
         "fold", "ridge", "fedavg_rounds", "val_auc", "rounds", "converged",
     ]  # fmt: skip
-    assert len(cv) == 2 * 2 * 2
     m = _metrics(out)
+    added = m["cv"].get("extended", {}).get("fedavg_rounds", [])  # widened while rising
+    assert sorted(set(cv["fedavg_rounds"])) == [5, 20, *added]
+    assert len(cv) == 2 * 2 * (2 + len(added))
     mean = cv.groupby(["ridge", "fedavg_rounds"])["val_auc"].mean()
     best = max(mean.index[mean == mean.max()])  # ties: the larger ridge, more rounds
     assert (m["tuned"]["ridge"], m["tuned"]["fedavg_rounds"]) == pytest.approx(best)
     assert m["rounds"] == best[1]
-    _assert_grid_edges(cv, ["ridge", "fedavg_rounds"], m, err)  # two values each: edges
-    assert len(m["at_grid_edge"]) == 2
+    _assert_grid_edges(cv, ["ridge", "fedavg_rounds"], m, err)
 
 
 @pytest.mark.parametrize(
@@ -628,3 +629,31 @@ def test_sigterm_stops_the_cv_workers(tmp_path):
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_fedavg_rounds_grid_is_widened_while_cv_chooses_its_largest(grauc_files, capsys, tmp_path):
+    """FedAvg still improving at the most rounds tried: the rounds grid is doubled (up to
+    ROUNDS_BOUND times its largest value) and the cross-validation redone; the choice is the
+    best of the widened grid, and metrics.json says what was added."""
+    from grauc_flower.tuning import ROUNDS_BOUND
+
+    out = str(tmp_path / "fedavg")
+    extra = ("--method", "fedavg", "--tune", "cv", "--folds", "2", "--ridge-grid", "0.01")
+    code, err = _grauc(capsys, grauc_files, out, *extra, "--rounds-grid", "1,2", "--jobs", "1")
+    assert code == 0, err
+    cv = _read(out, "cv.csv")
+    m = _metrics(out)
+    tried = sorted(set(cv["fedavg_rounds"]))
+    added = m["cv"].get("extended", {}).get("fedavg_rounds", [])
+    assert tried == [1, 2, *added] and max(tried) <= ROUNDS_BOUND * 2
+    mean = cv.groupby("fedavg_rounds")["val_auc"].mean()
+    assert m["tuned"]["fedavg_rounds"] == max(mean.index[mean == mean.max()])
+    # each widening happened because the grid before it chose its largest value
+    for k, r in enumerate(added):
+        before = mean.loc[[1, 2, *added[:k]]]
+        assert max(before.index[before == before.max()]) == r // 2
+    assert added, "one or two rounds of FedAvg should leave the CV rising"
+    if added[-1] < ROUNDS_BOUND * 2:  # stopped before the bound: the choice is inside
+        assert m["tuned"]["fedavg_rounds"] < added[-1]
+    else:
+        assert ("fedavg_rounds" in m["at_grid_edge"]) == (m["tuned"]["fedavg_rounds"] == 8)
