@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strategies.datasets.tables import numeric_columns, read_table, stripped_ids, warn
+from strategies.datasets.tables import named, numeric_columns, read_table, stripped_ids, warn
 from strategies.errors import InputError, bad_cell, file_line, plain
 
 if TYPE_CHECKING:  # pandas is imported where CSV files are read (clients stay light)
@@ -220,7 +220,7 @@ def sites_from_frames(
     if idle:
         warn(
             f"sites: {len(idle)} site(s) of the sites file have no data rows and are left out "
-            f"({', '.join(map(repr, idle[:8]))}{' ...' if len(idle) > 8 else ''})"
+            f"({named(idle, quote=True)})"
         )
     out = []
     y_all = data["y"].to_numpy()

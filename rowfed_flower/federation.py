@@ -15,7 +15,7 @@ import pandas as pd
 
 from strategies.config import FEDAVG_FAMILY, ROWFED_FUSED_METHODS, ROWFED_METHODS, RowFedConfig
 from strategies.datasets.tables import read_table, stripped_ids
-from strategies.errors import InputError, bad_cell, file_line
+from strategies.errors import InputError, bad_cell
 from strategies.fedavg import comparator_class, round_limit
 from strategies.registry import Registry
 from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy, rowfed_registry
@@ -144,7 +144,7 @@ def _numeric_column(df: pd.DataFrame, col: str, key: str = "data") -> np.ndarray
     missing = raw.eq("") | raw.str.upper().isin(["NA", "NAN", "?"])
     if missing.any():
         row = int(np.flatnonzero(missing.to_numpy())[0])
-        raise InputError(f"{key}: column {col!r} has a missing value at {file_line(row)}")
+        raise InputError(f"{key}: {bad_cell(col, '', row)}")
     values = pd.to_numeric(raw, errors="coerce")
     bad = values.isna() | ~np.isfinite(values.to_numpy(dtype=float))
     if bad.any():
@@ -187,7 +187,7 @@ def read_fit_csv(
     client = stripped_ids(df[client_column], f"{key}: column {client_column!r}")
     if client.eq("").any():
         row = int(np.flatnonzero(client.eq("").to_numpy())[0])
-        raise InputError(f"{key}: column {client_column!r} has a missing value at {file_line(row)}")
+        raise InputError(f"{key}: {bad_cell(client_column, '', row)}")
     y = np.column_stack([_numeric_column(df, c, key) for c in responses])
     x = np.column_stack([_numeric_column(df, c, key) for c in predictors])
     order = list(dict.fromkeys(client))

@@ -214,10 +214,11 @@ def cluster_solve(
             y[shared] = cho_solve(cho_factor(reduced, check_finite=False), r_shared)
     except np.linalg.LinAlgError:
         return None
+    y_shared = y[shared]
     for part in parts:
         if part is not None:
             ids, w_s, w_r, at = part
-            y[ids] = w_r - w_s @ y[shared][at]
+            y[ids] = w_r - w_s @ y_shared[at]
     return y
 
 

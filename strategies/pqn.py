@@ -296,7 +296,8 @@ def solve_model(
         gram_ff, gram_fx = gram, None
     complete = _complete_diagonal(problem, frozen)
     site_gram = problem.gram()[~frozen][:, ~frozen]  # among the live sites
-    order = _elimination(site_gram) if complete is None else None
+    big = free.sum() ** 2 > FOREST_LEVEL  # else a dense solve is always cheaper
+    order = _elimination(site_gram) if complete is None and big else None
 
     def factor(rho):
         rhs_fixed = rho * (gram_fx @ x_flat[~free]) if gram_fx is not None else 0.0

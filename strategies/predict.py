@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .datasets.tables import numeric_columns, read_table
-from .errors import InputError, file_line
+from .errors import InputError, bad_cell
 
 #: The label of RowFed's intercept row in its ``coefficients.csv``.
 INTERCEPT = "(intercept)"
@@ -99,7 +99,7 @@ def predict(model: FittedModel, data_path: str, ignore: tuple[str, ...] = ()):
         raise InputError(f"data: no {col!r} column (each row's {col} picks its coefficients)")
     if frame[col].isna().any():
         row = int(np.flatnonzero(frame[col].isna().to_numpy())[0])
-        raise InputError(f"data: column {col!r} has a missing value at {file_line(row)}")
+        raise InputError(f"data: {bad_cell(col, None, row)}")
     sites = frame[col].astype(str).str.strip()
     unknown = [s for s in dict.fromkeys(sites) if s not in model.sites]
     if unknown:

@@ -163,17 +163,13 @@ def warn_small_folds(small: Sequence[str], entity: str, rows: str, score: str) -
     :data:`SMALL_FOLD` validation ``rows`` per fold, whose fold ``score`` is noisy."""
     if not small:
         return
-    from logging import WARNING
+    from .datasets.tables import named, warn
 
-    from flwr.common import log
-
-    names = ", ".join(small[:8]) + (" ..." if len(small) > 8 else "")
-    log(
-        WARNING,
-        "cv: %d %s(s) have fewer than %d validation %s per fold (%s); their fold %s are "
-        "noisy (the pooled criterion takes all folds together)",
-        len(small), entity, SMALL_FOLD, rows, names, score,
-    )  # fmt: skip
+    warn(
+        f"cv: {len(small)} {entity}(s) have fewer than {SMALL_FOLD} validation {rows} per fold "
+        f"({named(small)}); their fold {score} are noisy (the pooled criterion takes all "
+        "folds together)"
+    )
 
 
 def holdout_mask(y: np.ndarray | None, n: int, fraction: float, rng) -> np.ndarray:

@@ -68,3 +68,22 @@ def test_messages_show_plain_values_and_file_lines():
     assert bad_cell("x1", "-Infinity", 1).startswith("column 'x1' has an infinite value")
     for missing in ("", " ", "NA", "nan", "?", None, float("nan")):
         assert bad_cell("y", missing, 3) == "column 'y' has a missing value at line 5 of the file"
+
+
+def test_warnings_name_the_first_few_and_say_how_many(caplog):
+    """The small-fold warning names at most eight sites and says how many there are."""
+    from conftest import flwr_warnings
+
+    from strategies.datasets.tables import named
+    from strategies.tuning import warn_small_folds
+
+    assert named(["a", "b"]) == "a, b"
+    assert named(list("abcdefghij"), quote=True).endswith("'h' ...")
+    _, warned = flwr_warnings(
+        caplog, lambda: warn_small_folds([f"S{k}" for k in range(10)], "site", "rows", "AUCs")
+    )
+    assert warned == [
+        "cv: 10 site(s) have fewer than 10 validation rows per fold (S0, S1, S2, S3, S4, S5, "
+        "S6, S7 ...); their fold AUCs are noisy (the pooled criterion takes all folds together)"
+    ]
+    assert flwr_warnings(caplog, lambda: warn_small_folds([], "site", "rows", "AUCs"))[1] == []

@@ -78,6 +78,12 @@ def warn(message: str) -> None:
     log(WARNING, "%s", message)
 
 
+def named(items, most: int = 8, quote: bool = False) -> str:
+    """The first ``most`` of ``items`` for a message, `` ...`` when there are more."""
+    shown = [repr(x) if quote else str(x) for x in list(items)[:most]]
+    return ", ".join(shown) + (" ..." if len(items) > most else "")
+
+
 def stripped_ids(ids: pd.Series, what: str) -> pd.Series:
     """The ids (a site or client column) without spaces around them; when any had some, a
     warning names the first and how many (``what``: the setting and column, e.g. ``data:
