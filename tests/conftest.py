@@ -132,4 +132,6 @@ def flwr_warnings(caplog, fn):
             out = fn()
     finally:
         flwr_logger.removeHandler(caplog.handler)
-    return out, [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # a record reaches the handler twice when Flower's logger also propagates to the root
+    records = {id(r): r for r in caplog.records}.values()
+    return out, [r.getMessage() for r in records if r.levelno == logging.WARNING]
