@@ -86,6 +86,7 @@ INNER_TOL = 1e-11  # the model problem's tolerance near the optimum (relative to
 INNER_FORCING = 1e-3  # ... loosened to this share of the last step while steps are large
 INNER_LOOSEST = 1e-6
 POLISH_FIRST = 10  # inner ADMM iterations before the first exact polish (then 20, 40, ...)
+ANDERSON_MEMORY = 5  # the inner ADMM's Anderson acceleration: iterates it combines (0: off)
 #: Curvature models: BFGS (any smooth loss), secant (quadratic losses, matrix blocks), or
 #: exact (the sites send their Hessians).
 MODELS = ("bfgs", "secant", "exact")
@@ -318,6 +319,7 @@ def solve_model(
     solve, rhs_fixed = factor(rho)
     b = x.copy()
     scale = _model_scale(x, grad)
+    accel = Anderson(ANDERSON_MEMORY)
     it = 0
     for it in range(1, max_iter + 1):  # noqa: B007
         pull = problem.apply_t_sum(tuple(d - uu for d, uu in zip(delta, u, strict=True)))
@@ -331,17 +333,19 @@ def solve_model(
         new_delta = tuple(
             s.threshold(ab + uu, rho) for s, ab, uu in zip(splits, relaxed, u, strict=True)
         )
-        u = tuple(uu + ab - d for uu, ab, d in zip(u, relaxed, new_delta, strict=True))
+        new_u = tuple(uu + ab - d for uu, ab, d in zip(u, relaxed, new_delta, strict=True))
         r = np.sqrt(sum(np.sum((ab - d) ** 2) for ab, d in zip(a_b, new_delta, strict=True)))
         s = rho * np.linalg.norm(
             problem.apply_t_sum(tuple(dn - do for dn, do in zip(new_delta, delta, strict=True)))
         )
-        delta = new_delta
         if r <= tol * scale and s <= tol * scale:
+            delta, u = new_delta, new_u
             break
+        # the next point: this iterate, or Anderson's combination of the last few
+        delta, u = accel.step((delta, u), (new_delta, new_u))
         if tree is not None and it == next_polish:  # ADMM finds the pattern early
             next_polish *= 2
-            sol = polished(delta[0], it)
+            sol = polished(new_delta[0], it)
             if sol is not None:
                 return sol
         if it % 10 == 0 and (r > 10 * s or s > 10 * r):  # residual balancing
@@ -350,8 +354,109 @@ def solve_model(
                 continue
             rho *= factor_
             u = tuple(uu / factor_ for uu in u)
+            accel.reset()  # another penalty is another fixed-point map
             solve, rhs_fixed = factor(rho)
     return ModelSolution(b, delta, u, rho, it)
+
+
+class Anderson:
+    """Safeguarded Anderson acceleration (type II) of a fixed-point iteration ``z <- T(z)``
+    over tuples of arrays -- here the inner ADMM's state ``(delta, u)``.
+
+    :meth:`step` takes a point ``z`` and its image ``T(z)`` and returns the next point: the
+    combination ``T(z_k) - sum_i gamma_i (T(z_{i+1}) - T(z_i))`` of the last ``memory`` images
+    whose residuals ``f = T(z) - z`` combine to the least norm (Walker & Ni 2011; for ADMM,
+    Zhang & Peng 2019 and Fu, Zhang & Boyd 2020).  The safeguard: when the residual at an
+    accelerated point is larger than at the point before, the plain image of that point is
+    taken instead and the memory starts again: an extrapolation that makes the residual grow
+    costs one iteration and is undone.  ``memory = 0`` is the plain iteration.  Stopping rules are
+    unaffected: ADMM's residuals are certificates of the iterate they are computed from,
+    whatever the point that iterate started from.  The differences are held in single
+    precision (the step is memory-bound): that only perturbs which point is tried next, by
+    a share 1e-7 of a step that shrinks to the tolerance, never the iterate a residual
+    certifies."""
+
+    def __init__(self, memory: int) -> None:
+        self.memory = memory
+        self.reset()
+
+    def reset(self) -> None:
+        # differences of residuals and of images, by slot (a ring: the oldest is replaced)
+        self.d_f: np.ndarray | None = None
+        self.d_g: np.ndarray | None = None
+        self.gram = np.zeros((self.memory, self.memory))
+        self.count = 0  # differences held
+        self.slot = 0  # where the next goes
+        self.last: tuple[np.ndarray, np.ndarray] | None = None  # (f, g) of the last point
+        self.fallback: tuple | None = None  # the plain image, if the last point was combined
+        self.norm = math.inf  # the residual at the last accepted point
+        self.given: tuple | None = None  # the point returned last, and its flat form
+        self.given_flat: np.ndarray | None = None
+
+    def step(self, point: tuple, image: tuple) -> tuple:
+        if self.memory == 0:
+            return image
+        g = _flat(image)
+        same = self.given is not None and all(
+            p is q for p, q in zip(point, self.given, strict=True)
+        )
+        f = g - (self.given_flat if same else _flat(point))
+        norm = float(np.sqrt(f @ f))
+        if self.fallback is not None and norm > self.norm:  # worse than where it started
+            fallback = self.fallback
+            self.reset()
+            return fallback
+        self.norm = norm
+        n, k = self.count, self.slot
+        if self.last is not None:
+            if self.d_f is None:
+                self.d_f = np.empty((self.memory, f.size), np.float32)
+                self.d_g = np.empty((self.memory, f.size), np.float32)
+            np.subtract(f, self.last[0], out=self.d_f[k])
+            np.subtract(g, self.last[1], out=self.d_g[k])
+            n, self.count, self.slot = (
+                min(n + 1, self.memory),
+                min(n + 1, self.memory),
+                (k + 1) % self.memory,
+            )
+        self.last = (f, g)
+        if n == 0:
+            self.fallback = None
+            return self._give(image, g)
+        rhs = (self.d_f[:n] @ f.astype(np.float32)).astype(float)
+        self.gram[k, :n] = self.gram[:n, k] = self.d_f[:n] @ self.d_f[k]
+        gram = self.gram[:n, :n]
+        ridge = 1e-12 * float(np.trace(gram)) + 1e-300
+        try:
+            gamma = np.linalg.solve(gram + ridge * np.eye(n), rhs)
+        except np.linalg.LinAlgError:
+            self.reset()
+            return image
+        if not np.all(np.isfinite(gamma)):
+            self.reset()
+            return image
+        combined = g - gamma.astype(np.float32) @ self.d_g[:n]
+        self.fallback = image
+        return self._give(_unflat(combined, image), combined)
+
+    def _give(self, point: tuple, flat: np.ndarray) -> tuple:
+        self.given, self.given_flat = point, flat
+        return point
+
+
+def _flat(parts: tuple) -> np.ndarray:
+    return np.concatenate([np.ravel(a) for group in parts for a in group])
+
+
+def _unflat(flat: np.ndarray, like: tuple) -> tuple:
+    out, at = [], 0
+    for group in like:
+        arrays = []
+        for a in group:
+            arrays.append(flat[at : at + a.size].reshape(a.shape))
+            at += a.size
+        out.append(tuple(arrays))
+    return tuple(out)
 
 
 def bfgs_update(hess: np.ndarray, s: np.ndarray, y: np.ndarray, first: bool) -> np.ndarray:
