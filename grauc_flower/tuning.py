@@ -574,7 +574,7 @@ def federated_options(tc) -> tuple[tuning.CVOptions, Grid]:
 
     opts = tuning.CVOptions(
         folds=tc.folds, rule=tc.rule, tol=tc.tol, max_rounds=tc.max_rounds, seed=tc.fold_seed,
-        quiet=True, criterion=tc.criterion, repeats=tc.repeats,
+        quiet=True, criterion=tc.criterion, repeats=tc.repeats, jobs=tc.jobs,
     )  # fmt: skip
     grid = Grid(
         lam=values(tc.lam_grid, "tune.lam-grid"),
@@ -595,7 +595,9 @@ def federated_strategy(cfg, method, opts, grid, n_sites, registry, timeout=None,
     for value in grid.w_dist:
         cfg.replace(w_dist=value)
     plan = federated_plan(cfg, method, grid, opts)
-    return BatchStrategy(plan, n_sites, registry, timeout=timeout, progress=progress)
+    return BatchStrategy(
+        plan, n_sites, registry, timeout=timeout, progress=progress, workers=opts.jobs
+    )
 
 
 def federated_outputs(batch, method: str, opts: tuning.CVOptions) -> dict:

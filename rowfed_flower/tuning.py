@@ -405,7 +405,7 @@ def federated_options(tc) -> tuple[tuning.CVOptions, tuple, tuple, tuple | None]
     """The options and grids of a :class:`strategies.config.TuneConfig` (``tune.*``)."""
     opts = tuning.CVOptions(
         folds=tc.folds, rule=tc.rule, tol=tc.tol, max_rounds=tc.max_rounds, seed=tc.fold_seed,
-        quiet=True, criterion=tc.criterion, repeats=tc.repeats,
+        quiet=True, criterion=tc.criterion, repeats=tc.repeats, jobs=tc.jobs,
     )  # fmt: skip
     lam1 = tuning.parse_grid(tc.lam1_grid or DEFAULT_LAM1_GRID, "tune.lam1-grid")
     lam2 = tuning.parse_grid(tc.lam2_grid or DEFAULT_LAM2_GRID, "tune.lam2-grid")
@@ -420,7 +420,9 @@ def federated_strategy(cfg, method, by, tune, n_sites, registry, timeout=None, p
     opts, lam1, lam2, powers = tune
     _levels(method, cfg, lam1, lam2)  # the grids checked before any round
     plan = federated_plan(cfg, method, by, opts, lam1, lam2, powers)
-    batch = BatchStrategy(plan, n_sites, registry, timeout=timeout, progress=progress)
+    batch = BatchStrategy(
+        plan, n_sites, registry, timeout=timeout, progress=progress, workers=opts.jobs
+    )
     batch.method, batch.opts, batch.by = method, opts, by
     return batch
 

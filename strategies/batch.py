@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -48,7 +49,9 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from . import lockstep
 from .registry import EMPTY, Registry
+from .workers import ModelWorkers
 
 #: The task name of a batched message (fit and evaluate), and the config field that holds
 #: the jobs' own configs.
@@ -259,6 +262,9 @@ class BatchStrategy(Strategy):
         Seconds registration waits for the sites.
     progress : callable, optional
         ``progress(line)``: a line per round (stage, fits running and done, time).
+    workers : int, optional
+        Processes for the fits' server model problems (:mod:`strategies.workers`; ``None``
+        or 0: one per core, at most 4; 1: all in the server's process).
     """
 
     def __init__(
@@ -268,9 +274,11 @@ class BatchStrategy(Strategy):
         registry: Registry,
         timeout: float | None = None,
         progress: Callable[[str], None] | None = None,
+        workers: int | None = None,
     ) -> None:
         super().__init__()
         self.plan_fn = plan
+        self.model_workers = ModelWorkers(workers or None)
         self.n_sites = int(n_sites)
         self.registry = registry
         self.timeout = timeout
@@ -401,10 +409,16 @@ class BatchStrategy(Strategy):
                 at += n
                 per_job.setdefault(it["job"], []).append((proxy, sub))
         self.registry.log_failures(failures, server_round)  # once, not once per job
+        # every fit's step, in lockstep: their model problems solved together
+        steps = [
+            functools.partial(j.strategy.aggregate_fit, server_round, per_job.get(j.key, []), [])
+            for j in self.running()
+        ]
         with _quiet():
-            for job in self.running():
-                job.strategy.aggregate_fit(server_round, per_job.get(job.key, []), [])
+            lockstep.run(steps, self.model_workers)
         self._advance_stages()
+        if len(self.running()) < 2:  # nothing left to share the workers
+            self.model_workers.close()
         if self.progress is not None:
             running = len(self.running())
             self.progress(

@@ -308,6 +308,9 @@ class TuneConfig:
     fold_seed: int = setting(0, "seed of the sites' folds")
     tol: float = setting(1e-3, "the tuning fits' stopping tolerance > 0", above=0)
     max_rounds: int = setting(100, "the tuning fits' round limit >= 1", at_least=1)
+    jobs: int = setting(
+        0, "server processes for the fits' model problems (0: one per core, at most 4)", at_least=0
+    )
     lam_grid: str = setting("", "GrAUC-PFL lam values (empty: 12 below lam_max and 0)")
     w_dist_grid: str = setting("0,1,2", "GrAUC-PFL w_dist values")
     ridge_grid: str = setting("0.001,0.01,0.1,1", "GrAUC-PFL ridge values")

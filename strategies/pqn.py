@@ -72,6 +72,7 @@ from scipy.linalg import cho_factor, cho_solve
 from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import splu
 
+from . import lockstep
 from .admm import Problem
 from .polish import Forest, forest, polish, rooted
 
@@ -357,6 +358,29 @@ def solve_model(
             accel.reset()  # another penalty is another fixed-point map
             solve, rhs_fixed = factor(rho)
     return ModelSolution(b, delta, u, rho, it)
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """The arguments of one :func:`solve_model` call: a fit's model problem, solved where it
+    is asked for or, in a batched run, with the other fits' (:mod:`strategies.workers`)."""
+
+    problem: Problem
+    x: np.ndarray
+    grad: np.ndarray
+    hess: np.ndarray
+    frozen: np.ndarray
+    warm: ModelSolution | None
+    tol: float
+    min_rho: float
+
+
+def solve_request(req: ModelRequest) -> ModelSolution:
+    """:func:`solve_model` of one request."""
+    return solve_model(
+        req.problem, req.x, req.grad, req.hess, req.frozen, req.warm, tol=req.tol,
+        min_rho=req.min_rho,
+    )  # fmt: skip
 
 
 class Anderson:
@@ -729,16 +753,9 @@ def _stand_ins(st: QuasiNewtonState) -> tuple[np.ndarray, np.ndarray]:
 
 def _solve_direction(problem: Problem, st: QuasiNewtonState, inner_tol: float) -> int:
     grad, hess = _stand_ins(st)
-    sol = solve_model(
-        problem,
-        st.x,
-        grad,
-        hess,
-        st.frozen,
-        st.inner,
-        tol=inner_tol,
-        min_rho=st.min_rho,
-    )
+    # here, or beside the other fits' of a batched run (strategies.lockstep)
+    request = ModelRequest(problem, st.x, grad, hess, st.frozen, st.inner, inner_tol, st.min_rho)
+    sol = lockstep.call(solve_request, request)
     d = sol.b - st.x
     d[st.frozen] = 0.0
     st.direction = d

@@ -96,7 +96,8 @@ def add_tuning_arguments(parser: argparse.ArgumentParser, tunes: tuple[str, ...]
         type=int,
         default=0,
         metavar="N",
-        help="cv: processes (default: one per core)",
+        help="cv: processes for the server's model problems (fused methods) or the folds "
+        "(comparators); default: one per core",
     )
     parser.add_argument(
         "--knob-grid",
