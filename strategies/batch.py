@@ -415,7 +415,11 @@ class BatchStrategy(Strategy):
             for j in self.running()
         ]
         with _quiet():
-            lockstep.run(steps, self.model_workers)
+            if self.model_workers.workers < 2:  # nothing to gain from gathering the problems
+                for step in steps:
+                    step()
+            else:
+                lockstep.run(steps, self.model_workers)
         self._advance_stages()
         if len(self.running()) < 2:  # nothing left to share the workers
             self.model_workers.close()

@@ -438,11 +438,8 @@ class Anderson:
                 self.d_g = np.empty((self.memory, f.size), np.float32)
             np.subtract(f, self.last[0], out=self.d_f[k])
             np.subtract(g, self.last[1], out=self.d_g[k])
-            n, self.count, self.slot = (
-                min(n + 1, self.memory),
-                min(n + 1, self.memory),
-                (k + 1) % self.memory,
-            )
+            n = self.count = min(n + 1, self.memory)
+            self.slot = (k + 1) % self.memory
         self.last = (f, g)
         if n == 0:
             self.fallback = None
