@@ -385,3 +385,14 @@ def run(out: str, quick: bool = False, flower: bool = True) -> pd.DataFrame:
     rows += server_step_table([200, 2000])
     rows.append(tuning_time(quick))
     return finish(rows, out)
+
+
+def family_run(out: str, quick: bool = False) -> pd.DataFrame:
+    """The problem family's rounds (:mod:`grauc_flower.family`): a row per member and variant,
+    then their distribution (median, 90th percentile, worst) per variant."""
+    from strategies.experiments.family import run_family
+
+    from . import family
+
+    check_out(out)
+    return finish(run_family(family.measure, family.FAMILY, ("variant",), quick), out)

@@ -180,6 +180,11 @@ def _bench_parser(sub) -> None:
         help="instead: the cross-validation criteria compared by the tuned fits' test AUC",
     )
     p.add_argument("--seeds", type=int, default=3, help="--criteria: data splits per design")
+    p.add_argument(
+        "--family",
+        action="store_true",
+        help="instead: rounds over the problem family (median, 90th percentile, worst)",
+    )
     add_predict_parser(sub, "risk scores")
     add_report_parser(sub)
 
@@ -189,6 +194,8 @@ def cmd_bench(a) -> int:
 
     if a.criteria:
         df = bench.criteria_run(a.out, a.seeds, quick=a.quick)
+    elif a.family:
+        df = bench.family_run(a.out, quick=a.quick)
     else:
         df = bench.run(a.out, quick=a.quick, flower=not a.no_flower)
     print(bench.format_table(df))

@@ -147,3 +147,14 @@ def tuning_rows(quick: bool) -> list[dict]:
 def run(out: str, quick: bool = False) -> pd.DataFrame:
     check_out(out)
     return finish(rounds_table(quick) + tuning_rows(quick), out)
+
+
+def family_run(out: str, quick: bool = False) -> pd.DataFrame:
+    """The problem family's rounds (:mod:`rowfed_flower.family`): a row per member and variant,
+    then their distribution (median, 90th percentile, worst) per penalty, variant."""
+    from strategies.experiments.family import run_family
+
+    from . import family
+
+    check_out(out)
+    return finish(run_family(family.measure, family.FAMILY, ("penalty", "variant"), quick), out)

@@ -88,6 +88,9 @@ INNER_FORCING = 1e-3  # ... loosened to this share of the last step while steps 
 INNER_LOOSEST = 1e-6
 POLISH_FIRST = 10  # inner ADMM iterations before the first exact polish (then 20, 40, ...)
 ANDERSON_MEMORY = 5  # the inner ADMM's Anderson acceleration: iterates it combines (0: off)
+#: the BFGS models' self-scaling on every pair after the first (Oren-Luenberger's
+#: tau = min(1, s'y / s'Bs)); False: plain BFGS after the first pair's y'y / s'y start
+SELF_SCALING = True
 #: Curvature models: BFGS (any smooth loss), secant (quadratic losses, matrix blocks), or
 #: exact (the sites send their Hessians).
 MODELS = ("bfgs", "secant", "exact")
@@ -513,7 +516,7 @@ def bfgs_update_many(
     bs = np.einsum("zij,zj->zi", h, s_)
     sbs = np.einsum("zi,zi->z", s_, bs)
     # self-scaling: a model that overstates the curvature along s is shrunk first
-    tau = np.where(restart, 1.0, np.minimum(1.0, sy_ / sbs))
+    tau = np.where(restart | (not SELF_SCALING), 1.0, np.minimum(1.0, sy_ / sbs))
     h, bs, sbs = h * tau[:, None, None], bs * tau[:, None], sbs * tau
     h = h - bs[:, :, None] * bs[:, None, :] / sbs[:, None, None]
     h = h + y_[:, :, None] * y_[:, None, :] / sy_[:, None, None]

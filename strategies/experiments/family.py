@@ -1,0 +1,152 @@
+"""What both methods' problem families share: rounds to a gap read off a fit's history, and
+the distribution of a measurement over a family (median, 90th percentile, worst).
+
+A *family* is a fixed list of problems, each generated from its own seed, that spans the
+federations users bring (sizes, dimensions, balance, geography, penalty levels); the bench
+and the round tests read their round counts over it, so that no default is chosen on one
+problem (docs/performance.md, "The problem family")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+
+def gap_rounds(objectives: Sequence[float], fstar: float, level: float) -> float:
+    """The first round after which every recorded objective is within ``level`` (relative)
+    of ``fstar``; ``nan`` if the last one is not.  Round ``k`` is ``objectives[k - 1]``."""
+    values = np.asarray(objectives, dtype=float)
+    if values.size == 0:
+        return float("nan")
+    gaps = np.abs(values - fstar) / max(abs(fstar), 1e-300)
+    bad = np.flatnonzero(~(gaps <= level))
+    if bad.size == 0:
+        return 1.0
+    return float(bad[-1] + 2) if bad[-1] + 1 < values.size else float("nan")
+
+
+def signed_gap_rounds(objectives: Sequence[float], fstar: float, level: float) -> float:
+    """As :func:`gap_rounds` with the gap signed: ending *below* ``fstar`` counts as reaching
+    it (a non-convex fit may end at a lower stationary point than the reference's)."""
+    values = np.asarray(objectives, dtype=float)
+    if values.size == 0:
+        return float("nan")
+    gaps = (values - fstar) / max(abs(fstar), 1e-300)
+    bad = np.flatnonzero(~(gaps <= level))
+    if bad.size == 0:
+        return 1.0
+    return float(bad[-1] + 2) if bad[-1] + 1 < values.size else float("nan")
+
+
+def true_objectives(strategy, clients, max_rounds: int) -> list[float]:
+    """Run a fused strategy in process with ``clients`` and return the objective at its
+    estimate after every round, from the clients' own losses there (a ``gradient``
+    instruction to each, with the fit's working configuration) and the penalty the fit
+    minimizes (MCP/SCAD themselves, not their linearization): true values, where a fit's
+    history may hold its models' predictions (``curvature = exact``, partial
+    participation)."""
+    from ..runtime.engine import run_inprocess
+
+    betas: list[np.ndarray] = []
+    report = strategy.progress
+
+    def record(rnd, objective, res, elapsed) -> None:
+        betas.append(np.array(strategy.coefficients_std(), dtype=float))
+        if report is not None:
+            report(rnd, objective, res, elapsed)
+
+    strategy.progress = record
+    run_inprocess(strategy, clients, max_rounds)
+    work = strategy.work_config()
+    order = strategy.registry.order()
+    by_site = {}
+    for client in clients:
+        props = client.get_properties({})
+        by_site[str(props["site"])] = client
+    values = []
+    for beta in betas:
+        total = float(strategy.target.penalty_value(beta))
+        for z, site in enumerate(order):
+            config = {"task": "gradient", "site": site, **work}
+            _, _, metrics = by_site[site].fit([beta[z]], config)
+            total += float(metrics["loss"])
+        values.append(total)
+    return values
+
+
+def distribution(values: Iterable[float]) -> dict[str, float]:
+    """``median``, ``p90`` (the 90th percentile, linear interpolation), ``worst`` (the
+    largest) and ``failed`` (how many did not get there, ``nan``) of ``values``; a failure
+    counts as infinitely many rounds in the percentiles."""
+    arr = np.array([float(v) for v in values], dtype=float)
+    failed = int(np.sum(~np.isfinite(arr)))
+    ranked = np.where(np.isfinite(arr), arr, math.inf)
+    if ranked.size == 0:
+        return {"median": math.nan, "p90": math.nan, "worst": math.nan, "failed": 0}
+
+    ordered = np.sort(ranked)
+
+    def pct(q: float) -> float:
+        pos = q / 100.0 * (ordered.size - 1)
+        lo, hi = int(math.floor(pos)), int(math.ceil(pos))
+        if not math.isfinite(ordered[hi]):
+            return math.inf
+        return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+
+    return {
+        "median": pct(50.0),
+        "p90": pct(90.0),
+        "worst": float(ranked.max()),
+        "failed": failed,
+    }
+
+
+def summarize(rows: list[dict], by: Sequence[str], columns: Sequence[str]) -> list[dict]:
+    """Per value of ``by`` (e.g. the variant), the :func:`distribution` of each of
+    ``columns`` over the family's rows: one row per group, columns ``<column>_median``,
+    ``<column>_p90``, ``<column>_worst`` (and ``<column>_failed``), plus ``problems``."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[b] for b in by), []).append(row)
+    out = []
+    for key, members in groups.items():
+        summary = dict(zip(by, key, strict=True))
+        summary["problems"] = len(members)
+        for col in columns:
+            d = distribution(m.get(col, math.nan) for m in members)
+            for stat, value in d.items():
+                summary[f"{col}_{stat}"] = value
+        out.append(summary)
+    return out
+
+
+def run_family(measure, members, by: Sequence[str], quick: bool = False) -> list[dict]:
+    """``measure(member)`` (a list of rows) over ``members`` (every third with ``quick``),
+    a progress line per member (members left, seconds so far and an estimate of those
+    left), then one ``what = family-summary`` row per value of ``by`` with the
+    :func:`distribution` of the rounds to a 1e-6 gap and to the stopping rule."""
+    import time
+
+    chosen = list(members)[::3] if quick else list(members)
+    rows: list[dict] = []
+    t0 = time.perf_counter()
+    for k, member in enumerate(chosen, start=1):
+        rows += measure(member)
+        spent = time.perf_counter() - t0
+        left = spent / k * (len(chosen) - k)
+        print(f"family: {k}/{len(chosen)} {member.name} ({spent:.0f} s, about {left:.0f} s left)",
+              flush=True)  # fmt: skip
+    summary = summarize(rows, by, ["rounds_to_1e-6", "rounds_to_stop"])
+    return rows + [{"what": "family-summary", **row} for row in summary]
+
+
+__all__ = [
+    "run_family",
+    "distribution",
+    "gap_rounds",
+    "signed_gap_rounds",
+    "summarize",
+    "true_objectives",
+]
