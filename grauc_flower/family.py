@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from strategies.config import GrAUCConfig
-from strategies.experiments.family import gap_rounds, true_objectives
+from strategies.experiments.family import VARIANTS, measure_variants, true_objectives
 
 from .data import SiteData, class_sizes
 
@@ -219,14 +219,6 @@ def problem(shape: Shape) -> tuple[list[SiteData], GrAUCConfig]:
     return sites, cfg.replace(lam=float(shape.lam_share * top))
 
 
-#: The variants the family is measured with: (name, changes to the member's configuration).
-VARIANTS = (
-    ("learned", {}),
-    ("exact", {"curvature": "exact"}),
-    ("participation 0.5", {"participation": 0.5}),
-)
-
-
 def recorded_run(sites, cfg: GrAUCConfig) -> tuple[object, list[float]]:
     """The fit's strategy and its true objective after every round, in process
     (:func:`strategies.experiments.family.true_objectives`)."""
@@ -256,28 +248,15 @@ def measure(shape: Shape, variants=VARIANTS, limit: int = 400) -> list[dict]:
     :func:`recorded_run`) and to the stopping rule (the member's ``tol``, the default) of
     each variant on one member."""
     sites, cfg = problem(shape)
+    fields = {
+        "method": "grauc",
+        "problem": shape.name,
+        "sites": len(sites),
+        "features": sites[0].x_train.shape[1],
+        "lam": cfg.lam,
+    }
     fstar = optimum(sites, cfg)
-    rows = []
-    for name, changes in variants:
-        variant = cfg.replace(max_rounds=limit, **changes)
-        stop, at_stop = recorded_run(sites, variant)
-        _, objectives = recorded_run(sites, variant.replace(tol=1e-12))
-        rows.append(
-            {
-                "what": "family",
-                "method": "grauc",
-                "problem": shape.name,
-                "variant": name,
-                "sites": len(sites),
-                "features": sites[0].x_train.shape[1],
-                "lam": cfg.lam,
-                "rounds_to_1e-4": gap_rounds(objectives, fstar, 1e-4),
-                "rounds_to_1e-6": gap_rounds(objectives, fstar, 1e-6),
-                "rounds_to_stop": float(stop.rounds) if stop.converged else math.nan,
-                "gap_at_stop": (at_stop[-1] - fstar) / abs(fstar) if at_stop else math.nan,
-            }
-        )
-    return rows
+    return measure_variants(recorded_run, sites, cfg, fstar, variants, limit, fields, False)
 
 
 __all__ = [

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from strategies.config import RowFedConfig
-from strategies.experiments.family import signed_gap_rounds, true_objectives
+from strategies.experiments.family import VARIANTS, measure_variants, true_objectives
 
 #: The crime members' responses (the crime study's, configs/crime_rowfed.toml).
 CRIME_RESPONSES = (
@@ -158,14 +158,6 @@ def problem(shape: Shape):
     return data, cfg
 
 
-#: The variants the family is measured with: (name, changes to the member's configuration).
-VARIANTS = (
-    ("defaults", {}),
-    ("exact", {"curvature": "exact"}),
-    ("participation 0.5", {"participation": 0.5}),
-)
-
-
 def recorded_run(data, cfg: RowFedConfig) -> tuple[object, list[float]]:
     """The fit's strategy and its true objective after every round
     (:func:`strategies.experiments.family.true_objectives`)."""
@@ -200,29 +192,16 @@ def measure(shape: Shape, variants=VARIANTS, limit: int = 400) -> list[dict]:
     from a ``tol`` 1e-12 run's true objectives, and to the stopping rule (the default
     ``tol``) with the gap there, of each variant on one member."""
     data, cfg = problem(shape)
+    fields = {
+        "method": "rowfed",
+        "problem": shape.name,
+        "penalty": shape.penalty,
+        "clients": len(data.clients),
+        "features": len(data.features),
+        "responses": len(data.responses),
+    }
     fstar = reference(data, cfg)
-    rows = []
-    for name, changes in variants:
-        variant = cfg.replace(max_rounds=limit, **changes)
-        stop, at_stop = recorded_run(data, variant)
-        _, objectives = recorded_run(data, variant.replace(tol=1e-12))
-        rows.append(
-            {
-                "what": "family",
-                "method": "rowfed",
-                "problem": shape.name,
-                "penalty": shape.penalty,
-                "variant": name,
-                "clients": len(data.clients),
-                "features": len(data.features),
-                "responses": len(data.responses),
-                "rounds_to_1e-4": signed_gap_rounds(objectives, fstar, 1e-4),
-                "rounds_to_1e-6": signed_gap_rounds(objectives, fstar, 1e-6),
-                "rounds_to_stop": float(stop.rounds) if stop.converged else math.nan,
-                "gap_at_stop": (at_stop[-1] - fstar) / abs(fstar) if at_stop else math.nan,
-            }
-        )
-    return rows
+    return measure_variants(recorded_run, data, cfg, fstar, variants, limit, fields, True)
 
 
 __all__ = [

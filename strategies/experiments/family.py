@@ -13,6 +13,15 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+#: The variants each member is measured with, for both methods: (name, changes to the
+#: member's configuration).  ``learned`` is the default fit (curvature learned from the
+#: gradients).
+VARIANTS = (
+    ("learned", {}),
+    ("exact", {"curvature": "exact"}),
+    ("participation 0.5", {"participation": 0.5}),
+)
+
 
 def gap_rounds(objectives: Sequence[float], fstar: float, level: float) -> float:
     """The first round after which every recorded objective is within ``level`` (relative)
@@ -122,6 +131,34 @@ def summarize(rows: list[dict], by: Sequence[str], columns: Sequence[str]) -> li
     return out
 
 
+def measure_variants(
+    recorded_run, data, cfg, fstar: float, variants, limit: int, fields: dict, signed: bool
+) -> list[dict]:
+    """One row per ``(name, changes)`` of ``variants``: the rounds to a 1e-4 and a 1e-6
+    relative gap to ``fstar`` (:func:`signed_gap_rounds` when ``signed``, else
+    :func:`gap_rounds`) from a ``tol`` 1e-12 run's true objectives, and to the stopping rule
+    of ``cfg`` with the gap there.  ``recorded_run(data, cfg)`` gives ``(strategy,
+    objectives)``; ``fields`` (the member's description) open each row."""
+    rounds = signed_gap_rounds if signed else gap_rounds
+    rows = []
+    for name, changes in variants:
+        variant = cfg.replace(max_rounds=limit, **changes)
+        stop, at_stop = recorded_run(data, variant)
+        _, objectives = recorded_run(data, variant.replace(tol=1e-12))
+        rows.append(
+            {
+                "what": "family",
+                **fields,
+                "variant": name,
+                "rounds_to_1e-4": rounds(objectives, fstar, 1e-4),
+                "rounds_to_1e-6": rounds(objectives, fstar, 1e-6),
+                "rounds_to_stop": float(stop.rounds) if stop.converged else math.nan,
+                "gap_at_stop": (at_stop[-1] - fstar) / abs(fstar) if at_stop else math.nan,
+            }
+        )
+    return rows
+
+
 def run_family(measure, members, by: Sequence[str], quick: bool = False) -> list[dict]:
     """``measure(member)`` (a list of rows) over ``members`` (every third with ``quick``),
     a progress line per member (members left, seconds so far and an estimate of those
@@ -143,9 +180,11 @@ def run_family(measure, members, by: Sequence[str], quick: bool = False) -> list
 
 
 __all__ = [
+    "VARIANTS",
     "run_family",
     "distribution",
     "gap_rounds",
+    "measure_variants",
     "signed_gap_rounds",
     "summarize",
     "true_objectives",
