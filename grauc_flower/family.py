@@ -256,7 +256,7 @@ def measure(shape: Shape, variants=VARIANTS, limit: int = 400) -> list[dict]:
         "lam": cfg.lam,
     }
     fstar = optimum(sites, cfg)
-    return measure_variants(recorded_run, sites, cfg, fstar, variants, limit, fields, False)
+    return measure_variants(recorded_run, sites, cfg, fstar, variants, limit, fields)
 
 
 __all__ = [

@@ -19,7 +19,12 @@ import math
 import numpy as np
 
 from strategies.config import RowFedConfig
-from strategies.experiments.family import VARIANTS, measure_variants, true_objectives
+from strategies.experiments.family import (
+    VARIANTS,
+    measure_variants,
+    signed_gap_rounds,
+    true_objectives,
+)
 
 #: The crime members' responses (the crime study's, configs/crime_rowfed.toml).
 CRIME_RESPONSES = (
@@ -201,7 +206,9 @@ def measure(shape: Shape, variants=VARIANTS, limit: int = 400) -> list[dict]:
         "responses": len(data.responses),
     }
     fstar = reference(data, cfg)
-    return measure_variants(recorded_run, data, cfg, fstar, variants, limit, fields, True)
+    return measure_variants(
+        recorded_run, data, cfg, fstar, variants, limit, fields, signed_gap_rounds
+    )
 
 
 __all__ = [

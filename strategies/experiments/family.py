@@ -132,14 +132,14 @@ def summarize(rows: list[dict], by: Sequence[str], columns: Sequence[str]) -> li
 
 
 def measure_variants(
-    recorded_run, data, cfg, fstar: float, variants, limit: int, fields: dict, signed: bool
+    recorded_run, data, cfg, fstar: float, variants, limit: int, fields: dict, rounds=gap_rounds
 ) -> list[dict]:
     """One row per ``(name, changes)`` of ``variants``: the rounds to a 1e-4 and a 1e-6
-    relative gap to ``fstar`` (:func:`signed_gap_rounds` when ``signed``, else
-    :func:`gap_rounds`) from a ``tol`` 1e-12 run's true objectives, and to the stopping rule
-    of ``cfg`` with the gap there.  ``recorded_run(data, cfg)`` gives ``(strategy,
-    objectives)``; ``fields`` (the member's description) open each row."""
-    rounds = signed_gap_rounds if signed else gap_rounds
+    relative gap to ``fstar`` (read by ``rounds``: :func:`gap_rounds`, or
+    :func:`signed_gap_rounds` where ending below the reference counts) from a ``tol`` 1e-12
+    run's true objectives, and to the stopping rule of ``cfg`` with the gap there.
+    ``recorded_run(data, cfg)`` gives ``(strategy, objectives)``; ``fields`` (the member's
+    description) open each row."""
     rows = []
     for name, changes in variants:
         variant = cfg.replace(max_rounds=limit, **changes)
