@@ -93,9 +93,14 @@ class GrAUCClient(NumPyClient):
         return self._views[key]
 
     def oof_part(self, parameters, config) -> tuple[np.ndarray, np.ndarray]:
-        """The scores of this view's validation rows (pooled over a setting's folds)."""
+        """The scores of this view's validation rows (pooled over a setting's folds), on the
+        input scale: ``x'beta`` of the model as written out.  The score has no intercept,
+        so the centering of standardized features would shift each fold's scores by its own
+        constant and mix them when the folds are ranked together."""
         (beta,) = parameters
-        return self._transform(self.data.x_test, config) @ beta, self.data.y_test
+        _, scale = self._scaling(config)
+        x = self.data.x_test if scale is None else self.data.x_test / scale
+        return x @ beta, self.data.y_test
 
     @staticmethod
     def pool(parts) -> dict:

@@ -43,7 +43,7 @@ class Shape:
     w_dist: float = 1.0
     correlation: float = 0.0  # AR(1) correlation of the features
     raw: bool = False  # features on their own scales and offsets
-    standardize: str = "none"
+    standardize: str = "federated"  # the fit's default; "none" fits the features as given
     penalty: str = "l1"
     seed: int = 0
     source: str = "simulated"  # simulated | crime
@@ -63,7 +63,7 @@ FAMILY: tuple[Shape, ...] = (
     Shape("two-hundred", 200, 3, (20, 40), 0.5, 3, "geo", 0.3, 0.01, 0.5, seed=9),
     Shape("p50-raw", 10, 50, (100, 200), 0.3, 2, "geo", 0.02, 0.1, 1.0, raw=True, seed=10),
     Shape(
-        "p50-raw-std",
+        "p50-raw-unscaled",
         10,
         50,
         (100, 200),
@@ -74,7 +74,7 @@ FAMILY: tuple[Shape, ...] = (
         0.1,
         1.0,
         raw=True,
-        standardize="federated",
+        standardize="none",
         seed=10,
     ),  # fmt: skip
     Shape("p100", 6, 100, (200, 400), 0.25, 2, "geo", 0.1, 1.0, 1.0, seed=12),
@@ -89,7 +89,7 @@ FAMILY: tuple[Shape, ...] = (
     Shape("ridge-1", 20, 10, (50, 50), 0.3, 2, "geo", 0.1, 1.0, 1.0, seed=19),
     Shape("ridge-tiny", 20, 10, (50, 50), 0.3, 2, "geo", 0.01, 1e-4, 1.0, seed=20),
     Shape(
-        "sixty-raw-std",
+        "sixty-raw",
         60,
         25,
         (20, 40),

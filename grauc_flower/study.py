@@ -213,11 +213,12 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
             raise InputError(f"{key}: a coverage study sets it; give coverage.level")
     cfg = from_run_config(GrAUCConfig, rc, "grauc")
     if coverage is not None:
-        if cfg.standardize != "none":
+        # the truth and its fused groups are stated on the input scale: the study fits there
+        if rc.get("grauc.standardize", "none") != "none":
             raise InputError(
                 "grauc.standardize: a coverage study's truth is on the input scale; use none"
             )
-        cfg = cfg.replace(inference="oracle", level=coverage)
+        cfg = cfg.replace(inference="oracle", level=coverage, standardize="none")
     if "ridge" in tuning and "grauc.ridge" in rc:
         raise InputError("grauc.ridge: tuned by [tuning] ridge; set one or the other")
     ridges = _number_list(tuning.get("ridge", [cfg.ridge]), "tuning.ridge")

@@ -53,7 +53,7 @@ class Shape:
     noise: float = 1.0
     sparsity: str = "entry"
     intercept: bool = False
-    standardize: str = "none"
+    standardize: str = "federated"  # the fit's default
     seed: int = 0
     source: str = "simulated"  # simulated | crime
 
@@ -99,7 +99,6 @@ FAMILY: tuple[Shape, ...] = tuple(
         0.02,
         0.01,
         intercept=True,
-        standardize="federated",
         source="crime",
     ),  # fmt: skip
     Shape(
@@ -112,7 +111,6 @@ FAMILY: tuple[Shape, ...] = tuple(
         0.02,
         0.01,
         intercept=True,
-        standardize="federated",
         source="crime",
     ),  # fmt: skip
 )

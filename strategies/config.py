@@ -224,7 +224,7 @@ class GrAUCConfig(ComparatorSettings):
         1.0, "share of sites a round needs, in (0, 1]", above=0, at_most=1
     )
     standardize: str = setting(
-        "none", "features as given, or by pooled mean and SD", ("none", "federated")
+        "federated", "by pooled mean and SD, or features as given", ("federated", "none")
     )
     missing_class: str = setting(
         "error",
@@ -444,7 +444,7 @@ class RowFedConfig(ComparatorSettings):
     max_rounds: int = setting(1000, "round limit >= 1", at_least=1)
     intercept: bool = setting(True, "a free intercept per client and response")
     standardize: str = setting(
-        "none", "predictors as given, or divided by the pooled SD", ("none", "federated")
+        "federated", "predictors divided by the pooled SD, or as given", ("federated", "none")
     )
     fedavg_rounds: int
     fedavg_local_steps: int

@@ -123,13 +123,14 @@ def test_true_objectives_match_a_full_participation_history():
     np.testing.assert_allclose(values, history, rtol=1e-10)
 
 
-#: The default fit's rounds to stop on the cheap members (measured 2026-12-04; the whole
-#: family's distribution is in docs/performance.md): a change that needs 10% more rounds at
+#: The default fit's rounds to stop on the cheap members (measured 2026-12-04, with the
+#: default federated standardization; the whole family's distribution is in
+#: docs/performance.md): a change that needs 10% more rounds at
 #: the median or at the worst of these fails here; lower numbers are welcome.
 CHEAP = ("tiny", "few-large", "p20-two", "three-regions", "bench-like", "random-groups", "p100",
          "near-fused", "near-zero", "correlated", "rare-class", "ridge-1", "ridge-tiny",
          "group-penalty")  # fmt: skip
-CHEAP_MEDIAN, CHEAP_WORST = 11.0, 19.0
+CHEAP_MEDIAN, CHEAP_WORST = 11.0, 20.0
 
 
 def test_default_rounds_over_cheap_members_do_not_regress():

@@ -266,7 +266,7 @@ def test_grauc_ditto_and_finetuning_against_direct_computations():
     from grauc_flower.data import simulate
 
     sites = simulate(simulation=1, n_sites=5, n_features=3, n_train=40, seed=2024)
-    cfg = GrAUCConfig(fedavg_rounds=6, ditto_mu=0.3, ft_steps=7)
+    cfg = GrAUCConfig(fedavg_rounds=6, ditto_mu=0.3, ft_steps=7, standardize="none")
     res = fed.run_methods_inprocess(cfg, sites, ["fedavg", "ditto", "fedavg-ft"])
     w = res["fedavg"].coefficients[0]
     assert res["ditto"].rounds == res["fedavg-ft"].rounds == cfg.fedavg_rounds + 1
@@ -299,7 +299,7 @@ def test_rowfed_ditto_is_the_penalized_proximal_problem():
 
     spec = fed.RowFedDataSpec(num_clients=4, num_features=3, num_responses=2, n_train=25, seed=3)
     data = fed.load_data(spec)
-    cfg = RowFedConfig(fedavg_rounds=5, ditto_mu=0.5, lam2=0.05)
+    cfg = RowFedConfig(fedavg_rounds=5, ditto_mu=0.5, lam2=0.05, standardize="none")
     res = fed.run_methods_inprocess(cfg, data, ["fedavg", "ditto"])
     w = res["fedavg"].theta[0]
     for m, c in enumerate(data.clients):
@@ -337,7 +337,7 @@ def test_grauc_ifca_against_the_algorithm_written_out():
     fs = [PairwiseLogistic(*split_by_class(s.x_train, s.y_train), eta=1e-3) for s in sites]
     sizes = np.array([s.y_train.shape[0] for s in sites], dtype=float)
     steps = GrAUCConfig().fedavg_local_steps
-    cfg = GrAUCConfig(fedavg_rounds=1, ifca_k=2, seed=3)
+    cfg = GrAUCConfig(fedavg_rounds=1, ifca_k=2, seed=3, standardize="none")
     first = fed.make_strategy("ifca", cfg, len(sites), Registry())
     clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
     run_inprocess(first, clients, fed.max_rounds_for("ifca", cfg))
@@ -371,7 +371,7 @@ def test_rowfed_ifca_gives_each_client_its_best_model():
 
     spec = fed.RowFedDataSpec(num_clients=6, num_features=4, num_responses=2, n_train=30, seed=5)
     data = fed.load_data(spec)
-    cfg = RowFedConfig(fedavg_rounds=6, ifca_k=3, intercept=False)
+    cfg = RowFedConfig(fedavg_rounds=6, ifca_k=3, intercept=False, standardize="none")
     clients = data.make_clients()
     strategy = fed.make_strategy("ifca", cfg, len(clients), rowfed_registry())
     run_inprocess(strategy, clients, fed.max_rounds_for("ifca", cfg))

@@ -150,10 +150,12 @@ def cvxpy_single(d, ridge):
 
 
 def run(methods, sites=SITES, **kw):
-    """In-process fit; ``tol`` 1e-9 for ADMM's residuals, 1e-12 for pqn's relative gap
-    (coefficients to about 1e-6)."""
+    """In-process fit on the features as given (the references are on that scale) unless
+    ``standardize`` is passed; ``tol`` 1e-9 for ADMM's residuals, 1e-12 for pqn's relative
+    gap (coefficients to about 1e-6)."""
     tol = 1e-9 if kw.get("algorithm") == "admm" else 1e-12
-    cfg = GrAUCConfig(**{"lam": LAM, "ridge": RIDGE, "tol": tol, "max_rounds": 5000, **kw})
+    base = {"lam": LAM, "ridge": RIDGE, "tol": tol, "max_rounds": 5000, "standardize": "none"}
+    cfg = GrAUCConfig(**{**base, **kw})
     return run_methods_inprocess(cfg, sites, methods)
 
 
@@ -221,6 +223,18 @@ def test_grauc_matches_cvxpy(graph, references, solver, penalty, standardize):
     gap = (f_ours - f_ref) / abs(f_ref)
     assert -GAP <= gap <= GAP, gap
     assert_allclose(beta, beta_ref, atol=2e-3)
+
+
+def test_default_fit_standardizes_and_reports_the_input_scale(references):
+    """With ``standardize`` left at its default the fit is cvxpy's optimum on the pooled
+    standardized features, written out on the input scale (beta_std / scale)."""
+    refs, scale = references
+    _, beta_ref, _ = refs["federated", "l1"]
+    cfg = GrAUCConfig(lam=LAM, ridge=RIDGE, tol=1e-12, max_rounds=5000)
+    assert cfg.standardize == "federated"
+    res = run_methods_inprocess(cfg, SITES_SCALED, ["grauc"])["grauc"]
+    assert_allclose(res.coefficients * scale, beta_ref, atol=2e-3)
+    assert np.max(np.abs(res.coefficients - beta_ref)) > 0.1  # the scale matters here
 
 
 def test_grauc_without_ridge(graph):
@@ -390,7 +404,7 @@ def test_mean_fusion_lam_max_is_where_the_sites_meet():
     from grauc_flower.tuning import lam_maxes_mean
 
     ds = site_pairs(SITES)
-    top = lam_maxes_mean(SITES, GrAUCConfig(ridge=RIDGE), (RIDGE,))[RIDGE]
+    top = lam_maxes_mean(SITES, GrAUCConfig(ridge=RIDGE, standardize="none"), (RIDGE,))[RIDGE]
     spreads = []
     for factor in (1.01, 0.97):
         b = cp.Variable((len(ds), P))
@@ -451,7 +465,7 @@ def test_rows_weighting_keeps_both_ends_of_the_path(graph, individual_refs):
     edges, w = graph
     ds = site_pairs(SITES)
     omega = row_weights(SITES)
-    cfg = GrAUCConfig(ridge=RIDGE, w_dist=W_DIST, q=Q, size_power=1.0)
+    cfg = GrAUCConfig(ridge=RIDGE, w_dist=W_DIST, q=Q, size_power=1.0, standardize="none")
     top = lam_max_of(SITES, cfg)
     assert abs(top - lam_max_of(SITES, cfg.replace(size_power=0.0))) > 1e-3 * top
     shared = cvxpy_shared(ds, RIDGE, omega)

@@ -518,7 +518,7 @@ def test_coefficients_on_input_scale_with_federated_standardization():
 # the baselines' strategies
 # ---------------------------------------------------------------------------------------
 def test_individual_strategy_sends_no_coefficients():
-    strategy = IndividualStrategy(make_cfg(min_fit_fraction=1.0), 4, Registry())
+    strategy = IndividualStrategy(make_cfg(min_fit_fraction=1.0, standardize="none"), 4, Registry())
     mgr = manager_with(CIDS)
     strategy.initialize_parameters(mgr)
     ins = strategy.configure_fit(2, EMPTY, mgr)

@@ -368,7 +368,8 @@ def test_partial_participation_strategies_reach_the_full_participation_optimum()
     from strategies.config import GrAUCConfig, RowFedConfig
 
     sites = simulate(1, 10, 4, 40, 8, 0.3, 3, seed=5)
-    cfg = GrAUCConfig(tol=1e-15, max_rounds=600)  # a relative gap: coefficients to ~1e-8
+    # a relative gap: coefficients to ~1e-8 on these features (not rescaled to the input)
+    cfg = GrAUCConfig(tol=1e-15, max_rounds=600, standardize="none")
     full = run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]
     runs = [
         run_methods_inprocess(cfg.replace(participation=0.5, seed=s), sites, ["grauc"])["grauc"]
@@ -387,7 +388,7 @@ def test_partial_participation_strategies_reach_the_full_participation_optimum()
     data = rf.simulated_data(
         rf.RowFedDataSpec(num_clients=6, n_train=40, num_features=5, num_responses=3, seed=2)
     )
-    rcfg = RowFedConfig(tol=1e-15, max_rounds=600)
+    rcfg = RowFedConfig(tol=1e-15, max_rounds=600, standardize="none")
     rfull = rf.run_methods_inprocess(rcfg, data, ["rowfed"])["rowfed"]
     part = rf.run_methods_inprocess(rcfg.replace(participation=0.5, seed=3), data, ["rowfed"])
     assert part["rowfed"].converged
@@ -403,7 +404,9 @@ def scad_fits():
     data = rf.simulated_data(
         rf.RowFedDataSpec(num_clients=5, n_train=40, num_features=6, num_responses=3, seed=4)
     )
-    cfg = RowFedConfig(penalty="scad", lam1=0.3, lam2=0.1, intercept=False, tol=1e-9)
+    cfg = RowFedConfig(
+        penalty="scad", lam1=0.3, lam2=0.1, intercept=False, tol=1e-9, standardize="none"
+    )
     fits = {
         algo: rf.run_methods_inprocess(
             cfg.replace(
@@ -464,7 +467,7 @@ def test_a_participation_so_small_that_nobody_is_drawn_ends_at_the_round_limit()
     from strategies.grauc import initial_beta
 
     sites = simulate(1, 6, 3, 30, 8, 0.3, 3, seed=1)
-    cfg = GrAUCConfig(participation=1e-9, max_rounds=7)
+    cfg = GrAUCConfig(participation=1e-9, max_rounds=7, standardize="none")
     res = run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]
     assert not res.converged and res.rounds == 7
     assert [h["n_answered"] for h in res.history] == [0] * 7

@@ -466,7 +466,8 @@ def test_mean_fusion_matches_cvxpy(algorithm):
     data = fed.load_data(spec)
     lam1, lam2 = 0.15, 0.02
     cfg = RowFedConfig(
-        lam1=lam1, lam2=lam2, intercept=False, tol=1e-10, max_rounds=5000, algorithm=algorithm
+        **dict(lam1=lam1, lam2=lam2, intercept=False, standardize="none"),
+        **dict(tol=1e-10, max_rounds=5000, algorithm=algorithm),
     )
     res = fed.run_methods_inprocess(cfg, data, ["mean-fusion"])["mean-fusion"]
     t = cp.Variable((5 * 3, 2))
@@ -519,6 +520,7 @@ def test_rows_weighting_matches_cvxpy(algorithm, intercept):
         max_rounds=5000,
         algorithm=algorithm,
         size_power=1.0,
+        standardize="none",
     )
     res = fed.run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"]
     n = np.array(sizes, dtype=float)

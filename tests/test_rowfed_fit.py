@@ -139,6 +139,8 @@ def test_fit_reaches_cvxpy(data_csv, blocks, tmp_path, sparsity, participation, 
         "--participation",
         participation,
         "--no-intercept",
+        "--standardize",
+        "none",
         "--tol",
         "1e-10",
         "--max-rounds",
@@ -161,7 +163,10 @@ def test_fit_reaches_cvxpy(data_csv, blocks, tmp_path, sparsity, participation, 
 def test_fit_with_intercept_reaches_cvxpy(data_csv, blocks, tmp_path):
     out = tmp_path / "out"
     code = run_fit(
-        data_csv, out, "--lam1", LAM1, "--lam2", LAM2, "--tol", "1e-10", "--max-rounds", "20000"
+        data_csv,
+        out,
+        *("--lam1", LAM1, "--lam2", LAM2, "--standardize", "none"),
+        *("--tol", "1e-10", "--max-rounds", "20000"),
     )
     assert code == 0
     coef = pd.read_csv(out / "coefficients.csv")
@@ -171,7 +176,8 @@ def test_fit_with_intercept_reaches_cvxpy(data_csv, blocks, tmp_path):
     assert (srof_value(blocks, coef, "entry") - value) / abs(value) <= 1e-6
 
 
-def test_fit_with_federated_standardization_reaches_cvxpy(data_csv, blocks, tmp_path):
+@pytest.mark.parametrize("flag", [("--standardize", "federated"), ()], ids=["given", "default"])
+def test_fit_with_federated_standardization_reaches_cvxpy(data_csv, blocks, tmp_path, flag):
     out = tmp_path / "out"
     code = run_fit(
         data_csv,
@@ -182,8 +188,7 @@ def test_fit_with_federated_standardization_reaches_cvxpy(data_csv, blocks, tmp_
         LAM2,
         "--sparsity",
         "row",
-        "--standardize",
-        "federated",
+        *flag,
         "--tol",
         "1e-10",
         "--max-rounds",
@@ -284,6 +289,8 @@ def test_tune_gic(data_csv, blocks, tmp_path):
         "--lam2-grid",
         "0.2,0.02",
         "--no-intercept",
+        "--standardize",
+        "none",
         "--tol",
         "1e-9",
         "--max-rounds",

@@ -71,6 +71,10 @@ class Proxy(ClientProxy):
         raise NotImplementedError
 
 
+#: The strategies' messages on the features as simulated (no standardization round).
+raw_config = functools.partial(RowFedConfig, standardize="none")
+
+
 @pytest.fixture(scope="module")
 def sim():
     return simulate(M, N, 10, P, Q, seed=21, n_clusters=(1, 2))
@@ -149,9 +153,7 @@ def answers(ins, samples):
 # RowFedStrategy on hand-made results
 # ---------------------------------------------------------------------------------------
 def test_registration_is_keyed_by_site(samples):
-    strategy, mgr, proxies = ready_strategy(
-        samples, RowFedConfig(algorithm="admm", intercept=False)
-    )
+    strategy, mgr, proxies = ready_strategy(samples, raw_config(algorithm="admm", intercept=False))
     assert strategy.registry.order() == ["s0", "s1", "s2", "s3"]
     ins = strategy.configure_fit(2, EMPTY, mgr)
     assert strategy.ready and strategy.sites == ["s0", "s1", "s2", "s3"]
@@ -168,7 +170,7 @@ def test_registration_is_keyed_by_site(samples):
 
 
 def test_init_round_with_a_failure_is_retried(samples):
-    cfg = RowFedConfig(algorithm="admm", intercept=False)
+    cfg = raw_config(algorithm="admm", intercept=False)
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples, fail=("s2",))
     assert strategy.phase == "init"
@@ -187,7 +189,7 @@ def test_init_round_with_a_failure_is_retried(samples):
 
 
 def test_admm_round_sends_own_theta_and_pull_and_handles_failures(samples):
-    cfg = RowFedConfig(
+    cfg = raw_config(
         algorithm="admm", intercept=False, local_solver="linearized", lam1=0.1, lam2=0.05
     )
     strategy, mgr, _ = ready_strategy(samples, cfg)
@@ -240,7 +242,7 @@ def test_admm_round_sends_own_theta_and_pull_and_handles_failures(samples):
 
 
 def test_all_participants_fail_is_a_round_without_change(samples):
-    strategy, mgr, _ = ready_strategy(samples, RowFedConfig(algorithm="admm", intercept=False))
+    strategy, mgr, _ = ready_strategy(samples, raw_config(algorithm="admm", intercept=False))
     answer_init(strategy, mgr, samples)
     beta = strategy.state.beta.copy()
     ins = strategy.configure_fit(3, EMPTY, mgr)
@@ -251,7 +253,7 @@ def test_all_participants_fail_is_a_round_without_change(samples):
 
 
 def test_partial_participation_is_seeded(samples):
-    cfg = RowFedConfig(algorithm="admm", intercept=False, participation=0.5, seed=7)
+    cfg = raw_config(algorithm="admm", intercept=False, participation=0.5, seed=7)
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples)
     rng = np.random.default_rng(7)
@@ -276,7 +278,7 @@ def test_pqn_partial_participation_is_seeded(samples):
     """``auto`` is pqn (incremental) for the lasso at participation 0.5: each round asks the
     sites ``default_rng(seed)`` draws (an empty draw is a round in which nothing changes),
     and only those that answered move."""
-    cfg = RowFedConfig(intercept=False, participation=0.5, seed=7)
+    cfg = raw_config(intercept=False, participation=0.5, seed=7)
     assert cfg.resolved_algorithm == "pqn"
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples)
@@ -299,7 +301,7 @@ def test_pqn_partial_participation_is_seeded(samples):
 
 
 def test_non_participants_keep_theta(samples):
-    cfg = RowFedConfig(algorithm="admm", intercept=False, participation=0.5, seed=3)
+    cfg = raw_config(algorithm="admm", intercept=False, participation=0.5, seed=3)
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples)
     before = strategy.state.beta.copy()
@@ -313,7 +315,7 @@ def test_non_participants_keep_theta(samples):
 
 
 def test_evaluate_only_when_done_and_read_out(samples):
-    cfg = RowFedConfig(algorithm="admm", max_rounds=2, lam1=0.1, lam2=0.05)
+    cfg = raw_config(algorithm="admm", max_rounds=2, lam1=0.1, lam2=0.05)
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples)
     assert strategy.configure_evaluate(2, EMPTY, mgr) == []
@@ -356,7 +358,7 @@ def test_evaluate_only_when_done_and_read_out(samples):
     [(1.0, "prox", 1.0), (0.5, "linearized", 1.0), (0.6, "prox", 1.002)],
 )
 def test_inprocess_equals_fit_rowfed(samples, participation, solver, alpha):
-    cfg = RowFedConfig(
+    cfg = raw_config(
         algorithm="admm",
         intercept=False,
         participation=participation,
@@ -397,7 +399,7 @@ def test_inprocess_equals_fit_rowfed(samples, participation, solver, alpha):
 
 
 def test_perfl_lsma_is_block_fusion(samples):
-    cfg = RowFedConfig(intercept=False, lam1=5.0, lam2=0.0, tol=1e-9, max_rounds=3000)
+    cfg = raw_config(intercept=False, lam1=5.0, lam2=0.0, tol=1e-9, max_rounds=3000)
     clients = [RowFedClient(s, index=m) for m, s in enumerate(samples)]
     strategy = RowFedStrategy(cfg, M, fusion_grouping="block")
     run_inprocess(strategy, clients, cfg.max_rounds + 3)
@@ -413,7 +415,7 @@ def test_perfl_lsma_is_block_fusion(samples):
 # NonFed and FedAvg
 # ---------------------------------------------------------------------------------------
 def test_nonfed_one_round_with_retry(samples):
-    cfg = RowFedConfig(intercept=False, penalty="mcp", lam2=0.1)
+    cfg = raw_config(intercept=False, penalty="mcp", lam2=0.1)
     mgr, proxies = manager_with(CIDS)
     strategy = NonFedStrategy(cfg, M)
     register_all(strategy, mgr, proxies, samples, CIDS)
@@ -441,7 +443,7 @@ def test_nonfed_one_round_with_retry(samples):
 
 
 def test_fedavg_registers_then_averages_and_evaluates_at_the_end(samples):
-    cfg = RowFedConfig(intercept=False, fedavg_rounds=2, fedavg_local_steps=3, lam2=0.05)
+    cfg = raw_config(intercept=False, fedavg_rounds=2, fedavg_local_steps=3, lam2=0.05)
     mgr, proxies = manager_with(CIDS)
     strategy = RowFedAvg(cfg, M)
     register_all(strategy, mgr, proxies, samples, CIDS)
@@ -608,7 +610,7 @@ def test_read_graph(tmp_path):
 def test_graph_weights_scale_lam1(samples, tmp_path):
     path = tmp_path / "g.csv"
     path.write_text("u,v,weight\ns0,s1,2\ns1,s2,1\ns2,s3,0.5\n")
-    cfg = RowFedConfig(intercept=False, graph=str(path), lam1=0.2)
+    cfg = raw_config(intercept=False, graph=str(path), lam1=0.2)
     strategy, mgr, _ = ready_strategy(samples, cfg)
     strategy.configure_fit(2, EMPTY, mgr)
     assert_allclose(strategy.problem.splits[0].lam, [0.4, 0.2, 0.1])

@@ -80,7 +80,7 @@ def spread(beta: np.ndarray) -> float:
 @pytest.mark.parametrize("penalty", ["l1", "group"])
 def test_lam_max_on_a_tree_is_where_the_sites_fuse(penalty):
     """At 1.01 lam_max the conic solver's sites are equal; at 0.97 lam_max they are not."""
-    cfg = GrAUCConfig(ridge=0.01, w_dist=1.0, q=0.01, penalty=penalty)
+    cfg = GrAUCConfig(ridge=0.01, w_dist=1.0, q=0.01, penalty=penalty, standardize="none")
     top = lam_max_of(SITES, cfg)
     edges, w = mst_graph(SITES, cfg.w_dist, cfg.q)  # rebuilt there with geopy, scipy
     above = cvxpy_fit(SITES, edges, w, 1.01 * top, cfg.ridge, penalty)
@@ -91,7 +91,7 @@ def test_lam_max_on_a_tree_is_where_the_sites_fuse(penalty):
 
 def test_lam_max_with_cycles_is_exact_for_l1():
     """knn graph (cycles): the linear program's level, against the conic solver."""
-    cfg = GrAUCConfig(ridge=0.01, w_dist=0.5, graph="knn", knn_k=2)
+    cfg = GrAUCConfig(ridge=0.01, w_dist=0.5, graph="knn", knn_k=2, standardize="none")
     top = lam_max_of(SITES, cfg)
     g = build_graph(np.array([s.lat for s in SITES]), np.array([s.lon for s in SITES]), "knn", 2)
     assert len(g.edges) > len(SITES) - 1  # a cycle
@@ -103,7 +103,7 @@ def test_lam_max_with_cycles_is_exact_for_l1():
 def test_lam_max_per_setting_and_standardized():
     """lam_maxes gives each (ridge, w_dist) its own level (the ridge moves the common fit,
     w_dist the weights), and standardization is the pooled scaling of the penalty's scale."""
-    cfg = GrAUCConfig(q=0.01)
+    cfg = GrAUCConfig(q=0.01, standardize="none")
     tops = lam_maxes(SITES, cfg, (0.001, 1.0), (0.0, 2.0))
     assert len(set(tops.values())) == 4
     for (ridge, w), top in tops.items():
