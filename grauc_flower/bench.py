@@ -360,6 +360,94 @@ def criteria_table(seeds=3, quick: bool = False, designs=None, repeats=(1, 3)) -
     return rows
 
 
+#: The designs of the new-site study: (name, DataSpec fields, folds, the tuning grid's
+#: w_dist and ridge values); the features scaled federatedly (the default).
+NEW_SITE_DESIGNS = (
+    ("sim 1 (main job)", {}, 5, ((0.0, 1.0), (0.01, 0.1))),
+    ("crime (states)", {"source": "crime"}, 3, ((0.0,), (0.1, 1.0))),
+)
+
+
+def new_site_table(seeds=3, designs=None, rules=None) -> list[dict]:
+    """Sites outside the federation (``predict --site``, docs/methods.md 3.13): per design
+    of :data:`NEW_SITE_DESIGNS` and data split, GrAUC-PFL is tuned inside the whole
+    federation and FedAvg by its own cross-validation; then each site in turn is left out,
+    both are refitted on the other sites at those settings, and the left-out site's test
+    rows are scored by each rule of :data:`strategies.predict.NEW_SITE_RULES` (GrAUC-PFL's
+    coefficients of the sites near it) and by FedAvg's global model; for scale, the site's
+    own coefficients of the whole federation's fit (``in the federation``).  A row per
+    design, split, left-out site and scorer: its test AUC."""
+    from strategies.predict import NEW_SITE_RULES, combine
+    from strategies.tuning import CVOptions
+
+    from . import tuning
+    from .auc import auc
+    from .graph import new_site_neighbours
+
+    rules = rules or NEW_SITE_RULES
+    rows = []
+    for name, spec_fields, folds, (w_dist, ridge) in designs or NEW_SITE_DESIGNS:
+        for seed in range(seeds) if isinstance(seeds, int) else seeds:
+            t0 = time.perf_counter()
+            sites = list(fed.load_sites(fed.DataSpec(**spec_fields, data_seed=seed))[0])
+            cfg = GrAUCConfig()
+            opts = CVOptions(folds=folds, quiet=True, seed=seed)
+            grid = tuning.Grid(w_dist=w_dist, ridge=ridge)
+            whole = fed.run_methods_inprocess(cfg, sites, ["grauc"], tune=(opts, grid))["grauc"]
+            g_cfg = whole.extra["config"]
+            f_cfg, _, _ = tuning.tune(sites, cfg, "fedavg", tuning.Grid(ridge=ridge), opts)
+            lat = np.array([s.lat for s in sites])
+            lon = np.array([s.lon for s in sites])
+            for z, site in enumerate(sites):
+                if len(set(site.y_test.tolist())) < 2:
+                    continue
+                rest = [s for k, s in enumerate(sites) if k != z]
+                keep = np.arange(len(sites)) != z
+                g = fed.run_methods_inprocess(g_cfg, rest, ["grauc"])["grauc"]
+                f = fed.run_methods_inprocess(f_cfg, rest, ["fedavg"])["fedavg"]
+                scores = {"in the federation": whole.coefficients[z], "FedAvg": f.coefficients[0]}
+                for rule in rules:
+                    u, d, w = new_site_neighbours(
+                        lat[keep], lon[keep], lat[z], lon[z], rule, g_cfg.graph, g_cfg.knn_k,
+                        g_cfg.w_dist, g_cfg.q,
+                    )  # fmt: skip
+                    scale = g.extra.get("scale")
+                    scores[rule] = combine(g.coefficients[u], w, rule, g_cfg.penalty, scale)
+                for scorer, coef in scores.items():
+                    rows.append(
+                        {
+                            "what": "new site",
+                            "design": name,
+                            "seed": seed,
+                            "site": site.site,
+                            "n_train": len(site.y_train),
+                            "scorer": scorer,
+                            "test_auc": auc(site.x_test @ coef, site.y_test),
+                            "grauc": f"lam={g_cfg.lam:.4g} w_dist={g_cfg.w_dist:g} "
+                            f"ridge={g_cfg.ridge:g}",
+                        }
+                    )
+            frame = pd.DataFrame([r for r in rows if r["design"] == name and r["seed"] == seed])
+            print(
+                f"{name}, split {seed} ({time.perf_counter() - t0:.0f} s): "
+                + ", ".join(
+                    f"{k} {v:.4f}" for k, v in frame.groupby("scorer")["test_auc"].mean().items()
+                ),
+                flush=True,
+            )
+    return rows
+
+
+def new_site_run(out: str, seeds: int) -> pd.DataFrame:
+    check_out(out)
+    df = finish(new_site_table(seeds), out)
+    return (
+        df.groupby(["design", "scorer"], sort=False)["test_auc"]
+        .agg(["mean", "count"])
+        .reset_index()
+    )
+
+
 def _settings(batch) -> list[dict]:
     """The settings of a GrAUC-PFL tuning's all-rows jobs, in their index order."""
     out = {}

@@ -179,13 +179,21 @@ def _bench_parser(sub) -> None:
         action="store_true",
         help="instead: the cross-validation criteria compared by the tuned fits' test AUC",
     )
-    p.add_argument("--seeds", type=int, default=3, help="--criteria: data splits per design")
+    p.add_argument(
+        "--seeds", type=int, default=3, help="--criteria, --new-site: data splits per design"
+    )
     p.add_argument(
         "--family",
         action="store_true",
         help="instead: rounds over the problem family (median, 90th percentile, worst)",
     )
-    add_predict_parser(sub, "risk scores")
+    p.add_argument(
+        "--new-site",
+        action="store_true",
+        help="instead: sites left out of the federation in turn, scored by predict's "
+        "new-site rules and by FedAvg's global model (test AUC)",
+    )
+    add_predict_parser(sub, "risk scores", new_sites=True)
     add_report_parser(sub)
 
 
@@ -196,6 +204,8 @@ def cmd_bench(a) -> int:
         df = bench.criteria_run(a.out, a.seeds, quick=a.quick)
     elif a.family:
         df = bench.family_run(a.out, quick=a.quick)
+    elif a.new_site:
+        df = bench.new_site_run(a.out, a.seeds)
     else:
         df = bench.run(a.out, quick=a.quick, flower=not a.no_flower)
     print(bench.format_table(df))
@@ -538,7 +548,9 @@ def main(argv=None) -> int:
         if args.command == "bench":
             return cmd_bench(args)
         if args.command == "predict":
-            return cmd_predict(args, read_grauc_model, ignore_outputs=False)
+            from .federation import new_site_model
+
+            return cmd_predict(args, read_grauc_model, ignore_outputs=False, extend=new_site_model)
         if args.command == "report":
             from .figures import fit_report
 

@@ -178,6 +178,8 @@ def collect(method: str, strategy) -> MethodResult:
     extra = {}
     if method in FUSED_METHODS:
         extra = {"clusters": strategy.clusters(), "beta_std": strategy.coefficients_std()}
+        if strategy.registry.scale is not None:  # the working scale (a new site's median)
+            extra["scale"] = np.asarray(strategy.registry.scale, dtype=float)
         if method == "grauc":  # mean-fusion has no graph (its map shows the sites alone)
             extra["graph"] = strategy.graph
             extra["weights"] = strategy.graph.weights(strategy.cfg.w_dist, strategy.cfg.q)
@@ -391,6 +393,7 @@ def write_result(
         "missing_sites": list(res.extra.get("missing", [])),
         "sites_without_auc": sorted(s for s, m in aucs.items() if not np.isfinite(m["auc"])),
         "config": {k.replace("_", "-"): v for k, v in vars(cfg).items()},
+        **({"feature_scale": res.extra["scale"].tolist()} if "scale" in res.extra else {}),
         **({"inference": inference} if inference else {}),
         **(extra_metrics or {}),
     }
@@ -415,6 +418,71 @@ def sites_table(sites) -> pd.DataFrame:
             for s in sites
         ]
     )
+
+
+def new_site_model(args, model):
+    """``predict``'s sites outside the federation (``--site --lat --lon`` and/or ``--sites``)
+    added to ``model`` with coefficients borrowed from the fitted sites by
+    ``args.new_site_rule`` (docs/methods.md 3.13), from the fit's ``sites.csv`` (the fitted
+    sites' locations) and ``metrics.json`` (its graph, weights, penalty and working scale).
+    Returns the model and one :class:`strategies.predict.Borrowed` per new site."""
+    from strategies.predict import Borrowed, combine
+
+    from .data import read_sites
+    from .graph import new_site_neighbours
+
+    new: list[tuple[str, float, float]] = []
+    if args.site.strip() or args.lat is not None or args.lon is not None:
+        if not args.site.strip():
+            raise InputError("site: --lat and --lon place the site named by --site")
+        if args.lat is None or args.lon is None:
+            raise InputError(f"site: {args.site.strip()!r} needs both --lat and --lon")
+        for key, value, bound in (("lat", args.lat, 90.0), ("lon", args.lon, 180.0)):
+            if not np.isfinite(value) or abs(value) > bound:
+                raise InputError(f"{key}: must be within [-{bound:g}, {bound:g}], got {value:g}")
+        new.append((args.site.strip(), float(args.lat), float(args.lon)))
+    if args.sites:
+        frame = read_sites(args.sites)
+        new += [(str(s), float(a), float(b)) for s, a, b in frame[["site", "lat", "lon"]].values]
+    if not new:
+        return model, []
+    names = [s for s, _, _ in new]
+    twice = [s for s in dict.fromkeys(names) if names.count(s) > 1]
+    if twice:
+        raise InputError(f"site: {twice[0]!r} is given twice (--site and --sites)")
+    fitted = [s for s in names if s in model.sites]
+    if fitted:
+        raise InputError(
+            f"site: {fitted[0]!r} is a site of the model (its rows use its own coefficients); "
+            "a site outside the federation needs a name of its own"
+        )
+    path = os.path.join(args.model, "sites.csv")
+    if not os.path.isfile(path):
+        raise InputError(f"model: no sites.csv in {args.model} (the fitted sites' locations)")
+    at = read_sites(path).set_index("site")
+    absent = [s for s in model.sites if s not in at.index]
+    if absent:
+        raise InputError(f"model: site {absent[0]!r} has no location in {path}")
+    lat = at.loc[list(model.sites), "lat"].to_numpy(dtype=float)
+    lon = at.loc[list(model.sites), "lon"].to_numpy(dtype=float)
+    try:
+        with open(os.path.join(args.model, "metrics.json")) as fh:
+            metrics = json.load(fh)
+        cfg = metrics["config"]
+        graph = dict(kind=str(cfg["graph"]), k=int(cfg["knn-k"]), w_dist=float(cfg["w-dist"]),
+                     q=float(cfg["q"]))  # fmt: skip
+        penalty = str(cfg["penalty"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        msg = f"model: no readable metrics.json settings in {args.model} ({exc})"
+        raise InputError(msg) from None
+    scale = metrics.get("feature_scale")
+    rule = args.new_site_rule
+    coef, borrowed = [], []
+    for site, a, b in new:
+        u, d, w = new_site_neighbours(lat, lon, a, b, rule, **graph)
+        coef.append(combine(model.coef[u, :, 0], w, rule, penalty, scale))
+        borrowed.append(Borrowed(site, tuple(int(i) for i in u), tuple(d), tuple(w)))
+    return model.with_new_sites(names, np.array(coef)), borrowed
 
 
 AUC_COLUMNS = ["site", "auc", "auc_se", "lower", "upper", "n_pos", "n_neg"]

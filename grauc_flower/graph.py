@@ -219,3 +219,43 @@ def build_graph(
         raise ValueError(f"graph: must be one of {', '.join(GRAPHS)}, got {kind!r}")
     length = dist[e[:, 0], e[:, 1]] if len(e) else np.zeros(0)
     return SiteGraph(edges=e, length_km=length, bandwidth=bandwidth)
+
+
+def new_site_neighbours(
+    lat: np.ndarray,
+    lon: np.ndarray,
+    new_lat: float,
+    new_lon: float,
+    rule: str = "graph",
+    kind: str = "mst",
+    k: int = 3,
+    w_dist: float = 0.0,
+    q: float = 0.01,
+    idw_k: int = 3,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The fitted sites a site outside the federation borrows from, at ``(new_lat,
+    new_lon)``: their indices, geodesic distances (km) and weights (docs/methods.md 3.13).
+
+    ``graph``: the fit's graph (``kind``, ``k``) rebuilt over the fitted sites and the new
+    one; the new site's neighbours there, weighted by the fit's edge weights
+    (:func:`edge_weights` with the fitted sites' bandwidth ``H``).  ``nearest``: the nearest
+    site, weight 1.  ``inverse-distance``: the ``idw_k`` nearest, weights ``1 / d`` (a site
+    at distance 0 alone, weight 1).  Ties go to the lower index."""
+    lat = np.asarray(lat, dtype=float)
+    lon = np.asarray(lon, dtype=float)
+    d = np.array([geodesic_km(new_lat, new_lon, a, b) for a, b in zip(lat, lon, strict=True)])
+    by_distance = np.lexsort((np.arange(len(d)), d))
+    if rule == "nearest" or (rule == "inverse-distance" and d[by_distance[0]] == 0.0):
+        u = by_distance[:1]
+        return u, d[u], np.ones(1)
+    if rule == "inverse-distance":
+        u = by_distance[: min(idw_k, len(d))]
+        return u, d[u], 1.0 / d[u]
+    if rule != "graph":
+        raise ValueError(f"rule: must be graph, nearest or inverse-distance, got {rule!r}")
+    z = len(lat)
+    bandwidth = build_graph(lat, lon, kind, k).bandwidth
+    grown = build_graph(np.append(lat, new_lat), np.append(lon, new_lon), kind, k)
+    at = np.flatnonzero((grown.edges == z).any(axis=1))
+    u = np.sort(grown.edges[at].min(axis=1))  # the other end of each of the new site's edges
+    return u, d[u], edge_weights(d[u], bandwidth, w_dist, q)

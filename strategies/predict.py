@@ -8,12 +8,19 @@ coefficients, read back from the ``coefficients.csv`` a fit wrote.
 
 ``row`` is the input's data row number (1 = the first row after the header).  Bad input is
 an :class:`~strategies.errors.InputError` naming the field, and nothing is written.
+
+A site that was not in the federation (a new hospital) can be scored where its method knows
+where the sites are (GrAUC-PFL): its coefficients are made from the fitted sites' by one of
+:data:`NEW_SITE_RULES` (docs/methods.md 3.13); the method supplies the neighbours and their
+weights, :func:`fused_center` and :func:`combine` make the coefficients.  Such a site's
+rows are marked ``extrapolated`` in the output.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +30,14 @@ from .errors import InputError, bad_cell
 
 #: The label of RowFed's intercept row in its ``coefficients.csv``.
 INTERCEPT = "(intercept)"
+
+#: How a site outside the federation gets its coefficients (docs/methods.md 3.13):
+#: ``graph``, the fitted penalty's own answer for a site without rows joined to the fit's
+#: graph (a weighted median of its graph neighbours); ``nearest``, the nearest fitted site's;
+#: ``inverse-distance``, the mean of the :data:`IDW_NEIGHBOURS` nearest sites' weighted by
+#: ``1 / distance``.
+NEW_SITE_RULES = ("graph", "nearest", "inverse-distance")
+IDW_NEIGHBOURS = 3
 
 
 @dataclass(frozen=True)
@@ -35,6 +50,104 @@ class FittedModel:
     outputs: tuple[str, ...]
     coef: np.ndarray  # (Z, p, K)
     intercept: np.ndarray  # (Z, K)
+    new_sites: tuple[str, ...] = ()  # sites outside the federation, appended (extrapolated)
+
+    def with_new_sites(self, sites: Sequence[str], coef: np.ndarray) -> FittedModel:
+        """This model with ``sites`` (not fitted) appended, their coefficients ``coef``
+        (``(n, p)``: a single output, no intercept)."""
+        coef = np.asarray(coef, dtype=float).reshape(len(sites), len(self.features), 1)
+        return FittedModel(
+            self.site_column,
+            self.sites + tuple(sites),
+            self.features,
+            self.outputs,
+            np.concatenate([self.coef, coef]),
+            np.concatenate([self.intercept, np.zeros((len(sites), self.intercept.shape[1]))]),
+            self.new_sites + tuple(sites),
+        )
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    """Where a new site's coefficients came from: the fitted sites (indices into the
+    model's ``sites``), their distances in km and the weights the rule gave them."""
+
+    site: str
+    sources: tuple[int, ...]
+    distance_km: tuple[float, ...]
+    weights: tuple[float, ...]
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Column-wise minimizer of ``sum_u w_u |b - values[u]|`` (``values`` ``(N, d)``,
+    ``weights > 0``): the weighted median; where the minimizers form an interval (the
+    weight below a value is exactly half), its midpoint."""
+    values = np.asarray(values, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    order = np.argsort(values, axis=0, kind="stable")
+    v = np.take_along_axis(values, order, axis=0)
+    cum = np.cumsum(w[order], axis=0)
+    half = 0.5 * w.sum()
+    tol = 1e-12 * w.sum()
+    i = np.argmax(cum >= half - tol, axis=0)  # the first value with half the weight below
+    cols = np.arange(v.shape[1])
+    lo = v[i, cols]
+    tie = np.abs(cum[i, cols] - half) <= tol
+    hi = v[np.minimum(i + 1, len(v) - 1), cols]
+    return np.where(tie, 0.5 * (lo + hi), lo)
+
+
+def geometric_median(
+    values: np.ndarray, weights: np.ndarray, tol: float = 1e-12, max_iter: int = 10_000
+) -> np.ndarray:
+    """Minimizer of ``sum_u w_u ||b - values[u]||_2`` (Weiszfeld's iteration, with the
+    optimality test at a data point: ``values[j]`` is the answer when the weighted unit
+    vectors toward the others sum to at most ``w_j``)."""
+    values = np.asarray(values, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    for j in range(len(values)):  # a data point is optimal when the pull of the rest is weak
+        diff = values - values[j]
+        norm = np.linalg.norm(diff, axis=1)
+        away = norm > 0
+        pull = (w[away, None] * diff[away] / norm[away, None]).sum(axis=0)
+        if np.linalg.norm(pull) <= w[~away].sum() * (1 + 1e-12):
+            return values[j].copy()
+    b = (w[:, None] * values).sum(axis=0) / w.sum()
+    scale = max(1.0, float(np.abs(values).max()))
+    for _ in range(max_iter):
+        dist = np.maximum(np.linalg.norm(values - b, axis=1), 1e-300)
+        a = w / dist
+        new = (a[:, None] * values).sum(axis=0) / a.sum()
+        if np.linalg.norm(new - b) <= tol * scale:
+            return new
+        b = new
+    return b
+
+
+def fused_center(values: np.ndarray, weights: np.ndarray, penalty: str = "l1") -> np.ndarray:
+    """``argmin_b sum_u w_u ||b - values[u]||`` (the fused penalty's answer for a site with
+    no rows joined to the sites ``u``): ``l1``, :func:`weighted_median` coordinate by
+    coordinate; ``group``, the :func:`geometric_median` of whole vectors."""
+    if penalty == "group":
+        return geometric_median(values, weights)
+    return weighted_median(values, weights)
+
+
+def combine(
+    values: np.ndarray, weights: np.ndarray, rule: str, penalty: str = "l1", scale=None
+) -> np.ndarray:
+    """A new site's coefficients from its neighbours' ``values`` (``(N, p)``) and the
+    rule's ``weights``: ``graph``, :func:`fused_center` (on the fit's working scale
+    ``values * scale`` where the penalty is not coordinate-wise); otherwise the weighted
+    mean."""
+    if rule not in NEW_SITE_RULES:
+        raise InputError(f"new-site-rule: must be one of {', '.join(NEW_SITE_RULES)}, got {rule!r}")
+    values = np.asarray(values, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    if rule != "graph":
+        return (w[:, None] * values).sum(axis=0) / w.sum()
+    s = np.ones(values.shape[1]) if scale is None else np.asarray(scale, dtype=float)
+    return fused_center(values * s, w, penalty) / s
 
 
 def _coefficients_file(model_dir: str) -> str:
@@ -86,15 +199,19 @@ def read_rowfed_model(model_dir: str) -> FittedModel:
     return FittedModel("client", sites, features, outputs, coef, intercept)
 
 
-def predict(model: FittedModel, data_path: str, ignore: tuple[str, ...] = ()):
+def predict(model: FittedModel, data_path: str, ignore: tuple[str, ...] = (), every_row: str = ""):
     """The outputs for every row of the CSV ``data_path`` (a ``model.site_column`` column
     and the model's features, in any order; columns in ``ignore`` are skipped when there,
-    e.g. an outcome).  Returns a ``pandas.DataFrame``: ``row``, the site, the outputs."""
+    e.g. an outcome; without the site column, every row is ``every_row``'s when given).
+    Returns a ``pandas.DataFrame``: ``row``, the site, the outputs, and ``extrapolated``
+    when the model has sites outside the federation."""
     import pandas as pd
 
     col = model.site_column
     frame = read_table(data_path, "data", dtype={col: str})
     frame.columns = [str(c).strip() for c in frame.columns]
+    if col not in frame.columns and every_row:
+        frame.insert(0, col, every_row)
     if col not in frame.columns:
         raise InputError(f"data: no {col!r} column (each row's {col} picks its coefficients)")
     if frame[col].isna().any():
@@ -104,7 +221,11 @@ def predict(model: FittedModel, data_path: str, ignore: tuple[str, ...] = ()):
     unknown = [s for s in dict.fromkeys(sites) if s not in model.sites]
     if unknown:
         known = ", ".join(model.sites[:8]) + (" ..." if len(model.sites) > 8 else "")
-        raise InputError(f"{col}: {unknown[0]!r} is not a {col} of the model ({known})")
+        hint = ""
+        if col == "site":  # GrAUC-PFL's predict can place it
+            hint = "; a site outside the federation needs its location (--site, --lat, --lon "
+            hint += "or --sites)"
+        raise InputError(f"{col}: {unknown[0]!r} is not a {col} of the model ({known}){hint}")
     given = [c for c in frame.columns if c != col and c not in ignore]
     missing = [f for f in model.features if f not in given]
     if missing:
@@ -119,6 +240,8 @@ def predict(model: FittedModel, data_path: str, ignore: tuple[str, ...] = ()):
     result = pd.DataFrame(out, columns=list(model.outputs))
     result.insert(0, col, sites.to_numpy())
     result.insert(0, "row", np.arange(1, len(frame) + 1))
+    if model.new_sites:
+        result["extrapolated"] = sites.isin(model.new_sites).to_numpy()
     return result
 
 
@@ -142,20 +265,60 @@ def write_csv_atomic(frame, out_path: str) -> str:
     return out_path
 
 
-def add_predict_parser(sub, what: str) -> None:
-    """The ``predict`` subcommand of a method's command line (:func:`cmd_predict`)."""
+def add_predict_parser(sub, what: str, new_sites: bool = False) -> None:
+    """The ``predict`` subcommand of a method's command line (:func:`cmd_predict`); with
+    ``new_sites`` the options that place sites outside the federation."""
     p = sub.add_parser("predict", help=f"{what} for new rows from a fitted model")
     p.add_argument("--model", required=True, help="the fit's output directory")
     p.add_argument("--data", required=True, help="CSV: the site column and the features")
     p.add_argument("--out", required=True, help="CSV to write")
+    if not new_sites:
+        return
+    p.add_argument(
+        "--site",
+        default="",
+        help="a site outside the federation (with --lat, --lon): its rows are scored with "
+        "coefficients borrowed from the fitted sites near it (an extrapolation); without a "
+        "site column in --data every row is this site's",
+    )
+    p.add_argument("--lat", type=float, default=None, help="--site's latitude (degrees)")
+    p.add_argument("--lon", type=float, default=None, help="--site's longitude (degrees)")
+    p.add_argument(
+        "--sites", default="", help="CSV: site, lat, lon of sites outside the federation"
+    )
+    p.add_argument(
+        "--new-site-rule",
+        default=NEW_SITE_RULES[0],
+        choices=NEW_SITE_RULES,
+        help="how a site outside the federation borrows coefficients (default: graph, the "
+        "fitted penalty's answer for a site without rows; docs/methods.md 3.13)",
+    )
 
 
-def cmd_predict(args, read_model, ignore_outputs: bool) -> int:
-    """``predict``: read the model, score the data, write ``--out``; prints one line."""
+def cmd_predict(args, read_model, ignore_outputs: bool, extend=None) -> int:
+    """``predict``: read the model, score the data, write ``--out``; prints one line (and
+    one per site outside the federation, said to be an extrapolation).  ``extend(args,
+    model)`` returns the model with the new sites of ``args`` and what each borrowed
+    (:class:`Borrowed`)."""
     model = read_model(args.model)
+    borrowed: list[Borrowed] = []
+    if extend is not None:
+        model, borrowed = extend(args, model)
     ignore = ("y",) if not ignore_outputs else model.outputs
-    result = predict(model, args.data, ignore)
+    result = predict(model, args.data, ignore, getattr(args, "site", "") or "")
     path = write_csv_atomic(result, args.out)
+    for b in borrowed:
+        rows = int((result[model.site_column] == b.site).sum())
+        if rows:
+            src = ", ".join(
+                f"{model.sites[u]} ({d:.0f} km, weight {w:.2g})"
+                for u, d, w in zip(b.sources, b.distance_km, b.weights, strict=True)
+            )
+            print(
+                f"site {b.site} was not in the federation: its {rows} rows are scored with "
+                f"coefficients borrowed from {src} by the {args.new_site_rule} rule (an "
+                "extrapolation; rows marked extrapolated)"
+            )
     n = result[model.site_column].nunique()
     entity = model.site_column + ("" if n == 1 else "s")  # site(s), or RowFed's client(s)
     print(f"predicted {len(result)} rows for {n} {entity}; wrote {path}")
