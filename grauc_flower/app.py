@@ -98,8 +98,10 @@ def make_client(context: Context):
 
         data = load_site_file(str(node["data-path"]), node)
         from strategies.app import node_index
+        from strategies.guards import Guards
 
-        return GrAUCClient(data, cfg.ridge, index=node_index(node)).to_client()
+        guards = Guards.from_node_config(node)
+        return GrAUCClient(data, cfg.ridge, index=node_index(node), guards=guards).to_client()
     spec = sources.DataSpec.from_run_config(rc)
     sites, _ = sources.load_sites(spec)
     pid = int(node["partition-id"])

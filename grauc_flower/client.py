@@ -45,6 +45,7 @@ from flwr.client import NumPyClient
 
 from strategies import batch
 from strategies.folds import site_folds
+from strategies.guards import MOMENT_FLOOR, Guards
 from strategies.local import (
     admm_update,
     best_model,
@@ -64,10 +65,13 @@ from .local import local_fit
 class GrAUCClient(NumPyClient):
     """One institution.  ``index`` is its position in the federation's site list."""
 
-    def __init__(self, data: SiteData, ridge: float, index: int = -1) -> None:
+    def __init__(
+        self, data: SiteData, ridge: float, index: int = -1, guards: Guards | None = None
+    ) -> None:
         self.data = data
         self.ridge = float(ridge)
         self.index = int(index)
+        self.guards = guards or Guards()  # the site's own floors (strategies/guards.py)
         self._cache: dict = {}
         self._views: dict = {}
 
@@ -89,7 +93,8 @@ class GrAUCClient(NumPyClient):
                     d.site, d.lat, d.lon, d.x_train[train], d.y_train[train],
                     d.x_train[val], d.y_train[val], d.features,
                 )  # fmt: skip
-            self._views[key] = GrAUCClient(d, float(spec.get("ridge", self.ridge)), self.index)
+            ridge = float(spec.get("ridge", self.ridge))
+            self._views[key] = GrAUCClient(d, ridge, self.index, self.guards.for_view())
         return self._views[key]
 
     def oof_part(self, parameters, config) -> tuple[np.ndarray, np.ndarray]:
@@ -148,6 +153,7 @@ class GrAUCClient(NumPyClient):
         if batch.VIEW_FIELD in config:
             return batch.answer_properties(self, config)
         d = self.data
+        self.guards.check_rows(d.site, d.y_train.shape[0], {"1": d.n_pos, "0": d.n_neg})
         return registration_properties(
             d.site,
             d.y_train.shape[0],
@@ -155,6 +161,7 @@ class GrAUCClient(NumPyClient):
             d.x_train,
             d.feature_names,
             **grauc_meta(d.lat, d.lon, d.n_pos, d.n_neg),
+            **{MOMENT_FLOOR: self.guards.moment_floor(d.n_features)},
         )
 
     def fit(self, parameters, config):
@@ -178,6 +185,7 @@ class GrAUCClient(NumPyClient):
             return [grad], n, metrics
         if task == "newton":
             (beta,) = parameters
+            self.guards.check_moments(self.data.site, n, self.data.n_features, "a Hessian")
             answer, loss = newton_answer(f, beta)
             return [answer], n, {"task": "newton", "site": self.data.site, "loss": loss}
         if task == "local":
@@ -244,6 +252,8 @@ class GrAUCClient(NumPyClient):
         x_pos, x_neg = split_by_class(self._transform(x, config), y)
         loss = PairwiseLogistic(x_pos, x_neg).value(beta) if n_pos and n_neg else 0.0
         if config.get("sandwich-at") is not None:  # inference = oracle, on the training data
+            d = self.data
+            self.guards.check_moments(d.site, d.y_train.shape[0], d.n_features, "a covariance")
             at = unpack(config["sandwich-at"], self.data.n_features)
             metrics.update(sandwich_metrics(self._datafit(config), at))
         return float(loss), int(y.shape[0]), metrics

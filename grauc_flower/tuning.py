@@ -96,10 +96,15 @@ SIMPLEST = {
 }
 
 
-def _clients(sites, ridge: float):
+def _clients(sites, ridge: float, fold: bool = False):
+    """The sites' clients; on a fold's rows (``fold``) with the guards of a view (the
+    floors of rows were met by the whole rows: :meth:`strategies.guards.Guards.for_view`)."""
+    from strategies.guards import Guards
+
     from .client import GrAUCClient
 
-    return [GrAUCClient(s, ridge, index=z) for z, s in enumerate(sites)]
+    guards = Guards().for_view() if fold else None
+    return [GrAUCClient(s, ridge, index=z, guards=guards) for z, s in enumerate(sites)]
 
 
 def lam_max_of(sites, cfg: GrAUCConfig) -> float:
@@ -255,7 +260,7 @@ def cv_piece(piece) -> list[dict]:
     from .federation import make_strategy, max_rounds_for
 
     method, k, sites, cfg, w_grid, lams, rounds_grid, knobs = piece
-    clients = _clients(sites, cfg.ridge)
+    clients = _clients(sites, cfg.ridge, fold=True)
     registry = Registry()
     rows = []
     if method in GRAUC_FUSED_METHODS:

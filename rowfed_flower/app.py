@@ -16,6 +16,7 @@ from flwr.serverapp import Grid
 from strategies.app import node_index, out_dir, round_timeout, run_methods
 from strategies.config import registration_config, rowfed_config, rowfed_methods, tune_config
 from strategies.errors import InputError
+from strategies.guards import Guards
 from strategies.rowfed import dims, rowfed_registry
 from strategies.runtime.engine import log_line, round_logger
 
@@ -104,7 +105,8 @@ def make_client(context: Context):
                 f"found {len(pick)}"
             )
         index = node_index(node)
-        return RowFedClient(pick[0], index=index, features=data.features).to_client()
+        guards = Guards.from_node_config(node)
+        return RowFedClient(pick[0], index, data.features, guards).to_client()
     data = fed.load_data(spec)
     pid = int(node["partition-id"])
     if not 0 <= pid < len(data.clients):

@@ -56,6 +56,7 @@ from flwr.client import NumPyClient
 
 from strategies import batch
 from strategies.folds import site_folds
+from strategies.guards import MOMENT_FLOOR, Guards
 from strategies.local import (
     admm_update,
     best_model,
@@ -151,11 +152,16 @@ class RowFedClient(NumPyClient):
     """One client of the federation; ``index`` is its position in the client list."""
 
     def __init__(
-        self, data: ClientSamples, index: int = -1, features: tuple[str, ...] = ()
+        self,
+        data: ClientSamples,
+        index: int = -1,
+        features: tuple[str, ...] = (),
+        guards: Guards | None = None,
     ) -> None:
         self.data = data
         self.index = int(index)
         self.features = tuple(features)
+        self.guards = guards or Guards()  # the client's own floors (strategies/guards.py)
         self._cache: dict = {}
         self._views: dict = {}
 
@@ -174,7 +180,7 @@ class RowFedClient(NumPyClient):
                 )  # fmt: skip
                 train, val = fold != int(spec["fold"]), fold == int(spec["fold"])
                 d = ClientSamples(d.site, d.x[train], d.y[train], d.x[val], d.y[val])
-            self._views[key] = RowFedClient(d, self.index, self.features)
+            self._views[key] = RowFedClient(d, self.index, self.features, self.guards.for_view())
         return self._views[key]
 
     def oof_part(self, parameters, config) -> tuple[float, int]:
@@ -228,9 +234,9 @@ class RowFedClient(NumPyClient):
         if batch.VIEW_FIELD in config:
             return batch.answer_properties(self, config)
         d = self.data
-        return registration_properties(
-            d.site, d.n, self.index, d.x, self.features, **rowfed_meta(d.p, d.q, d.y)
-        )
+        self.guards.check_rows(d.site, d.n)
+        meta = {**rowfed_meta(d.p, d.q, d.y), MOMENT_FLOOR: self.guards.moment_floor(d.p)}
+        return registration_properties(d.site, d.n, self.index, d.x, self.features, **meta)
 
     def fit(self, parameters, config):
         task = config.get("task")
@@ -252,6 +258,7 @@ class RowFedClient(NumPyClient):
             return [f.grad(theta)], d.n, metrics
         if task == "newton":
             (theta,) = parameters
+            self.guards.check_moments(d.site, d.n, d.p, "X'X")
             answer, loss = newton_answer(f, theta)
             return [answer], d.n, {"task": task, "site": d.site, "loss": loss}
         if task == "local":
@@ -344,6 +351,7 @@ class RowFedClient(NumPyClient):
             metrics[f"mse:{k}"] = float(value)
             metrics[f"mse_se:{k}"] = float(se[k])
         if config.get("moments"):  # inference = oracle: the training data's moments
+            self.guards.check_moments(d.site, d.n, d.p, "X'X")
             from .inference import client_moments
 
             metrics.update(client_moments(d.x, d.y, bool(config.get("intercept", True))))

@@ -112,10 +112,13 @@ class FederatedData:
     def sites(self) -> list[str]:
         return [c.site for c in self.clients]
 
-    def make_clients(self) -> list[RowFedClient]:
-        return [
-            RowFedClient(c, index=k, features=self.features) for k, c in enumerate(self.clients)
-        ]
+    def make_clients(self, fold: bool = False) -> list[RowFedClient]:
+        """The clients; on a fold's rows (``fold``) with the guards of a view (the floors of
+        rows were met by the whole rows: :meth:`strategies.guards.Guards.for_view`)."""
+        from strategies.guards import Guards
+
+        guards = Guards().for_view() if fold else None
+        return [RowFedClient(c, k, self.features, guards) for k, c in enumerate(self.clients)]
 
 
 def simulated_data(spec: RowFedDataSpec, n_clusters=N_CLUSTERS) -> FederatedData:

@@ -167,7 +167,7 @@ def fold_data(data: fed.FederatedData, folds, k: int) -> fed.FederatedData:
 def cv_piece(piece) -> list[dict]:
     """One fold: the whole grid walked with warm starts; validation MSE per setting."""
     method, k, data, cfg, levels = piece
-    clients = data.make_clients()
+    clients = data.make_clients(fold=True)
     registry = rowfed_registry()
     rows, theta0 = [], None
     for k_set, setting in enumerate(levels):

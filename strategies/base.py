@@ -23,6 +23,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from flwr.server.strategy.aggregate import weighted_loss_avg
 
+from .guards import refuse_moments
 from .registry import EMPTY, Registry
 
 
@@ -252,8 +253,16 @@ class SiteStrategy(EvaluatedOnce, Strategy):
         self.site_index = {s: k for k, s in enumerate(self.sites)}
         first = self.registry.sites[self.sites[0]]
         self.n_features = int(first.sum_x.shape[0])
+        needs = self.moments_needed()
+        if needs:  # the sites' own guards, reported at registration (strategies/guards.py)
+            refuse_moments(self.registry, self.sites, needs)
         self._setup()
         self.ready = True
+
+    def moments_needed(self) -> str:
+        """The setting for which this run asks the sites for second moments (a Hessian,
+        ``X'X``, a covariance), or ``""``."""
+        return ""
 
     def _setup(self) -> None:
         raise NotImplementedError

@@ -119,6 +119,16 @@ class FusedSiteStrategy(SiteStrategy):
         self.qn: pqn.QuasiNewtonState | None = None
         self.state: admm.AdmmState | None = None
 
+    def moments_needed(self) -> str:
+        """``curvature = exact`` (pqn's Newton answers) or ``inference = oracle`` (the
+        refit's Hessians and covariances), when set."""
+        cfg = getattr(self, "cfg", None)
+        if self.curvature == "exact":
+            return "curvature = exact"
+        if cfg is not None and getattr(cfg, "inference", "none") == "oracle":
+            return "inference = oracle"
+        return ""
+
     def work_config(self) -> dict:
         """The working scale, and the sites' weighting when ``size_power > 0`` (over the
         federation's sites: a node that registers later changes no weight)."""

@@ -272,10 +272,11 @@ def _online(fedn: Federation) -> int:
 
 
 def test_bad_input_or_an_absent_site_ends_the_run_naming_it(tmp_path, pki):
-    """Two hospitals, the second absent, then with a wrong file or node config: each run
-    ends at registration within one round timeout (not after a round limit of re-asking);
-    the launcher's last line names the site and the field, its exit status is 1 and the
-    run's status failed.  One SuperLink; the second SuperNode restarts for each case."""
+    """Two hospitals, the second absent, then with a wrong file or node config, or with a
+    disclosure guard its rows do not meet: each run ends at registration within one round
+    timeout (not after a round limit of re-asking); the launcher's last line names the site
+    and the field, its exit status is 1 and the run's status failed.  One SuperLink; the
+    second SuperNode restarts for each case."""
     fedn = Federation(str(tmp_path), pki, n_sites=2)
     try:
         here, bad = (s.site for s in fedn.sites)
@@ -299,6 +300,10 @@ def test_bad_input_or_an_absent_site_ends_the_run_naming_it(tmp_path, pki):
             ),
             f'data-path="{path}" site="{bad}" lat=123.4 lon=0 index=1': (
                 f"site {bad}: node-config: lat out of range [-90, 90]: 123.4"
+            ),
+            # a disclosure guard the hospital sets itself (strategies/guards.py)
+            f'data-path="{path}" site="{bad}" lat=40.0 lon=-75.0 index=1 min-class-rows=100000': (
+                f"site {bad}: min-class-rows: refuses to take part with"
             ),
         }
         for node_config, message in cases.items():

@@ -678,6 +678,7 @@ def test_client_never_returns_data_rows(standardized):
         data.x_train,
         data.feature_names,
         **grauc_meta(34.0, -118.0, 15, 25),
+        **{"moment-floor": 3 * p},  # the rows its guard needs for second moments (a count)
     )
     # per-feature sums, the only data summary that leaves
     assert_allclose(unpack(props["sum_x"]), data.x_train.sum(axis=0))

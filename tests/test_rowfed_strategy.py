@@ -520,7 +520,8 @@ def test_client_registration_sends_only_sums(samples):
     s = samples[2]
     props = RowFedClient(s, index=2).get_properties({})
     sums = {k: unpack(props.pop(k)) for k in ("sum_x", "sum_x2", "sum_y")}
-    assert props == {"site": "s2", "n": N, "p": P, "q": Q, "index": 2}
+    # and the rows its guard needs for second moments (a count: strategies/guards.py)
+    assert props == {"site": "s2", "n": N, "p": P, "q": Q, "index": 2, "moment-floor": 3 * P}
     assert_allclose(sums["sum_x"], s.x.sum(0))
     assert_allclose(sums["sum_x2"], (s.x**2).sum(0))
     assert_allclose(sums["sum_y"], s.y.sum(0))

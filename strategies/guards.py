@@ -1,0 +1,123 @@
+"""Disclosure guards a site sets for itself (docs/deployment.md, docs/methods.md 3.3).
+
+A site refuses to take part when its rows are too few for what it would send to be an
+aggregate, and refuses to send second moments (a Hessian, ``X'X``, a gradient covariance:
+``--curvature exact``, ``--inference oracle``) when its rows are too few for their number.
+The floors are the site's own: a SuperNode's node config (``min-rows``, ``min-class-rows``,
+``min-rows-per-feature``), checked by the site itself, whatever the server asks.  The site
+also reports them at registration, so that the server can refuse a run that needs second
+moments before its first round, naming the site and the guard.
+
+The defaults: 3 rows in all (DataSHIELD's ``nfilter.subset``); 2 rows of a class it has,
+since with a lone row of a class the registration's sums and one gradient of the pairwise
+surrogate give that row exactly (DataSHIELD's table cells take 3, ``nfilter.tab``; the
+shipped Communities-and-Crime design has states with 2 training rows of a class, and a
+site that wants 3 sets it); and at most a third as many parameters as rows
+(``nfilter.glm = 0.33``): 3 rows per feature for a ``p x p`` second moment.  A class a site
+lacks altogether (``missing-class = borrow``) is no cell: it sends nothing of that class.
+
+The floors of rows are checked on a site's training rows when it registers; the folds of a
+federated tuning are subsets of them and are not checked again: a fold's answers differ
+from the whole data's by that fold's held-out rows, as in any cross-validation across
+sites, so a site that wants every fold to meet its floor needs about ``K / (K - 1)`` times
+the floor (and ``K`` rows of a class to form its folds at all).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from .errors import InputError, at_site, plain
+
+#: The node-config keys and the registration property the floor of second moments is sent as.
+NODE_KEYS = ("min-rows", "min-class-rows", "min-rows-per-feature")
+MOMENT_FLOOR = "moment-floor"
+
+
+@dataclass(frozen=True)
+class Guards:
+    """A site's floors: ``min_rows`` rows in all, ``min_class_rows`` rows of each class it
+    has (GrAUC-PFL), ``min_rows_per_feature`` rows per feature for second moments."""
+
+    min_rows: int = 3
+    min_class_rows: int = 2
+    min_rows_per_feature: float = 3.0
+
+    @classmethod
+    def from_node_config(cls, node) -> Guards:
+        """The guards of a SuperNode's node config (a key left out keeps its default); a
+        bad value is an :class:`~strategies.errors.InputError` naming the key."""
+        values = {}
+        for key in NODE_KEYS:
+            if key not in node:
+                continue
+            raw = node[key]
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                value = math.nan
+            integer = key != "min-rows-per-feature"
+            if not math.isfinite(value) or value < 0 or (integer and not value.is_integer()):
+                kind = "a whole number" if integer else "a number"
+                raise InputError(f"node-config: {key} must be {kind} >= 0, got {plain(raw)}")
+            values[key.replace("-", "_")] = int(value) if integer else value
+        return cls(**values)
+
+    def for_view(self) -> Guards:
+        """The guards of a view of the site's rows (a federated tuning's fold): the floors
+        of rows were checked on the whole training data when the site registered; a
+        second moment is still refused below its floor of the view's rows."""
+        return replace(self, min_rows=0, min_class_rows=0)
+
+    def moment_floor(self, p: int) -> int:
+        """The rows a site needs to send a second moment of ``p`` features."""
+        return math.ceil(self.min_rows_per_feature * p)
+
+    def check_rows(self, site: str, n: int, classes: dict[str, int] | None = None) -> None:
+        """Refuse to take part (raise, marked with ``site``) when the rows, or the rows of
+        a class the site has, are below their floor."""
+        if n < self.min_rows:
+            raise at_site(site, InputError(
+                f"min-rows: refuses to take part with {n} rows, below its floor of "
+                f"{self.min_rows} (node config)"
+            ))  # fmt: skip
+        for name, count in (classes or {}).items():
+            if 0 < count < self.min_class_rows:
+                raise at_site(site, InputError(
+                    f"min-class-rows: refuses to take part with {count} rows of class "
+                    f"{name}, below its floor of {self.min_class_rows} (node config)"
+                ))  # fmt: skip
+
+    def check_moments(self, site: str, n: int, p: int, what: str) -> None:
+        """Refuse to send a second moment (``what``) of ``p`` features from ``n`` rows
+        below :meth:`moment_floor`."""
+        floor = self.moment_floor(p)
+        if n < floor:
+            raise at_site(site, InputError(
+                f"min-rows-per-feature: refuses to send {what} with {n} rows, below its "
+                f"floor of {floor} ({plain(self.min_rows_per_feature)} per feature, "
+                f"{p} features; node config)"
+            ))  # fmt: skip
+
+
+def refuse_moments(registry, sites, needs: str) -> None:
+    """Before the first round of a run that needs second moments (``needs``: the setting
+    that asks for them): an :class:`~strategies.errors.InputError` naming the sites whose
+    guard refuses them (their rows below the floor they reported at registration)."""
+    low = []
+    for s in sites:
+        info = registry.sites[s]
+        floor = int(info.meta.get(MOMENT_FLOOR, 0))
+        if info.n < floor:
+            low.append(f"{s} ({info.n} rows, floor {floor})")
+    if low:
+        more = f" and {len(low) - 3} more" if len(low) > 3 else ""
+        raise InputError(
+            f"{needs}: needs second moments, which site(s) {', '.join(low[:3])}{more} refuse "
+            "by their guard min-rows-per-feature (node config); leave it out (curvature "
+            "learned, inference none) or ask those sites to lower the floor"
+        )
+
+
+__all__ = ["Guards", "MOMENT_FLOOR", "NODE_KEYS", "refuse_moments"]
