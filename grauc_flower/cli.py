@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import sys
@@ -538,9 +537,9 @@ def cmd_run(a) -> int:
 
 
 def main(argv=None) -> int:
-    from flwr.common.logger import FLOWER_LOGGER
+    from strategies import quiet_flower
 
-    FLOWER_LOGGER.setLevel(logging.WARNING)
+    quiet_flower()
     args = build_parser().parse_args(argv)
     try:
         if args.command == "fit":
@@ -556,9 +555,14 @@ def main(argv=None) -> int:
 
             return cmd_report(args, fit_report)
         if args.command == "study":
-            from .study import cmd_study
+            from .study import cmd_study, load
 
-            return cmd_study(args)
+            study, st = load(args.config)
+            if st.coverage is not None:
+                from .coverage import run as run_coverage
+
+                return run_coverage(args, study, st)
+            return cmd_study(args, study, st)
         return cmd_run(args)
     except InputError as exc:
         return fail(str(exc))

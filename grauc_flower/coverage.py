@@ -29,6 +29,7 @@ import pandas as pd
 from scipy.optimize import brentq
 from scipy.special import expit
 
+from strategies import quiet_flower
 from strategies.experiments.coverage import (
     identified,
     run_coverage,
@@ -39,7 +40,7 @@ from strategies.experiments.coverage import (
 from strategies.inference import group_sizes
 
 from .data import site_means
-from .study import _quiet, parse_settings, simulated_sites, simulation_arguments
+from .study import parse_settings, simulated_sites, simulation_arguments
 
 TASK = "grauc_flower.coverage:run_task"
 #: The design key the coverage figure puts on its x axis.
@@ -91,7 +92,7 @@ def true_labels(truth: np.ndarray, rel: float = 1e-9) -> np.ndarray:
 
 def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
     """One (cell, replication): ``results`` with one row per kind of coefficient."""
-    _quiet()
+    quiet_flower()
     from .federation import run_methods_inprocess
     from .inference import inference_table
 

@@ -52,12 +52,12 @@ rest is the test set), and a replication is a new random split (the task's seed)
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from strategies import quiet_flower
 from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config
 from strategies.errors import InputError
 from strategies.experiments.coverage import coverage_setting
@@ -421,12 +421,6 @@ def choose(table: pd.DataFrame, rule: str = "best") -> dict:
     return chosen
 
 
-def _quiet() -> None:
-    from flwr.common.logger import FLOWER_LOGGER
-
-    FLOWER_LOGGER.setLevel(logging.WARNING)
-
-
 def simulation_arguments(st: Settings, cell: dict) -> dict:
     """The design cell's :func:`grauc_flower.data.simulate` arguments (cell values override
     ``[data]``), without the seed."""
@@ -452,7 +446,7 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
     """One (cell, replication): data, tuning, fits, test AUC.  Returns the frames
     ``results`` (one row per method and site), ``coef`` (coefficients, input scale),
     ``clusters`` (GrAUC-PFL's fused groups per feature) and ``cv`` (the tuning table)."""
-    _quiet()
+    quiet_flower()
     from .federation import auc_table, run_methods_inprocess
 
     st = parse_settings(settings, tuple(cell))
@@ -530,14 +524,11 @@ def add_parser(sub) -> None:
     add_study_parser(sub)
 
 
-def cmd_study(a) -> int:
+def cmd_study(a, study, st) -> int:
+    """A study of the config ``a.config`` read as ``(study, st)`` by :func:`load` (a
+    coverage study is :func:`grauc_flower.coverage.run`'s)."""
     from .figures import make_figures
 
-    study, st = load(a.config)
-    if st.coverage is not None:
-        from . import coverage
-
-        return coverage.run(a, study, st)
     return run_study_args(a, study, TASK, ("auc",), make_figures)
 
 

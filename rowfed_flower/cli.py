@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -175,14 +174,14 @@ def fit(args) -> int:
         DEFAULT_LAM2_GRID if args.lam2_grid is None else args.lam2_grid, "lam2-grid"
     )
 
-    from flwr.common.logger import FLOWER_LOGGER
+    from strategies import quiet_flower
 
     from . import federation as fed
     from .data import read_graph
     from .figures import fit_report
 
     if not args.verbose:  # after flwr's import, which sets its own level
-        FLOWER_LOGGER.setLevel(logging.WARNING)
+        quiet_flower()
 
     data = fed.read_fit_csv(args.data, args.responses, args.client_column)
     data = fed.with_test_set(data, args.test_data, args.holdout, args.data_seed, args.client_column)
@@ -286,9 +285,14 @@ def main(argv=None) -> int:
         return int(exc.code or 0)
     try:
         if args.command == "study":
-            from .study import cmd_study
+            from .study import cmd_study, load
 
-            return cmd_study(args)
+            study, st = load(args.config)
+            if st["coverage"] is not None:
+                from .coverage import run as run_coverage
+
+                return run_coverage(args, study, st)
+            return cmd_study(args, study, st)
         if args.command == "predict":
             return cmd_predict(args, read_rowfed_model, ignore_outputs=True)
         if args.command == "report":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from strategies import quiet_flower
 from strategies.experiments.coverage import (
     identified,
     run_coverage,
@@ -23,7 +24,7 @@ from strategies.experiments.coverage import (
 )
 from strategies.inference import group_sizes
 
-from .study import _quiet, parse_settings, simulated_federation
+from .study import parse_settings, simulated_federation
 
 TASK = "rowfed_flower.coverage:run_task"
 #: The design key the coverage figure puts on its x axis.
@@ -32,7 +33,7 @@ SIZE_KEY = "n_m"
 
 def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
     """One (cell, replication): ``results`` with one row per kind of coefficient."""
-    _quiet()
+    quiet_flower()
     from . import federation as fed
     from .inference import inference_table
 

@@ -54,11 +54,11 @@ refitted.  It exists to study the GIC's choice (see the study's report), not as 
 from __future__ import annotations
 
 import functools
-import logging
 
 import numpy as np
 import pandas as pd
 
+from strategies import quiet_flower
 from strategies.config import FEDAVG_FAMILY, ROWFED_METHODS, RowFedConfig, from_run_config
 from strategies.errors import InputError
 from strategies.experiments.coverage import coverage_setting
@@ -307,12 +307,6 @@ def gic_nq(table: pd.DataFrame, n_total: int, p: int, q: int, m: int) -> np.ndar
     )
 
 
-def _quiet() -> None:
-    from flwr.common.logger import FLOWER_LOGGER
-
-    FLOWER_LOGGER.setLevel(logging.WARNING)
-
-
 def fit_methods(st: dict, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
     """Every method of ``st["methods"]`` on ``data``: the tuned ones by GIC over their
     grids (``gic-nq``: picked from the same table and refitted), FedAvg with NonFed's
@@ -403,7 +397,7 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
     Simulations: one row per method (MSE-Est, MSE-Pred, RI).  Real data: one row per method
     and client (state): ``mse_pred`` on its test rows, ``n_train``, ``n_test`` and
     ``mse_<response>`` per response."""
-    _quiet()
+    quiet_flower()
     from . import federation as fed
     from .metrics import mean_rand_index, mse_est
 
@@ -475,14 +469,11 @@ def add_parser(sub) -> None:
     add_study_parser(sub)
 
 
-def cmd_study(a) -> int:
+def cmd_study(a, study, st) -> int:
+    """A study of the config ``a.config`` read as ``(study, st)`` by :func:`load` (a
+    coverage study is :func:`rowfed_flower.coverage.run`'s)."""
     from .figures import make_figures
 
-    study, st = load(a.config)
-    if st["coverage"] is not None:
-        from . import coverage
-
-        return coverage.run(a, study, st)
     if st["real"] is None:
         metrics = ("mse_est", "mse_pred", "ri")
     else:  # no true Theta: prediction error only (overall and per response)

@@ -19,4 +19,14 @@ def single_threaded_blas(env=os.environ) -> None:
         env.setdefault(name, "1")
 
 
+def quiet_flower() -> None:
+    """Flower's own log at WARNING and above (its INFO lines per message and round are
+    noise in a command's output, a study's workers and the tuning's pool)."""
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    FLOWER_LOGGER.setLevel(logging.WARNING)
+
+
 single_threaded_blas()

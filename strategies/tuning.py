@@ -37,6 +37,7 @@ import scipy.optimize
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
+from . import quiet_flower
 from .admm import incidence_matrix
 from .errors import InputError
 from .folds import row_folds, site_folds, stratified_folds  # noqa: F401 - their home here
@@ -417,14 +418,6 @@ def default_jobs(n_items: int) -> int:
     return max(1, min(n_items, os.cpu_count() or 1))
 
 
-def _quiet_worker() -> None:
-    import logging
-
-    from flwr.common.logger import FLOWER_LOGGER
-
-    FLOWER_LOGGER.setLevel(logging.WARNING)
-
-
 class Progress:
     """``label: 7/20 done, 35 s, about 60 s left`` on stderr, at most every 2 s (and at the
     end), unless ``quiet``."""
@@ -479,7 +472,7 @@ def run_items(
                 progress(i + 1)
         return out
     ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
-    pool = ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_quiet_worker)
+    pool = ProcessPoolExecutor(jobs, mp_context=ctx, initializer=quiet_flower)
     workers = []
     try:
         with _terminate_raises():

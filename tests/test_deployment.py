@@ -30,7 +30,13 @@ from strategies.runtime.deploy import (
     supernode_command,
 )
 from strategies.runtime.launch import run_id_of
-from strategies.runtime.simulation import _bin, flower_env, free_port, stop_process, wait_for_port
+from strategies.runtime.processes import (
+    console_script,
+    flower_env,
+    free_port,
+    stop_process,
+    wait_for_port,
+)
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
@@ -88,7 +94,7 @@ class Federation:
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         proc = subprocess.run(
-            [_bin("flwr"), *args],
+            [console_script("flwr"), *args],
             env=flower_env(self.home),
             capture_output=True,
             text=True,

@@ -24,6 +24,7 @@ from grauc_flower.cli import main as grauc_main
 from rowfed_flower.cli import main as rowfed_main
 from strategies.errors import InputError
 from strategies.experiments.design import cell_label, expand_design, select_cells, task_seed
+from strategies.runtime.processes import free_port
 
 GRAUC_TOML = """
 study = "grauc"
@@ -362,12 +363,6 @@ def test_ray_local_gives_the_same_results(tmp_path, capsys):
     pd.testing.assert_frame_equal(ray.drop(columns="seconds"), local.drop(columns="seconds"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.slow
 def test_study_on_a_ray_cluster_started_elsewhere(tmp_path, capsys):
@@ -377,7 +372,7 @@ def test_study_on_a_ray_cluster_started_elsewhere(tmp_path, capsys):
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     if not os.path.isfile(ray_cli):  # pragma: no cover - Ray comes with flwr[simulation]
         pytest.fail("the ray command is not installed next to this Python")
-    port = _free_port()
+    port = free_port()
     # the head's state (and its ray_current_cluster file, which a later ray.init() without an
     # address would try to join) in a directory of its own, removed afterwards
     ray_tmp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ..errors import InputError
-from .simulation import _bin, flower_env
+from .processes import console_script, flower_env
 
 
 def _run(cmd: list[str]) -> None:
@@ -311,7 +311,7 @@ def start(cmd: list[str], home: str, log_name: str) -> subprocess.Popen:
     (:func:`~strategies.runtime.simulation.stop_process`)."""
     log = open(os.path.join(home, log_name), "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [_bin(cmd[0]), *cmd[1:]],
+        [console_script(cmd[0]), *cmd[1:]],
         env=flower_env(home),
         stdout=log,
         stderr=subprocess.STDOUT,

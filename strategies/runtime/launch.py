@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from .simulation import _bin, stop_process
+from .processes import console_script, stop_process
 
 COMPLETED = "finished:completed"
 _RUN_ID = re.compile(r"Successfully started run (\d+)")
@@ -47,7 +47,7 @@ def app_error(output: str) -> str | None:
 def run_status(connection: str, run_id: str, env: dict, timeout: float = 60) -> tuple[str, str]:
     """``(status, details)`` of run ``run_id`` on ``connection`` (``flwr ls``)."""
     proc = subprocess.run(
-        [_bin("flwr"), "ls", connection, "--run-id", run_id, "--format", "json"],
+        [console_script("flwr"), "ls", connection, "--run-id", run_id, "--format", "json"],
         env=env,
         capture_output=True,
         text=True,
@@ -122,7 +122,7 @@ def flwr_run_checked(
     status is ``finished:completed``, else raises :class:`RunFailed` (one line).  With
     ``echo`` the output is copied to stderr as it comes; with a callable (e.g.
     :class:`ProgressLines`) what it returns for each line."""
-    cmd = [_bin("flwr"), "run", app_dir, connection, "--stream", *args]
+    cmd = [console_script("flwr"), "run", app_dir, connection, "--stream", *args]
     proc = subprocess.Popen(
         cmd,
         env=env,

@@ -11,74 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 
 import tomli_w
 
+from .processes import console_script, flower_env, free_port, stop_process, wait_for_port
+
 CONNECTION = "pfl-sim"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _bin(name: str) -> str:
-    """The console script ``name`` next to this interpreter (falls back to PATH)."""
-    candidate = Path(sys.executable).with_name(name)
-    return str(candidate) if candidate.exists() else name
-
-
-def flower_env(home: str) -> dict:
-    """Environment for Flower's processes: ``FLWR_HOME``, this interpreter's scripts first on
-    ``PATH`` (the SuperLink starts ``flower-superexec``, ``flwr-serverapp``...), a Ray of
-    their own and one BLAS thread (both unless set)."""
-    from .. import single_threaded_blas
-
-    bindir = str(Path(sys.executable).parent)
-    env = {
-        **os.environ,
-        "FLWR_HOME": home,
-        "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
-    }
-    # the simulation starts its own Ray instance: without this, Ray joins the cluster named
-    # in <tmp>/ray/ray_current_cluster (left by any `ray start`, even a dead one: a hang)
-    env.setdefault("RAY_ADDRESS", "local")
-    single_threaded_blas(env)
-    return env
-
-
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"flower-superlink did not open port {port} within {timeout:.0f} s")
-
-
-def stop_process(proc: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM the process (by pid), wait, then SIGKILL its process group if still alive."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: Ray workers it started
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
 
 
 @contextlib.contextmanager
@@ -88,7 +28,7 @@ def simulation_superlink(home: str):
     env = flower_env(home)
     log = open(os.path.join(home, "superlink.log"), "wb")  # noqa: SIM115
     cmd = [
-        _bin("flower-superlink"),
+        console_script("flower-superlink"),
         "--insecure",
         "--simulation",
         "--isolation",
