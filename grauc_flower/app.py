@@ -23,10 +23,10 @@ def run(grid: Grid, context: Context) -> dict:
     """Run the configured GrAUC-PFL methods through Flower; returns ``{method: result}``."""
     # the server side's imports are here: a ClientApp starts for every message and needs
     # only the client and its data (measured: 0.5 s less per message)
-    from strategies.app import out_dir, round_timeout, run_methods
     from strategies.config import registration_config, tune_config
     from strategies.registry import Registry
     from strategies.runtime.engine import log_line, round_logger
+    from strategies.runtime.flowerapp import out_dir, round_timeout, run_methods
 
     from . import federation as fed
 
@@ -55,7 +55,9 @@ def run(grid: Grid, context: Context) -> dict:
 
     def strategy(method):
         if tune is not None:  # the tuning and the refit, as one batched run
-            return fed.tuned_strategy(
+            from .tuning import tuned_strategy
+
+            return tuned_strategy(
                 method, cfg, n_sites, registry, tune, progress=log_line, timeout=timeout
             )
         return fed.make_strategy(
@@ -97,8 +99,8 @@ def make_client(context: Context):
         from .data import load_site_file
 
         data = load_site_file(str(node["data-path"]), node)
-        from strategies.app import node_index
         from strategies.guards import Guards
+        from strategies.runtime.flowerapp import node_index
 
         guards = Guards.from_node_config(node)
         return GrAUCClient(data, cfg.ridge, index=node_index(node), guards=guards).to_client()

@@ -233,7 +233,8 @@ def tuning_time(quick: bool) -> dict:
     grid = tuning.Grid(ridge=(0.1,), w_dist=(1.0,)) if quick else tuning.Grid()
     single = fed.run_methods_inprocess(cfg, list(sites), ["grauc"])["grauc"].rounds
     clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
-    batch = fed.tuned_strategy("grauc", cfg, len(sites), Registry(), (CVOptions(quiet=True), grid))
+    tune = (CVOptions(quiet=True), grid)
+    batch = tuning.tuned_strategy("grauc", cfg, len(sites), Registry(), tune)
     row = timed_tuning(batch, clients, fed.max_rounds_for("grauc", cfg, True))
     res = fed.collect("grauc", batch)
     chosen = res.extra["config"]
@@ -299,7 +300,7 @@ def criteria_table(seeds=3, quick: bool = False, designs=None, repeats=(1, 3)) -
                 opts = CVOptions(folds=folds, quiet=True, repeats=rep, seed=seed)
                 t0 = time.perf_counter()
                 clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
-                batch = fed.tuned_strategy("grauc", cfg, len(sites), Registry(), (opts, grid))
+                batch = tuning.tuned_strategy("grauc", cfg, len(sites), Registry(), (opts, grid))
                 run_inprocess(batch, clients, fed.max_rounds_for("grauc", cfg, True))
                 out = batch.outputs
                 params = tuning.PARAMS["grauc"]
@@ -393,7 +394,7 @@ def new_site_table(seeds=3, designs=None, rules=None) -> list[dict]:
             cfg = GrAUCConfig()
             opts = CVOptions(folds=folds, quiet=True, seed=seed)
             grid = tuning.Grid(w_dist=w_dist, ridge=ridge)
-            whole = fed.run_methods_inprocess(cfg, sites, ["grauc"], tune=(opts, grid))["grauc"]
+            whole = tuning.run_tuned_inprocess(cfg, sites, "grauc", (opts, grid))
             g_cfg = whole.extra["config"]
             f_cfg, _, _ = tuning.tune(sites, cfg, "fedavg", tuning.Grid(ridge=ridge), opts)
             lat = np.array([s.lat for s in sites])

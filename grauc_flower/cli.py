@@ -426,14 +426,12 @@ def cmd_fit(a) -> int:
                 raise InputError(f"resume: file not found: {a.resume}")
             if federated and (ckpt["checkpoint"] or ckpt["resume"]):
                 raise InputError("checkpoint: not with --tune cv (the tuning runs many fits)")
-            res = fed.run_methods_inprocess(
-                cfg,
-                sites,
-                [a.method],
-                progress=progress,
-                checkpoint=ckpt,
-                tune=(opts, grid) if federated else None,
-            )[a.method]
+            if federated:
+                res = tuning.run_tuned_inprocess(cfg, sites, a.method, (opts, grid), progress)
+            else:
+                res = fed.run_methods_inprocess(
+                    cfg, sites, [a.method], progress=progress, checkpoint=ckpt
+                )[a.method]
             fed.write_result(tmp, res, features, cfg)
         else:
             from strategies.runtime.simulation import flwr_run

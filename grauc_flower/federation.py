@@ -160,10 +160,8 @@ def collect(method: str, strategy) -> MethodResult:
     from strategies.batch import BatchStrategy
 
     if isinstance(strategy, BatchStrategy):
-        from .tuning import federated_outputs
-
         res = collect(method, strategy.result.strategy)
-        res.extra.update(federated_outputs(strategy, method, strategy.opts))
+        res.extra.update(strategy.describe())
         return res
     if method in FEDAVG_FAMILY:
         return MethodResult(
@@ -224,39 +222,19 @@ def run_methods_inprocess(
     graph_edges=None,
     progress=None,
     checkpoint=None,
-    tune=None,
 ) -> dict[str, MethodResult]:
-    """Every method through the in-process engine, sharing one registry.  ``tune``:
-    ``(CVOptions, Grid)`` to tune the fused methods inside the federation first
-    (:func:`grauc_flower.tuning.federated_strategy`, as ``tune.by = "cv"`` does)."""
+    """Every method through the in-process engine, sharing one registry (a method tuned
+    inside the federation: :func:`grauc_flower.tuning.run_tuned_inprocess`)."""
     clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
     registry = Registry()
     out = {}
     for method in methods:
-        if tune is not None:  # progress: a line per round (a callable of one string)
-            strategy = tuned_strategy(method, cfg, len(sites), registry, tune, progress=progress)
-        else:
-            strategy = make_strategy(
-                method, cfg, len(sites), registry, sites, graph_edges, progress, checkpoint
-            )
-        run_inprocess(strategy, clients, max_rounds_for(method, cfg, tune is not None))
+        strategy = make_strategy(
+            method, cfg, len(sites), registry, sites, graph_edges, progress, checkpoint
+        )
+        run_inprocess(strategy, clients, max_rounds_for(method, cfg))
         out[method] = collect(method, strategy)
     return out
-
-
-def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=None):
-    """``method`` tuned inside the federation and refitted, as one batched run."""
-    from . import tuning
-
-    opts, grid = tune
-    if method not in FUSED_METHODS:
-        raise InputError(
-            f"tune.by: the federated tuning is for {', '.join(FUSED_METHODS)}, not {method} "
-            "(fit --tune cv tunes the comparators in process)"
-        )
-    batch = tuning.federated_strategy(cfg, method, opts, grid, n_sites, registry, timeout, progress)
-    batch.method, batch.opts = method, opts
-    return batch
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ The pieces run in a process pool, one per ``(fold, ridge)``.
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from dataclasses import dataclass, replace
@@ -605,6 +606,36 @@ def federated_strategy(cfg, method, opts, grid, n_sites, registry, timeout=None,
     )
 
 
+def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=None):
+    """``method`` tuned inside the federation and refitted, as one batched run (``tune``:
+    ``(CVOptions, Grid)``); its result adds :func:`federated_outputs`."""
+    opts, grid = tune
+    if method not in GRAUC_FUSED_METHODS:
+        raise InputError(
+            f"tune.by: the federated tuning is for {', '.join(GRAUC_FUSED_METHODS)}, not "
+            f"{method} (fit --tune cv tunes the comparators in process)"
+        )
+    batch = federated_strategy(cfg, method, opts, grid, n_sites, registry, timeout, progress)
+    batch.method, batch.opts = method, opts
+    batch.describe = functools.partial(federated_outputs, batch, method, opts)
+    return batch
+
+
+def run_tuned_inprocess(cfg: GrAUCConfig, sites, method: str, tune, progress=None):
+    """``method`` tuned inside the federation (``tune``: ``(CVOptions, Grid)``, as
+    ``tune.by = "cv"`` does) and refitted, through the in-process engine: its
+    :class:`~grauc_flower.federation.MethodResult`."""
+    from strategies.runtime.engine import run_inprocess
+
+    from .client import GrAUCClient
+    from .federation import collect, max_rounds_for
+
+    clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
+    strategy = tuned_strategy(method, cfg, len(sites), Registry(), tune, progress=progress)
+    run_inprocess(strategy, clients, max_rounds_for(method, cfg, True))
+    return collect(method, strategy)
+
+
 def federated_outputs(batch, method: str, opts: tuning.CVOptions) -> dict:
     """What a finished federated tuning adds to its fit's outputs: ``cv_table``
     (``cv.csv``), the metrics (``tuned``, ``cv`` with the criterion, ``tuning`` with the
@@ -675,5 +706,7 @@ __all__ = [
     "lam_grids",
     "lam_max_of",
     "lam_maxes",
+    "run_tuned_inprocess",
     "tune",
+    "tuned_strategy",
 ]

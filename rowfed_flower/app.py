@@ -13,12 +13,12 @@ import os
 from flwr.app import Context
 from flwr.serverapp import Grid
 
-from strategies.app import node_index, out_dir, round_timeout, run_methods
 from strategies.config import registration_config, rowfed_config, rowfed_methods, tune_config
 from strategies.errors import InputError
 from strategies.guards import Guards
 from strategies.rowfed import dims, rowfed_registry
 from strategies.runtime.engine import log_line, round_logger
+from strategies.runtime.flowerapp import node_index, out_dir, round_timeout, run_methods
 
 from . import federation as fed
 from .client import RowFedClient
@@ -51,7 +51,9 @@ def run(grid: Grid, context: Context) -> dict:
 
     def strategy(method):
         if tune is not None:  # the tuning and the refit, as one batched run
-            return fed.tuned_strategy(method, cfg, n_sites, registry, tune, log_line, timeout)
+            from .tuning import tuned_strategy
+
+            return tuned_strategy(method, cfg, n_sites, registry, tune, log_line, timeout)
         return fed.make_strategy(
             method,
             cfg,

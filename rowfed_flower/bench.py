@@ -119,7 +119,7 @@ def tuning_rows(quick: bool) -> list[dict]:
     from strategies.tuning import CVOptions
 
     from . import federation as fed
-    from .tuning import DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID
+    from .tuning import DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID, tuned_strategy
 
     data = fed.load_data(fed.RowFedDataSpec())
     cfg = RowFedConfig()
@@ -128,7 +128,7 @@ def tuning_rows(quick: bool) -> list[dict]:
     rows = []
     for by in ("gic", "cv"):
         options = (CVOptions(quiet=True), lam1, DEFAULT_LAM2_GRID, None)
-        batch = fed.tuned_strategy("rowfed", cfg, len(data.clients), rowfed_registry(),
+        batch = tuned_strategy("rowfed", cfg, len(data.clients), rowfed_registry(),
                                    (by, options))  # fmt: skip
         row = timed_tuning(batch, data.make_clients(), fed.max_rounds_for("rowfed", cfg, True))
         res = fed.collect("rowfed", batch)

@@ -234,8 +234,12 @@ def fit(args) -> int:
             if federated:
                 tune = (args.tune, (opts, lam1_grid, lam2_grid, args.size_power_grid))
             progress = _line_to_stderr if federated else None
-            res = fed.run_methods_inprocess(cfg, data, [args.method], progress, tune=tune)
-            res = res[args.method]
+            if tune is not None:
+                from .tuning import run_tuned_inprocess
+
+                res = run_tuned_inprocess(cfg, data, args.method, tune, progress)
+            else:
+                res = fed.run_methods_inprocess(cfg, data, [args.method], progress)[args.method]
             fed.write_result(tmp, res, data, cfg)
         path = os.path.join(tmp, "metrics.json")
         with open(path) as fh:

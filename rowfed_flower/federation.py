@@ -351,10 +351,8 @@ def collect(method: str, strategy) -> MethodResult:
     from .inference import without_moments
 
     if isinstance(strategy, BatchStrategy):
-        from .tuning import federated_outputs
-
         res = collect(method, strategy.result.strategy)
-        res.extra.update(federated_outputs(strategy))
+        res.extra.update(strategy.describe())
         return res
 
     rounds = strategy.rounds
@@ -388,32 +386,18 @@ def run_methods_inprocess(
     methods,
     progress=None,
     registry: Registry | None = None,
-    tune=None,
 ) -> dict[str, MethodResult]:
     """Every method through the in-process engine (the same Strategy and NumPyClient
-    objects as under ``flwr run``), sharing one registry.  ``tune``: ``(by, options)`` to
-    tune the method inside the federation first (:func:`tuned_strategy`, as ``tune.by``
-    does)."""
+    objects as under ``flwr run``), sharing one registry (a method tuned inside the
+    federation: :func:`rowfed_flower.tuning.run_tuned_inprocess`)."""
     clients = data.make_clients()
     registry = registry if registry is not None else rowfed_registry()
     out = {}
     for method in methods:
-        if tune is not None:  # progress: a line per round (a callable of one string)
-            strategy = tuned_strategy(method, cfg, len(clients), registry, tune, progress)
-        else:
-            strategy = make_strategy(method, cfg, len(clients), registry, progress=progress)
-        run_inprocess(strategy, clients, max_rounds_for(method, cfg, tune is not None))
+        strategy = make_strategy(method, cfg, len(clients), registry, progress=progress)
+        run_inprocess(strategy, clients, max_rounds_for(method, cfg))
         out[method] = collect(method, strategy)
     return out
-
-
-def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=None):
-    """``method`` tuned inside the federation (``tune = (by, options)``: GIC or CV) and
-    refitted, as one batched run."""
-    from .tuning import federated_strategy
-
-    by, options = tune
-    return federated_strategy(cfg, method, by, options, n_sites, registry, timeout, progress)
 
 
 # ----------------------------------------------------------------------------------------

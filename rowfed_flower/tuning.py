@@ -11,6 +11,8 @@ its responses).  The folds run in a process pool.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pandas as pd
 
@@ -427,6 +429,26 @@ def federated_strategy(cfg, method, by, tune, n_sites, registry, timeout=None, p
     return batch
 
 
+def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=None):
+    """``method`` tuned inside the federation (``tune = (by, options)``: GIC or CV) and
+    refitted, as one batched run; its result adds :func:`federated_outputs`."""
+    by, options = tune
+    batch = federated_strategy(cfg, method, by, options, n_sites, registry, timeout, progress)
+    batch.describe = functools.partial(federated_outputs, batch)
+    return batch
+
+
+def run_tuned_inprocess(cfg, data, method: str, tune, progress=None, registry=None):
+    """``method`` tuned inside the federation (``tune = (by, options)``, as ``tune.by``
+    does) and refitted, through the in-process engine: its
+    :class:`~rowfed_flower.federation.MethodResult`."""
+    clients = data.make_clients()
+    registry = registry if registry is not None else rowfed_registry()
+    strategy = tuned_strategy(method, cfg, len(clients), registry, tune, progress)
+    run_inprocess(strategy, clients, fed.max_rounds_for(method, cfg, True))
+    return fed.collect(method, strategy)
+
+
 def federated_outputs(batch) -> dict:
     """What a finished federated tuning adds to its fit's outputs: its table (``cv.csv`` or
     ``gic.csv``), the metrics and the chosen ``config``."""
@@ -466,6 +488,8 @@ __all__ = [
     "settings_grid",
     "cv_piece",
     "fold_data",
+    "run_tuned_inprocess",
     "tune_cv",
     "tune_gic",
+    "tuned_strategy",
 ]

@@ -292,6 +292,9 @@ class BatchStrategy(Strategy):
         self.result: Job | None = None
         #: What the plan leaves for the outputs (its tables and choice).
         self.outputs: dict = {}
+        #: The finished run's additions to its result (the method's tuning sets it: the
+        #: tables, metrics and chosen settings its fit command writes).
+        self.describe: Callable[[], dict] = dict
         self.rounds = 0
         self.fits = 0
         self._plan = None

@@ -188,7 +188,7 @@ def test_tls_auth_run_equals_inprocess(federation, tmp_path):
 def test_tls_auth_tuned_run_equals_inprocess(federation, tmp_path):
     """The tuning inside the federation across SuperNodes (TLS, authentication): the same
     cross-validation table, choice and coefficients as the in-process engine."""
-    from grauc_flower.tuning import Grid
+    from grauc_flower.tuning import Grid, run_tuned_inprocess
     from strategies.tuning import CVOptions
 
     out = str(tmp_path / "tuned")
@@ -197,9 +197,9 @@ def test_tls_auth_tuned_run_equals_inprocess(federation, tmp_path):
     code, text = federation.run({**tune, "grauc.max-rounds": 30, "out-dir": out})
     assert code == 0, text[-3000:]
     grid = Grid(lam=(0.3, 0.03), w_dist=(1.0,), ridge=(0.1,))
-    ref = fed.run_methods_inprocess(
-        GrAUCConfig(max_rounds=30), federation.sites, ["grauc"], tune=(CVOptions(folds=2), grid)
-    )["grauc"]
+    ref = run_tuned_inprocess(
+        GrAUCConfig(max_rounds=30), federation.sites, "grauc", (CVOptions(folds=2), grid)
+    )
     coef = pd.read_csv(os.path.join(out, "coefficients.csv"))
     np.testing.assert_array_equal(coef[FEATURES].to_numpy(), ref.coefficients)
     cv = pd.read_csv(os.path.join(out, "cv.csv"))
@@ -330,6 +330,7 @@ def test_rowfed_runs_the_same_way(tmp_path, pki):
     coefficients equal the in-process fit; then the GIC tuning inside the federation equals
     the in-process tuning."""
     from rowfed_flower import federation as rfed
+    from rowfed_flower.tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
     from strategies.tuning import CVOptions
 
@@ -379,9 +380,7 @@ def test_rowfed_runs_the_same_way(tmp_path, pki):
         code, text = fedn.run({"tune.by": "gic", **grids, "out-dir": tuned})
         assert code == 0, text[-3000:]
         options = (CVOptions(quiet=True), (0.3, 0.03), (0.05, 0.005), None)
-        ref = rfed.run_methods_inprocess(RowFedConfig(), data, ["rowfed"], tune=("gic", options))[
-            "rowfed"
-        ]
+        ref = run_tuned_inprocess(RowFedConfig(), data, "rowfed", ("gic", options))
         name, table = ref.extra["tuning_table"]
         pd.testing.assert_frame_equal(
             pd.read_csv(os.path.join(tuned, name)), table, check_dtype=False

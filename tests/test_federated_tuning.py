@@ -204,15 +204,14 @@ def test_each_batched_fit_equals_the_same_fit_alone(files, tuned):
 def test_repeats_draw_each_sites_folds_again(files):
     """``repeats = 2``: one row per (fold, repeat), each the fit alone on the folds of
     ``site_folds(..., repeat, ...)``; the mean and SE are over all R*K folds."""
-    from grauc_flower.federation import run_methods_inprocess
-    from grauc_flower.tuning import Grid
+    from grauc_flower.tuning import Grid, run_tuned_inprocess
     from strategies.config import GrAUCConfig
     from strategies.tuning import CVOptions
 
     sites = files[0]
     opts = CVOptions(folds=2, repeats=2, seed=SEED, quiet=True)
     grid = Grid(lam=(0.3,), w_dist=(1.0,), ridge=(0.1,))
-    res = run_methods_inprocess(GrAUCConfig(), sites, ["grauc"], tune=(opts, grid))["grauc"]
+    res = run_tuned_inprocess(GrAUCConfig(), sites, "grauc", (opts, grid))
     cv = res.extra["cv_table"]
     assert sorted(zip(cv["fold"], cv["repeat"], strict=True)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     values = []
@@ -509,14 +508,14 @@ def test_rowfed_gic_inside_the_federation_equals_the_warm_started_walk(rowfed_da
     """The lasso's optimum is unique: the batched GIC (every grid point from its own start,
     side by side) and the in-process walk with warm starts give the same GIC table (to the
     fits' tolerance), the same choice and the same coefficients."""
-    from rowfed_flower import federation as rfed
     from rowfed_flower import tuning as rtuning
+    from rowfed_flower.tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
     from strategies.tuning import CVOptions
 
     cfg = RowFedConfig(tol=1e-10)
     tune = ("gic", (CVOptions(quiet=True), *ROWFED_GRID, None))
-    res = rfed.run_methods_inprocess(cfg, rowfed_data, ["rowfed"], tune=tune)["rowfed"]
+    res = run_tuned_inprocess(cfg, rowfed_data, "rowfed", tune)
     name, table = res.extra["tuning_table"]
     old, want = rtuning.tune_gic(cfg, rowfed_data, "rowfed", *ROWFED_GRID)
     assert name == "gic.csv" and len(table) == len(want) == 6
@@ -543,6 +542,7 @@ def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
     from rowfed_flower import federation as rfed
     from rowfed_flower.client import ClientSamples
     from rowfed_flower.federation import FederatedData
+    from rowfed_flower.tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
     from strategies.folds import site_folds
     from strategies.tuning import CVOptions
@@ -550,7 +550,7 @@ def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
     cfg = RowFedConfig()
     opts = CVOptions(folds=3, quiet=True, seed=4)
     tune = ("cv", (opts, (0.05,), (0.02, 0.005), None))
-    res = rfed.run_methods_inprocess(cfg, rowfed_data, ["rowfed"], tune=tune)["rowfed"]
+    res = run_tuned_inprocess(cfg, rowfed_data, "rowfed", tune)
     name, table = res.extra["tuning_table"]
     assert name == "cv.csv" and len(table) == 3 * 2 * 2  # sizes differ: size_power 0 and 1
     for lam2 in (0.02, 0.005):
@@ -588,14 +588,14 @@ def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
 
 
 def test_rowfed_folds_a_client_cannot_form_are_refused(rowfed_data):
-    from rowfed_flower import federation as rfed
+    from rowfed_flower.tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
     from strategies.errors import InputError
     from strategies.tuning import CVOptions
 
     tune = ("cv", (CVOptions(folds=41, quiet=True), *ROWFED_GRID, None))
     with pytest.raises(InputError, match="folds: client 'c0' has 40 training rows"):
-        rfed.run_methods_inprocess(RowFedConfig(), rowfed_data, ["rowfed"], tune=tune)
+        run_tuned_inprocess(RowFedConfig(), rowfed_data, "rowfed", tune)
 
 
 @pytest.mark.slow

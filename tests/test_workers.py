@@ -128,6 +128,7 @@ def test_a_tuning_with_workers_equals_the_tuning_without(monkeypatch):
     and the same CV in the server's process: the same table and coefficients, bit for
     bit, and the workers stopped at the end."""
     from rowfed_flower import federation as fed
+    from rowfed_flower.tuning import tuned_strategy
     from strategies.config import RowFedConfig
     from strategies.experiments.benchtable import timed_tuning
     from strategies.rowfed import rowfed_registry
@@ -140,7 +141,7 @@ def test_a_tuning_with_workers_equals_the_tuning_without(monkeypatch):
     runs = {}
     for jobs in (1, 2):
         opts = (CVOptions(folds=3, quiet=True, jobs=jobs), (0.2, 0.05), (0.05, 0.01), None)
-        batch = fed.tuned_strategy("rowfed", cfg, len(data.clients), rowfed_registry(),
+        batch = tuned_strategy("rowfed", cfg, len(data.clients), rowfed_registry(),
                                    ("cv", opts))  # fmt: skip
         timed_tuning(batch, data.make_clients(), fed.max_rounds_for("rowfed", cfg, True))
         runs[jobs] = (batch, fed.collect("rowfed", batch))

@@ -1,0 +1,117 @@
+"""The import drawing of the project's packages: no cycle (counting imports inside
+functions too), no private name imported from another module, and ``strategies`` importing
+neither method package except in its dispatching app (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+from conftest import ROOT
+
+PACKAGES = ("strategies", "grauc_flower", "rowfed_flower")
+
+
+def _modules() -> dict[str, str]:
+    out = {}
+    for pkg in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(ROOT, pkg)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    mod = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                    out[mod.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(mod: str, path: str, known) -> list[tuple[str, list[str]]]:
+    """``(module, names)`` for every import of a project module in ``path``."""
+    package = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names if a.name in known]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [a.name for a in node.names]
+            for name in names:  # `from pkg import module`
+                if f"{target}.{name}" in known:
+                    found.append((f"{target}.{name}", []))
+            if target in known:
+                found.append((target, names))
+    return found
+
+
+def _graph():
+    mods = _modules()
+    return mods, {m: {t for t, _ in _imports(m, p, mods) if t != m} for m, p in mods.items()}
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    _, edges = _graph()
+    assert len(edges) > 80  # every module was read
+    assert _cycles(edges) == []
+
+
+def test_no_private_name_imported_across_modules():
+    mods = _modules()
+    private = [
+        f"{m} imports {t}.{n}"
+        for m, p in mods.items()
+        for t, names in _imports(m, p, mods)
+        for n in names
+        if n.startswith("_") and not n.startswith("__")
+    ]
+    assert private == []
+
+
+def test_strategies_imports_no_method_package_but_in_its_app():
+    _, edges = _graph()
+    upward = [
+        f"{m} -> {t}"
+        for m, targets in edges.items()
+        if m.startswith("strategies") and m != "strategies.app"
+        for t in targets
+        if t.startswith(("grauc_flower", "rowfed_flower"))
+    ]
+    assert upward == []
