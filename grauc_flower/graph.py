@@ -226,7 +226,7 @@ def new_site_neighbours(
     lon: np.ndarray,
     new_lat: float,
     new_lon: float,
-    rule: str = "graph",
+    rule: str = "nearest",
     kind: str = "mst",
     k: int = 3,
     w_dist: float = 0.0,

@@ -32,11 +32,12 @@ from .errors import InputError, bad_cell
 INTERCEPT = "(intercept)"
 
 #: How a site outside the federation gets its coefficients (docs/methods.md 3.13):
-#: ``graph``, the fitted penalty's own answer for a site without rows joined to the fit's
-#: graph (a weighted median of its graph neighbours); ``nearest``, the nearest fitted site's;
-#: ``inverse-distance``, the mean of the :data:`IDW_NEIGHBOURS` nearest sites' weighted by
-#: ``1 / distance``.
-NEW_SITE_RULES = ("graph", "nearest", "inverse-distance")
+#: ``nearest`` (the default: best on average over the left-out-site study,
+#: docs/studies.md), the nearest fitted site's; ``graph``, the fitted penalty's own answer
+#: for a site without rows joined to the fit's graph (a weighted median of its graph
+#: neighbours); ``inverse-distance``, the mean of the :data:`IDW_NEIGHBOURS` nearest sites'
+#: weighted by ``1 / distance``.
+NEW_SITE_RULES = ("nearest", "graph", "inverse-distance")
 IDW_NEIGHBOURS = 3
 
 
@@ -290,8 +291,9 @@ def add_predict_parser(sub, what: str, new_sites: bool = False) -> None:
         "--new-site-rule",
         default=NEW_SITE_RULES[0],
         choices=NEW_SITE_RULES,
-        help="how a site outside the federation borrows coefficients (default: graph, the "
-        "fitted penalty's answer for a site without rows; docs/methods.md 3.13)",
+        help="how a site outside the federation borrows coefficients (default: nearest, "
+        "the nearest fitted site's; graph: the fitted penalty's answer for a site without "
+        "rows; inverse-distance: its 3 nearest sites'; docs/methods.md 3.13)",
     )
 
 

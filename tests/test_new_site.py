@@ -257,3 +257,20 @@ def test_a_model_without_locations_refuses_a_new_site(fitted, tmp_path, capsys):
     code, out = _predict(bare, frame, tmp_path, "--site", "NEW", "--lat", "35", "--lon", "-100")
     err = capsys.readouterr().err
     assert code == 2 and "model: no sites.csv in" in err and not out.exists()
+
+
+def test_the_default_rule_is_nearest(fitted, tmp_path, capsys):
+    model, res, sites, x = fitted
+    lat = np.array([s.lat for s in sites])
+    lon = np.array([s.lon for s in sites])
+    here = (float(lat.mean()) + 0.3, float(lon.mean()) - 0.2)
+    d = np.array([_geodesic(here, p) for p in zip(lat, lon, strict=True)])
+    near = np.argsort(d)[:3]
+    idw = (res.coefficients[near] / d[near, None]).sum(axis=0) / (1.0 / d[near]).sum()
+    assert not np.allclose(idw, res.coefficients[near[0]])  # the rules differ here
+    frame = pd.DataFrame(x, columns=FEATURES)
+    place = ["--site", "NEW", "--lat", here[0], "--lon", here[1]]
+    code, out = _predict(model, frame, tmp_path, *place)
+    assert code == 0 and "by the nearest rule" in capsys.readouterr().out
+    got = pd.read_csv(out)["score"].to_numpy()
+    np.testing.assert_allclose(got, x @ res.coefficients[near[0]], rtol=1e-12)
