@@ -8,12 +8,11 @@ The floors are the site's own: a SuperNode's node config (``min-rows``, ``min-cl
 also reports them at registration, so that the server can refuse a run that needs second
 moments before its first round, naming the site and the guard.
 
-The defaults: 3 rows in all (DataSHIELD's ``nfilter.subset``); 2 rows of a class it has,
-since with a lone row of a class the registration's sums and one gradient of the pairwise
-surrogate give that row exactly (DataSHIELD's table cells take 3, ``nfilter.tab``; the
-shipped Communities-and-Crime design has states with 2 training rows of a class, and a
-site that wants 3 sets it); and at most a third as many parameters as rows
-(``nfilter.glm = 0.33``): 3 rows per feature for a ``p x p`` second moment.  A class a site
+The defaults follow DataSHIELD's disclosure filters: 3 rows in all (``nfilter.subset``) and
+3 rows of each class a site has (``nfilter.tab``, a table cell; with a lone row of a class
+the registration's sums and one gradient of the pairwise surrogate give that row exactly);
+and at most a third as many parameters as rows (``nfilter.glm = 0.33``): 3 rows per
+feature for a ``p x p`` second moment.  A class a site
 lacks altogether (``missing-class = borrow``) is no cell: it sends nothing of that class.
 
 The floors of rows are checked on a site's training rows when it registers; the folds of a
@@ -30,6 +29,11 @@ from dataclasses import dataclass, replace
 
 from .errors import InputError, at_site, plain
 
+
+def _rows(n: int) -> str:
+    return f"{n} row" + ("" if n == 1 else "s")
+
+
 #: The node-config keys and the registration property the floor of second moments is sent as.
 NODE_KEYS = ("min-rows", "min-class-rows", "min-rows-per-feature")
 MOMENT_FLOOR = "moment-floor"
@@ -41,7 +45,7 @@ class Guards:
     has (GrAUC-PFL), ``min_rows_per_feature`` rows per feature for second moments."""
 
     min_rows: int = 3
-    min_class_rows: int = 2
+    min_class_rows: int = 3
     min_rows_per_feature: float = 3.0
 
     @classmethod
@@ -79,13 +83,13 @@ class Guards:
         a class the site has, are below their floor."""
         if n < self.min_rows:
             raise at_site(site, InputError(
-                f"min-rows: refuses to take part with {n} rows, below its floor of "
+                f"min-rows: refuses to take part with {_rows(n)}, below its floor of "
                 f"{self.min_rows} (node config)"
             ))  # fmt: skip
         for name, count in (classes or {}).items():
             if 0 < count < self.min_class_rows:
                 raise at_site(site, InputError(
-                    f"min-class-rows: refuses to take part with {count} rows of class "
+                    f"min-class-rows: refuses to take part with {_rows(count)} of class "
                     f"{name}, below its floor of {self.min_class_rows} (node config)"
                 ))  # fmt: skip
 
@@ -95,7 +99,7 @@ class Guards:
         floor = self.moment_floor(p)
         if n < floor:
             raise at_site(site, InputError(
-                f"min-rows-per-feature: refuses to send {what} with {n} rows, below its "
+                f"min-rows-per-feature: refuses to send {what} with {_rows(n)}, below its "
                 f"floor of {floor} ({plain(self.min_rows_per_feature)} per feature, "
                 f"{p} features; node config)"
             ))  # fmt: skip

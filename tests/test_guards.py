@@ -32,7 +32,7 @@ def _with_positives(site: SiteData, k: int) -> SiteData:
 
 
 def test_node_config_keys():
-    assert Guards.from_node_config({}) == Guards(3, 2, 3.0)
+    assert Guards.from_node_config({}) == Guards(3, 3, 3.0)
     got = Guards.from_node_config(
         {"min-rows": 10, "min-class-rows": "5", "min-rows-per-feature": 0.5, "site": "H1"}
     )
@@ -47,16 +47,16 @@ def test_node_config_keys():
 
 def test_a_site_below_its_class_floor_refuses_and_the_run_names_it():
     sites = simulate(n_sites=4, n_features=3, n_train=40, seed=2)
-    sites[2] = _with_positives(sites[2], 1)  # a lone row of a class: refused by default
+    sites[2] = _with_positives(sites[2], 2)  # two rows of a class: refused by default
     with pytest.raises(SiteInputError) as err:
         gfed.run_methods_inprocess(GrAUCConfig(), sites, ["grauc"])
     text = str(err.value)
     assert text.startswith(f"site {sites[2].site}: min-class-rows: refuses to take part")
-    assert "1 rows of class 1, below its floor of 2" in text
-    # the site's own floor decides: at 3, two rows refuse; at 1, the lone row takes part
-    sites[2] = _with_positives(simulate(n_sites=4, n_features=3, n_train=40, seed=2)[2], 2)
-    strict = GrAUCClient(sites[2], 1e-3, guards=Guards(min_class_rows=3))
-    with pytest.raises(InputError, match="2 rows of class 1, below its floor of 3"):
+    assert "2 rows of class 1, below its floor of 3" in text
+    # the site's own floor decides: at 5, three rows refuse; at 1, a lone row takes part
+    sites[2] = _with_positives(simulate(n_sites=4, n_features=3, n_train=40, seed=2)[2], 3)
+    strict = GrAUCClient(sites[2], 1e-3, guards=Guards(min_class_rows=5))
+    with pytest.raises(InputError, match="3 rows of class 1, below its floor of 5"):
         strict.get_properties({})
     sites[2] = _with_positives(sites[2], 1)
     clients = [GrAUCClient(s, 1e-3, index=k, guards=Guards(min_class_rows=1))
@@ -155,7 +155,7 @@ def test_the_fit_command_says_it_in_one_line(tmp_path, capsys):
                        str(tmp_path / "sites.csv"), "--out", str(out)])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
-    assert f"site {sites[0].site}: min-class-rows: refuses to take part with 1 rows" in err
+    assert f"site {sites[0].site}: min-class-rows: refuses to take part with 1 row of" in err
     assert not out.exists()
 
 
