@@ -192,8 +192,6 @@ def _bench_parser(sub) -> None:
         help="instead: sites left out of the federation in turn, scored by predict's "
         "new-site rules and by FedAvg's global model (test AUC)",
     )
-    add_predict_parser(sub, "risk scores", new_sites=True)
-    add_report_parser(sub)
 
 
 def cmd_bench(a) -> int:
@@ -212,11 +210,17 @@ def cmd_bench(a) -> int:
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="python -m grauc_flower", description=__doc__.splitlines()[0])
+    parser = Parser(
+        prog="python -m grauc_flower",
+        description="GrAUC-PFL on Flower: each institution's own risk score, fused along "
+        "a geographic graph; its comparators; studies and benchmarks.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _fit_parser(sub)
     _run_parser(sub)
     _bench_parser(sub)
+    add_predict_parser(sub, "risk scores", new_sites=True)
+    add_report_parser(sub)
     from .study import add_parser as _study_parser
 
     _study_parser(sub)

@@ -56,7 +56,11 @@ DEFAULT_LAM2_GRID = ",".join(f"{v:g}" for v in grid_search.DEFAULT_LAM2_GRID)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m rowfed_flower", description=__doc__.split("\n")[0])
+    parser = Parser(
+        prog="python -m rowfed_flower",
+        description="RowFed on Flower: personalized multivariate regression with row-wise "
+        "fusion across clients; its comparators; studies and benchmarks.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     fit = sub.add_parser("fit", help="fit RowFed (or a baseline) to a CSV file")
     fit.add_argument("--data", required=True, help="CSV with a client column")
