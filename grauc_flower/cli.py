@@ -231,7 +231,7 @@ def config_from_args(a) -> GrAUCConfig:
     return settings_from_args(GrAUCConfig, a)
 
 
-class Progress:
+class RoundProgress:
     """Progress lines on stderr: round, objective, residuals, elapsed, at most every 2 s."""
 
     def __init__(self, method: str, max_rounds: int, quiet: bool) -> None:
@@ -416,7 +416,7 @@ def cmd_fit(a) -> int:
             )
         if a.engine == "inprocess":
             limit = fed.round_limit(a.method, cfg)
-            progress = Progress(a.method, limit, a.quiet)
+            progress = RoundProgress(a.method, limit, a.quiet)
             if federated:
                 progress = None if a.quiet else _line_to_stderr
             ckpt = fed.checkpoint_settings(

@@ -351,7 +351,7 @@ def cross_validate(
                 point = base.replace(ridge=ridge, size_power=a)
                 rounds = grid.fedavg_rounds
                 pieces.append((method, k, train, point, grid.w_dist, path, rounds, knobs))
-    progress = tuning.Progress(f"{method} cv", len(pieces), opts.quiet)
+    progress = tuning.PieceProgress(f"{method} cv", len(pieces), opts.quiet)
     rows = tuning.run_items(cv_piece, pieces, opts.workers(len(pieces)), progress)
     table = pd.DataFrame([r for piece in rows for r in piece])
     order = ["fold", *PARAMS[method]]

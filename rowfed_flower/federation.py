@@ -284,7 +284,7 @@ def make_strategy(
             progress,
             graph,
             timeout,
-            toward_mean=method == "mean-fusion",
+            fusion="mean" if method == "mean-fusion" else "graph",
         )
     if method == "nonfed":
         return NonFedStrategy(cfg, n_sites, registry, timeout)

@@ -222,7 +222,7 @@ def cross_validate(
     folds = [tuning.row_folds(c.n, opts.folds, rng) for c in data.clients]
     base = opts.fit_config(cfg)
     pieces = [(method, k, fold_data(data, folds, k), base, levels) for k in range(opts.folds)]
-    progress = tuning.Progress(f"{method} cv", len(pieces), opts.quiet)
+    progress = tuning.PieceProgress(f"{method} cv", len(pieces), opts.quiet)
     rows = tuning.run_items(cv_piece, pieces, opts.workers(len(pieces)), progress)
     return pd.DataFrame([r for piece in rows for r in piece])
 

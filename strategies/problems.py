@@ -72,10 +72,10 @@ def build_problem(
     sparsity: str = "entry",
     graph_edges: np.ndarray | None = None,
     fusion_grouping: str = "row",
-    toward_mean: bool = False,
+    fusion: str = "graph",
 ) -> Problem:
     """The penalty side of SROF (docs/methods.md 2.2) as an ADMM :class:`Problem`; with
-    ``toward_mean`` the fusion is of each client's rows toward the clients' mean rows,
+    ``fusion = "mean"`` the fusion is of each client's rows toward the clients' mean rows,
     ``(I - J/M) Theta`` (the ``mean-fusion`` comparator, docs/methods.md 3.10).
 
     Parameters
@@ -116,8 +116,8 @@ def build_problem(
     edges = edges.reshape(-1, 2)
     if edges.size and (edges.min() < 0 or edges.max() >= n_sites):
         raise ValueError(f"graph_edges: site indices must lie in [0, {n_sites - 1}]")
-    matrix = centering_matrix(n_sites) if toward_mean else incidence_matrix(edges, n_sites)
-    kind = "mean" if toward_mean else "edges"
+    matrix = centering_matrix(n_sites) if fusion == "mean" else incidence_matrix(edges, n_sites)
+    kind = "mean" if fusion == "mean" else "edges"
     fusion = Split(matrix, penalty, lam1, grouping=fusion_grouping, kind=kind)
     sparse = Split(
         sp.identity(n_sites, format="csr"), penalty, lam2, grouping=sparsity, kind="identity"
@@ -145,7 +145,7 @@ def rowfed_problem(
     edges: np.ndarray | None = None,
     weights: np.ndarray | None = None,
     fusion_grouping: str = "row",
-    toward_mean: bool = False,
+    fusion: str = "graph",
 ) -> Problem:
     """:func:`build_problem` with the settings of ``cfg`` (``weights`` multiply ``lam1``
     per edge)."""
@@ -158,7 +158,7 @@ def rowfed_problem(
         cfg.sparsity,
         edges,
         fusion_grouping,
-        toward_mean,
+        fusion,
     )
 
 

@@ -161,7 +161,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
         progress=None,
         graph_builder=None,
         timeout: float | None = None,
-        toward_mean: bool = False,
+        fusion: str = "graph",
     ) -> None:
         super().__init__(
             n_sites,
@@ -183,7 +183,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
         )
         self.cfg = cfg
         self.fusion_grouping = fusion_grouping
-        self.toward_mean = toward_mean  # the mean-fusion comparator: rows toward the mean
+        self.fusion = fusion  # "mean": the mean-fusion comparator, rows toward the mean
         self.theta0 = None if theta0 is None else np.array(theta0, dtype=float)
         self.graph_builder = graph_builder
         self.phase = "init"
@@ -198,14 +198,14 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
     def _setup(self) -> None:
         cfg = self.cfg
         m = len(self.sites)
-        if cfg.graph == "all-pairs" or self.toward_mean:
+        if cfg.graph == "all-pairs" or self.fusion == "mean":
             self.edges, self.weights = None, None
         elif self.graph_builder is None:
             raise ValueError(f"graph_builder: needed for graph {cfg.graph!r}")
         else:
             self.edges, self.weights = self.graph_builder(self.sites)
         self._set_problem(
-            rowfed_problem(cfg, m, self.edges, self.weights, self.fusion_grouping, self.toward_mean)
+            rowfed_problem(cfg, m, self.edges, self.weights, self.fusion_grouping, self.fusion)
         )
         shape = (m, self.n_features, self.n_responses)
         if self.theta0 is not None:

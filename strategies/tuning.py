@@ -418,7 +418,7 @@ def default_jobs(n_items: int) -> int:
     return max(1, min(n_items, os.cpu_count() or 1))
 
 
-class Progress:
+class PieceProgress:
     """``label: 7/20 done, 35 s, about 60 s left`` on stderr, at most every 2 s (and at the
     end), unless ``quiet``."""
 
@@ -460,7 +460,7 @@ def _terminate_raises():
 
 
 def run_items(
-    fn: Callable, items: Sequence, jobs: int = 1, progress: Progress | None = None
+    fn: Callable, items: Sequence, jobs: int = 1, progress: PieceProgress | None = None
 ) -> list:
     """``[fn(item) for item in items]``, in ``jobs`` processes when ``jobs > 1`` (``fn`` and
     the items must pickle); results in item order."""
@@ -541,7 +541,7 @@ __all__ = [
     "CVOptions",
     "KNOBS",
     "Knob",
-    "Progress",
+    "PieceProgress",
     "RULES",
     "choose",
     "common_fit",

@@ -15,7 +15,7 @@ def _hms(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-class Progress:
+class StudyProgress:
     """``study: 12/40 tasks, 3/10 cells done, 4m10s elapsed, about 9m20s left`` on stderr
     (rewritten in place on a terminal, one line per finished task otherwise)."""
 

@@ -13,7 +13,7 @@ from ..report import study_report
 from ..runtime.cli import check_output_dir
 from .design import Study, cell_label, select_cells, task_seed
 from .executors import check_reachable, run_local, run_ray
-from .progress import Progress
+from .progress import StudyProgress
 from .store import RESULTS, PartStore, append_rows, atomic_csv, check_fingerprint
 from .summary import normalize_types, order_results, summarize, summary_table
 
@@ -106,7 +106,7 @@ def run_study(
     results_path = os.path.join(out, "results.csv")
     _rebuild(store, study, results_path)
 
-    progress = Progress(tasks, done, quiet)
+    progress = StudyProgress(tasks, done, quiet)
     where = f"Ray at {ray_address}" if ray_address else f"{workers} worker(s)"
     progress.say(
         f"study: {len(tasks)} tasks ({len(cells)} cells x {n_reps} replications); "
