@@ -222,12 +222,14 @@ def problem(shape: Shape) -> tuple[list[SiteData], GrAUCConfig]:
 def recorded_run(sites, cfg: GrAUCConfig) -> tuple[object, list[float]]:
     """The fit's strategy and its true objective after every round, in process
     (:func:`strategies.experiments.family.true_objectives`)."""
+    from strategies.guards import Guards
     from strategies.registry import Registry
 
     from . import federation as fed
     from .client import GrAUCClient
 
-    clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
+    guards = Guards.for_benchmark()  # members of every size fitted with exact curvature too
+    clients = [GrAUCClient(s, cfg.ridge, index=k, guards=guards) for k, s in enumerate(sites)]
     strategy = fed.make_strategy("grauc", cfg, len(sites), Registry(), sites)
     values = true_objectives(strategy, clients, fed.max_rounds_for("grauc", cfg))
     return strategy, values

@@ -164,12 +164,16 @@ def problem(shape: Shape):
 def recorded_run(data, cfg: RowFedConfig) -> tuple[object, list[float]]:
     """The fit's strategy and its true objective after every round
     (:func:`strategies.experiments.family.true_objectives`)."""
+    from strategies.guards import Guards
     from strategies.rowfed import rowfed_registry
 
     from . import federation as fed
+    from .client import RowFedClient
 
+    guards = Guards.for_benchmark()  # members of every size fitted with exact curvature too
+    clients = [RowFedClient(c, k, data.features, guards) for k, c in enumerate(data.clients)]
     strategy = fed.make_strategy("rowfed", cfg, len(data.clients), rowfed_registry())
-    values = true_objectives(strategy, data.make_clients(), fed.max_rounds_for("rowfed", cfg))
+    values = true_objectives(strategy, clients, fed.max_rounds_for("rowfed", cfg))
     return strategy, values
 
 

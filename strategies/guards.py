@@ -68,6 +68,13 @@ class Guards:
             values[key.replace("-", "_")] = int(value) if integer else value
         return cls(**values)
 
+    @classmethod
+    def for_benchmark(cls) -> Guards:
+        """The guards of a benchmark's simulated sites (the problem family: what is measured
+        is rounds, and its exact-curvature variant needs second moments of every member):
+        no floor on second moments, the floors of rows as by default."""
+        return cls(min_rows_per_feature=0.0)
+
     def for_view(self) -> Guards:
         """The guards of a view of the site's rows (a federated tuning's fold): the floors
         of rows were checked on the whole training data when the site registered; a

@@ -144,3 +144,31 @@ def test_default_rounds_over_cheap_members_do_not_regress():
         rounds.append(res.rounds)
     d = distribution(rounds)
     assert d["median"] <= 1.10 * CHEAP_MEDIAN and d["worst"] <= 1.10 * CHEAP_WORST, rounds
+
+
+def test_members_below_the_moment_floor_are_fitted_with_exact_curvature():
+    """The family measures rounds: its sites waive the second-moment guard (a site with
+    fewer than 3 rows per feature would refuse a Hessian), so its exact-curvature variant
+    runs on every member, for both methods."""
+    import dataclasses
+
+    from strategies.errors import InputError
+    from strategies.guards import Guards
+
+    shape = dataclasses.replace(gfam.FAMILY[0], name="tiny-wide", rows=(6, 8))
+    sites, cfg = gfam.problem(shape)
+    p = sites[0].n_features
+    assert all(len(s.y_train) < Guards().moment_floor(p) for s in sites)
+    _, values = gfam.recorded_run(sites, cfg.replace(curvature="exact", max_rounds=10))
+    assert len(values) >= 1 and all(math.isfinite(v) for v in values)
+    from grauc_flower import federation as fed
+
+    # the same sites as a user's would refuse
+    with pytest.raises(InputError, match="curvature = exact: needs second moments"):
+        fed.run_methods_inprocess(cfg.replace(curvature="exact"), sites, ["grauc"])
+
+    rshape = dataclasses.replace(rfam.FAMILY[0], name="small-wide", rows=(8, 10))
+    data, rcfg = rfam.problem(rshape)
+    assert all(c.n < Guards().moment_floor(c.p) for c in data.clients)
+    _, values = rfam.recorded_run(data, rcfg.replace(curvature="exact", max_rounds=10))
+    assert len(values) >= 1 and all(math.isfinite(v) for v in values)
