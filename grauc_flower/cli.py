@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from dataclasses import replace
@@ -23,11 +22,13 @@ from strategies.predict import add_predict_parser, cmd_predict, read_grauc_model
 from strategies.report import add_report_parser, cmd_report
 from strategies.runtime.cli import (
     Parser,
+    add_run_parser,
     add_settings,
     add_test_arguments,
     add_tuning_arguments,
     atomic_output_dir,
     check_test_arguments,
+    cmd_run,
     cv_options,
     fail,
     fit_summary,
@@ -149,25 +150,6 @@ def _fit_parser(sub) -> None:
     p.add_argument("--verbose", action="store_true", help="--engine flower: Flower's own log")
 
 
-def _run_parser(sub) -> None:
-    p = sub.add_parser("run", help="the Flower app on Flower's simulation engine")
-    p.add_argument(
-        "--method",
-        default="grauc,fedavg,individual",
-        help=f"comma-separated among {', '.join(GRAUC_METHODS)} (default: %(default)s)",
-    )
-    p.add_argument("--num-sites", type=int, default=20)
-    p.add_argument("--out", default="", help="output directory (absolute or relative)")
-    p.add_argument(
-        "--run-config",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other run-config key (repeatable)",
-    )
-    p.add_argument("--verbose", action="store_true", help="stream Flower's log")
-
-
 def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="rounds, time per round, gradient, graph, server step")
     p.add_argument("--out", default="", help="directory for bench.csv")
@@ -217,7 +199,7 @@ def build_parser() -> Parser:
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _fit_parser(sub)
-    _run_parser(sub)
+    add_run_parser(sub, GRAUC_METHODS, "grauc,fedavg,individual", "data.num-sites", 20)
     _bench_parser(sub)
     add_predict_parser(sub, "risk scores", new_sites=True)
     add_report_parser(sub)
@@ -503,41 +485,6 @@ def cmd_fit(a) -> int:
     return 0
 
 
-_LOG_LINE = re.compile(r"^\s*(DEBUG|INFO|WARNING)\s*:")
-
-
-def cmd_run(a) -> int:
-    from strategies.runtime.launch import stream_echo
-    from strategies.runtime.simulation import flwr_run
-
-    rc = {"method": a.method, "data.num-sites": a.num_sites}
-    if a.out:
-        out = os.path.abspath(a.out)
-        os.makedirs(out, exist_ok=True)
-        rc["out-dir"] = out
-    for item in a.run_config:
-        if "=" not in item:
-            raise InputError(f"run-config: expected KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        try:
-            import tomllib
-
-            rc[key] = tomllib.loads(f"v = {value}")["v"]
-        except Exception:
-            rc[key] = value
-    if not a.verbose:
-        sys.stderr.write(
-            f"Running {a.method} on Flower's simulation engine ({a.num_sites} SuperNodes); "
-            "starting Flower takes about half a minute...\n"
-        )
-    out = flwr_run(project_dir(), rc, a.num_sites, echo=stream_echo(False, a.verbose))
-    table = out[out.find("Per-institution") :] if "Per-institution" in out else out[-3000:]
-    plain = re.sub(r"\x1b\[[0-9;]*m", "", table).splitlines()
-    keep = [ln for ln in plain if "ClientAppActor" not in ln and not _LOG_LINE.match(ln)]
-    print("\n".join(keep).strip())
-    return 0
-
-
 def main(argv=None) -> int:
     from strategies import quiet_flower
 
@@ -565,7 +512,7 @@ def main(argv=None) -> int:
 
                 return run_coverage(args, study, st)
             return cmd_study(args, study, st)
-        return cmd_run(args)
+        return cmd_run(args, "grauc", "Per-institution")
     except InputError as exc:
         return fail(str(exc))
     except RuntimeError as exc:  # e.g. the Flower run failed: its one line

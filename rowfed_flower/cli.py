@@ -31,11 +31,13 @@ from strategies.predict import add_predict_parser, cmd_predict, read_rowfed_mode
 from strategies.report import add_report_parser, cmd_report
 from strategies.runtime.cli import (
     Parser,
+    add_run_parser,
     add_settings,
     add_test_arguments,
     add_tuning_arguments,
     atomic_output_dir,
     check_test_arguments,
+    cmd_run,
     cv_options,
     fail,
     fit_summary,
@@ -91,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_settings(fit, RowFedConfig)
     fit.add_argument("--verbose", action="store_true", help="log every round")
+    default = "rowfed,nonfed,fedavg,perfl-lsma"
+    add_run_parser(sub, ROWFED_METHODS, default, "rowfed-data.num-clients", 10)
     from .study import add_parser as _study_parser
 
     _study_parser(sub)
@@ -301,6 +305,8 @@ def main(argv=None) -> int:
 
                 return run_coverage(args, study, st)
             return cmd_study(args, study, st)
+        if args.command == "run":
+            return cmd_run(args, "rowfed", "MSE-Est")
         if args.command == "predict":
             return cmd_predict(args, read_rowfed_model, ignore_outputs=True)
         if args.command == "report":

@@ -554,3 +554,24 @@ def test_the_summary_line_names_only_the_levels_the_method_reads(
     for w in absent:
         assert w not in line, line
     assert line.endswith(f"wrote {out}"), line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--num-clients", "0"], "error: num-clients: must be >= 1, got 0"),
+        (["run", "--run-config", "rowfed.lam1"], "error: run-config: expected KEY=VALUE"),
+    ],
+)
+def test_run_refuses_bad_input_in_one_line(args, message, capsys):
+    """``run`` (both methods share it: strategies/runtime/cli.py) checks its input before
+    Flower starts."""
+    from grauc_flower.cli import main as grauc_main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+    grauc_args = [a.replace("num-clients", "num-sites") for a in args]
+    assert grauc_main(grauc_args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message.replace("num-clients", "num-sites")), err

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -328,3 +329,69 @@ def fit_summary(method: str, metrics: dict, levels, scores: str, out: str) -> st
     if scores:
         parts.append(scores)
     return "; ".join([*parts, f"wrote {out}"])
+
+
+def add_run_parser(sub, methods: tuple[str, ...], default: str, count_key: str, count: int):
+    """The ``run`` subcommand of a method's command line (:func:`cmd_run`): the Flower app on
+    Flower's simulation engine, ``count`` SuperNodes (the run-config key ``count_key``)."""
+    p = sub.add_parser("run", help="the Flower app on Flower's simulation engine")
+    p.add_argument(
+        "--method",
+        default=default,
+        help=f"comma-separated among {', '.join(methods)} (default: %(default)s)",
+    )
+    flag = "--num-sites" if count_key == "data.num-sites" else "--num-clients"
+    p.add_argument(flag, dest="num_nodes", type=int, default=count, metavar="N",
+                   help=f"SuperNodes, one per {flag[6:-1]} (default: %(default)s)")  # fmt: skip
+    p.add_argument("--out", default="", help="output directory (absolute or relative)")
+    p.add_argument(
+        "--run-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other run-config key (repeatable)",
+    )
+    p.add_argument("--verbose", action="store_true", help="stream Flower's log")
+    p.set_defaults(count_key=count_key, count_flag=flag[2:])
+
+
+#: Flower's own log lines in a streamed run (left out of what ``run`` prints).
+_LOG_LINE = re.compile(r"^\s*(DEBUG|INFO|WARNING)\s*:")
+
+
+def cmd_run(a, task: str, table_starts: str) -> int:
+    """``run``: ``flwr run`` of the app with ``task``, ``--method`` and ``--run-config`` on
+    a private simulation SuperLink; prints the run's result table (from the line holding
+    ``table_starts``)."""
+    import tomllib
+
+    from .launch import stream_echo
+    from .simulation import flwr_run
+
+    if a.num_nodes < 1:
+        raise InputError(f"{a.count_flag}: must be >= 1, got {a.num_nodes}")
+    rc = {"task": task, "method": a.method, a.count_key: a.num_nodes}
+    if a.out:
+        out = os.path.abspath(a.out)
+        os.makedirs(out, exist_ok=True)
+        rc["out-dir"] = out
+    for item in a.run_config:
+        if "=" not in item:
+            raise InputError(f"run-config: expected KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            rc[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            rc[key] = value
+    if not a.verbose:
+        sys.stderr.write(
+            f"Running {a.method} on Flower's simulation engine ({a.num_nodes} SuperNodes); "
+            "starting Flower takes about half a minute...\n"
+        )
+    out = flwr_run(project_dir(), rc, a.num_nodes, echo=stream_echo(False, a.verbose))
+    at = out.find(table_starts)
+    table = out[out.rfind("\n", 0, at) + 1 :] if at >= 0 else out[-3000:]
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", table).splitlines()
+    keep = [ln for ln in lines if "ClientAppActor" not in ln and not _LOG_LINE.match(ln)]
+    print("\n".join(keep).strip())
+    return 0
