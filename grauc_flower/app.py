@@ -85,6 +85,10 @@ def run(grid: Grid, context: Context) -> dict:
         for method, res in results.items():
             sub = out if len(results) == 1 else os.path.join(out, method)
             fed.write_result(sub, res, features, cfg)
+            # the sites' places and counts from their registration (predict's new sites, the
+            # report's map): the server has no rows
+            where = fed.registered_sites_table(registry, res.sites)
+            where.to_csv(os.path.join(sub, "sites.csv"), index=False)
         fed.auc_table(results).to_csv(os.path.join(out, "auc.csv"), index=False)
     return results
 

@@ -463,6 +463,17 @@ def new_site_model(args, model):
     return model.with_new_sites(names, np.array(coef)), borrowed
 
 
+def registered_sites_table(registry, sites) -> pd.DataFrame:
+    """``sites.csv`` as the server knows it (a run across hospitals: no rows at the
+    server): each site's location and training counts by class from its registration."""
+    rows = []
+    for s in sites:
+        meta = registry.sites[s].meta
+        rows.append({"site": s, "lat": float(meta["lat"]), "lon": float(meta["lon"]),
+                     "n_pos": int(meta["n_pos"]), "n_neg": int(meta["n_neg"])})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 AUC_COLUMNS = ["site", "auc", "auc_se", "lower", "upper", "n_pos", "n_neg"]
 
 

@@ -85,6 +85,14 @@ def test_main_job_prints_auc_table(tmp_path):
         for part in next(ln for ln in lines if ln.startswith("rounds: "))[8:].split(", ")
     )
     assert 5 <= int(rounds["grauc"]) <= 30  # the default converges in a few rounds (25)
+    # each method's directory has the sites' places and counts, from their registration
+    where = pd.read_csv(tmp_path / "main" / "grauc" / "sites.csv", dtype={"site": str})
+    from grauc_flower import federation as fed
+
+    sites, _ = fed.load_sites(fed.DataSpec())
+    assert list(where["site"]) == [s.site for s in sites]
+    np.testing.assert_allclose(where[["lat", "lon"]], [[s.lat, s.lon] for s in sites])
+    assert list(where["n_pos"]) == [s.n_pos for s in sites]
     auc = pd.read_csv(tmp_path / "main" / "auc.csv")
     assert set(auc["method"]) == {"grauc", "fedavg", "individual"}
     np.testing.assert_allclose(
