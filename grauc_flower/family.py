@@ -226,10 +226,10 @@ def recorded_run(sites, cfg: GrAUCConfig) -> tuple[object, list[float]]:
     from strategies.registry import Registry
 
     from . import federation as fed
-    from .client import GrAUCClient
+    from .federation import clients_of
 
-    guards = Guards.for_benchmark()  # members of every size fitted with exact curvature too
-    clients = [GrAUCClient(s, cfg.ridge, index=k, guards=guards) for k, s in enumerate(sites)]
+    # members of every size are fitted with exact curvature too
+    clients = clients_of(sites, cfg.ridge, Guards.for_benchmark())
     strategy = fed.make_strategy("grauc", cfg, len(sites), Registry(), sites)
     values = true_objectives(strategy, clients, fed.max_rounds_for("grauc", cfg))
     return strategy, values

@@ -215,6 +215,12 @@ def oracle_inference(strategy: GrAUCStrategy) -> OracleFit | str:
     return oracle_fit(refit, strategy.refit_labels, meats, strategy.registry.scale)
 
 
+def clients_of(sites, ridge: float, guards=None) -> list[GrAUCClient]:
+    """The sites' clients, each at its place in the list, with ``guards`` (the default
+    floors when ``None``; a fold's rows: :meth:`strategies.guards.Guards.for_view`)."""
+    return [GrAUCClient(s, ridge, index=z, guards=guards) for z, s in enumerate(sites)]
+
+
 def run_methods_inprocess(
     cfg: GrAUCConfig,
     sites,
@@ -225,7 +231,7 @@ def run_methods_inprocess(
 ) -> dict[str, MethodResult]:
     """Every method through the in-process engine, sharing one registry (a method tuned
     inside the federation: :func:`grauc_flower.tuning.run_tuned_inprocess`)."""
-    clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
+    clients = clients_of(sites, cfg.ridge)
     registry = Registry()
     out = {}
     for method in methods:

@@ -231,7 +231,7 @@ def new_site_neighbours(
     k: int = 3,
     w_dist: float = 0.0,
     q: float = 0.01,
-    idw_k: int = 3,
+    idw_k: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The fitted sites a site outside the federation borrows from, at ``(new_lat,
     new_lon)``: their indices, geodesic distances (km) and weights (docs/methods.md 3.13).
@@ -239,8 +239,13 @@ def new_site_neighbours(
     ``graph``: the fit's graph (``kind``, ``k``) rebuilt over the fitted sites and the new
     one; the new site's neighbours there, weighted by the fit's edge weights
     (:func:`edge_weights` with the fitted sites' bandwidth ``H``).  ``nearest``: the nearest
-    site, weight 1.  ``inverse-distance``: the ``idw_k`` nearest, weights ``1 / d`` (a site
-    at distance 0 alone, weight 1).  Ties go to the lower index."""
+    site, weight 1.  ``inverse-distance``: the ``idw_k`` nearest (default
+    :data:`strategies.predict.IDW_NEIGHBOURS`), weights ``1 / d`` (a site at distance 0
+    alone, weight 1).  Ties go to the lower index."""
+    from strategies.predict import IDW_NEIGHBOURS, NEW_SITE_RULES
+
+    if rule not in NEW_SITE_RULES:
+        raise ValueError(f"rule: must be one of {', '.join(NEW_SITE_RULES)}, got {rule!r}")
     lat = np.asarray(lat, dtype=float)
     lon = np.asarray(lon, dtype=float)
     d = np.array([geodesic_km(new_lat, new_lon, a, b) for a, b in zip(lat, lon, strict=True)])
@@ -249,10 +254,8 @@ def new_site_neighbours(
         u = by_distance[:1]
         return u, d[u], np.ones(1)
     if rule == "inverse-distance":
-        u = by_distance[: min(idw_k, len(d))]
+        u = by_distance[: min(idw_k or IDW_NEIGHBOURS, len(d))]
         return u, d[u], 1.0 / d[u]
-    if rule != "graph":
-        raise ValueError(f"rule: must be graph, nearest or inverse-distance, got {rule!r}")
     z = len(lat)
     bandwidth = build_graph(lat, lon, kind, k).bandwidth
     grown = build_graph(np.append(lat, new_lat), np.append(lon, new_lon), kind, k)

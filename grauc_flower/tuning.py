@@ -31,6 +31,7 @@ from strategies.errors import InputError
 from strategies.registry import Registry
 
 from .data import SiteData
+from .federation import clients_of
 
 #: Default grids (``fit --tune cv``).
 W_DIST_GRID = (0.0, 1.0, 2.0)
@@ -97,17 +98,6 @@ SIMPLEST = {
 }
 
 
-def _clients(sites, ridge: float, fold: bool = False):
-    """The sites' clients; on a fold's rows (``fold``) with the guards of a view (the
-    floors of rows were met by the whole rows: :meth:`strategies.guards.Guards.for_view`)."""
-    from strategies.guards import Guards
-
-    from .client import GrAUCClient
-
-    guards = Guards().for_view() if fold else None
-    return [GrAUCClient(s, ridge, index=z, guards=guards) for z, s in enumerate(sites)]
-
-
 def lam_max_of(sites, cfg: GrAUCConfig) -> float:
     """``lam_max`` at ``cfg``'s ridge, w_dist, q, graph and penalty (:func:`lam_maxes`)."""
     return lam_maxes(sites, cfg, (cfg.ridge,), (cfg.w_dist,))[(cfg.ridge, cfg.w_dist)]
@@ -117,7 +107,7 @@ def _gradients(sites, cfg: GrAUCConfig, ridge: float):
     """``answers(members, b)``: the listed sites' ``(loss, gradient)`` at ``b``, each from its
     own client (a ``gradient`` instruction, as in a ``pqn`` round; the pooled scaling when
     ``standardize = "federated"``)."""
-    clients = _clients(sites, ridge)
+    clients = clients_of(sites, ridge)
     registry = Registry()
     for z, c in enumerate(clients):
         registry.register(str(z), c.get_properties({}))
@@ -261,7 +251,9 @@ def cv_piece(piece) -> list[dict]:
     from .federation import make_strategy, max_rounds_for
 
     method, k, sites, cfg, w_grid, lams, rounds_grid, knobs = piece
-    clients = _clients(sites, cfg.ridge, fold=True)
+    from strategies.guards import Guards
+
+    clients = clients_of(sites, cfg.ridge, Guards().for_view())  # a fold's rows
     registry = Registry()
     rows = []
     if method in GRAUC_FUSED_METHODS:
@@ -627,10 +619,9 @@ def run_tuned_inprocess(cfg: GrAUCConfig, sites, method: str, tune, progress=Non
     :class:`~grauc_flower.federation.MethodResult`."""
     from strategies.runtime.engine import run_inprocess
 
-    from .client import GrAUCClient
     from .federation import collect, max_rounds_for
 
-    clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
+    clients = clients_of(sites, cfg.ridge)
     strategy = tuned_strategy(method, cfg, len(sites), Registry(), tune, progress=progress)
     run_inprocess(strategy, clients, max_rounds_for(method, cfg, True))
     return collect(method, strategy)

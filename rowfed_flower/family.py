@@ -168,10 +168,8 @@ def recorded_run(data, cfg: RowFedConfig) -> tuple[object, list[float]]:
     from strategies.rowfed import rowfed_registry
 
     from . import federation as fed
-    from .client import RowFedClient
 
-    guards = Guards.for_benchmark()  # members of every size fitted with exact curvature too
-    clients = [RowFedClient(c, k, data.features, guards) for k, c in enumerate(data.clients)]
+    clients = data.make_clients(Guards.for_benchmark())  # exact curvature on every member
     strategy = fed.make_strategy("rowfed", cfg, len(data.clients), rowfed_registry())
     values = true_objectives(strategy, clients, fed.max_rounds_for("rowfed", cfg))
     return strategy, values

@@ -112,12 +112,9 @@ class FederatedData:
     def sites(self) -> list[str]:
         return [c.site for c in self.clients]
 
-    def make_clients(self, fold: bool = False) -> list[RowFedClient]:
-        """The clients; on a fold's rows (``fold``) with the guards of a view (the floors of
-        rows were met by the whole rows: :meth:`strategies.guards.Guards.for_view`)."""
-        from strategies.guards import Guards
-
-        guards = Guards().for_view() if fold else None
+    def make_clients(self, guards=None) -> list[RowFedClient]:
+        """The clients with ``guards`` (the default floors when ``None``; a fold's rows:
+        :meth:`strategies.guards.Guards.for_view`)."""
         return [RowFedClient(c, k, self.features, guards) for k, c in enumerate(self.clients)]
 
 

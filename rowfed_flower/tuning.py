@@ -20,6 +20,7 @@ from strategies import tuning
 from strategies.batch import pooled_by_site
 from strategies.config import FEDAVG_FAMILY, RowFedConfig
 from strategies.errors import InputError
+from strategies.guards import Guards
 from strategies.problems import degrees_of_freedom
 from strategies.rowfed import rowfed_registry
 from strategies.runtime.engine import run_inprocess
@@ -169,7 +170,7 @@ def fold_data(data: fed.FederatedData, folds, k: int) -> fed.FederatedData:
 def cv_piece(piece) -> list[dict]:
     """One fold: the whole grid walked with warm starts; validation MSE per setting."""
     method, k, data, cfg, levels = piece
-    clients = data.make_clients(fold=True)
+    clients = data.make_clients(Guards().for_view())  # a fold's rows
     registry = rowfed_registry()
     rows, theta0 = [], None
     for k_set, setting in enumerate(levels):
