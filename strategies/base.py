@@ -15,14 +15,13 @@ from flwr.common import (
     Parameters,
     Scalar,
     log,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from flwr.server.strategy.aggregate import weighted_loss_avg
 
+from . import wire
 from .guards import refuse_moments
 from .registry import EMPTY, Registry
 
@@ -203,7 +202,7 @@ class SiteStrategy(EvaluatedOnce, Strategy):
         ``_aggregate``), and why they cannot be used ('' if they can): one finite array of
         :meth:`update_shape`, and a finite ``loss`` metric when there is one."""
         try:
-            arrays = parameters_to_ndarrays(res.parameters)
+            arrays = wire.from_parameters(res.parameters)
         except Exception as exc:  # noqa: BLE001 - whatever the bytes were, they are unusable
             return [], f"undecodable parameters: {type(exc).__name__}"
         shape = self.update_shape()
@@ -232,7 +231,7 @@ class SiteStrategy(EvaluatedOnce, Strategy):
             (
                 proxy,
                 EvaluateIns(
-                    ndarrays_to_parameters([coef[self.site_index[site]]]),
+                    wire.to_parameters([coef[self.site_index[site]]]),
                     {"site": site, **self.evaluate_config(site)},
                 ),
             )

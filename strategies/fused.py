@@ -26,10 +26,10 @@ from dataclasses import replace
 from logging import INFO
 
 import numpy as np
-from flwr.common import FitIns, Parameters, Scalar, log, ndarrays_to_parameters
+from flwr.common import FitIns, Parameters, Scalar, log
 from flwr.server.client_proxy import ClientProxy
 
-from . import admm, pqn
+from . import admm, pqn, wire
 from .base import SiteStrategy
 from .errors import InputError
 from .local import newton_shape, split_newton
@@ -239,7 +239,7 @@ class FusedSiteStrategy(SiteStrategy):
             config = {**common, "site": site}
             if common["task"] == "gradient":  # a bound on its curvature with its first answer
                 config["curvature"] = not bool(self.qn.seen[z])
-            params = ndarrays_to_parameters([self.qn.trial[z]])
+            params = wire.to_parameters([self.qn.trial[z]])
             out.append((by_site[site], FitIns(params, config)))
         return out
 
@@ -262,7 +262,7 @@ class FusedSiteStrategy(SiteStrategy):
                     site = self.sites[z]
                     if site not in by_site:
                         continue
-                    params = ndarrays_to_parameters([self.state.beta[z], pull[z]])
+                    params = wire.to_parameters([self.state.beta[z], pull[z]])
                     ins.append((by_site[site], FitIns(params, {**common, "site": site})))
             if ins:
                 return ins

@@ -8,10 +8,10 @@ from __future__ import annotations
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters
+from flwr.common import FitIns, Parameters, log
 from flwr.server.client_proxy import ClientProxy
 
-from . import admm, inference
+from . import admm, inference, wire
 from .base import LocalOnlyStrategy, SiteStrategy
 from .config import GrAUCConfig
 from .fedavg import RegisteringFedAvg
@@ -139,7 +139,7 @@ class GrAUCStrategy(FusedSiteStrategy):
             ins = []
             for c in clients:
                 site = self.registry.cid_to_site[c.cid]
-                params = ndarrays_to_parameters([point[self.site_index[site]]])
+                params = wire.to_parameters([point[self.site_index[site]]])
                 ins.append((c, FitIns(params, {**common, "site": site})))
             return ins
         if not self.fusing:  # no edges: each site's model is its own fit
