@@ -247,6 +247,33 @@ class ViewRegistry(Registry):
         self.properties_config = {VIEW_FIELD: json.dumps(self.view, sort_keys=True)}
 
 
+def _clocked(sends: bool):
+    """A hook's time counts as the server's in its round; for ``aggregate_*``, the time
+    since the ``configure_*`` that sent messages ended counts as the sites' (the messages
+    out, the sites' work, the answers back)."""
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def hook(self, server_round, *args, **kwargs):
+            clock = self.clock.setdefault(int(server_round), [0.0, 0.0])
+            self._hook_start = start = time.perf_counter()
+            if not sends and self._sent is not None:
+                clock[1] += start - self._sent
+                self._sent = None
+            out = None
+            try:
+                out = fn(self, server_round, *args, **kwargs)
+                return out
+            finally:
+                end = time.perf_counter()
+                clock[0] += end - start
+                self._sent = end if sends and out else None
+
+        return hook
+
+    return deco
+
+
 class BatchStrategy(Strategy):
     """A plan's jobs side by side (module docstring).
 
@@ -301,6 +328,10 @@ class BatchStrategy(Strategy):
         self._evaluating = False
         self._evaluated: list[Job] = []
         self._t0 = time.perf_counter()
+        #: ``{round: [server seconds, sites' seconds]}`` (:func:`_clocked`).
+        self.clock: dict[int, list[float]] = {}
+        self._sent: float | None = None
+        self._hook_start = self._t0
 
     # -- what the apps read -----------------------------------------------------------------
     @property
@@ -383,6 +414,24 @@ class BatchStrategy(Strategy):
             out.append((proxy, make(params, {"task": TASK, "site": site, FIELD: encode(records)})))
         return out
 
+    def timing(self) -> dict:
+        """The server's and the sites' seconds per round (means over the rounds that sent
+        messages; the sites' include the messages' way there and back), the slowest round
+        of each, and the rounds in which the server took longer than the sites."""
+        rows = np.array([v for v in self.clock.values() if v[1] > 0.0]).reshape(-1, 2)
+        if not len(rows):
+            return {}
+        server, sites = rows[:, 0], rows[:, 1]
+        return {
+            "rounds": len(rows),
+            "server_seconds_per_round": round(float(server.mean()), 4),
+            "sites_seconds_per_round": round(float(sites.mean()), 4),
+            "server_seconds_max": round(float(server.max()), 4),
+            "sites_seconds_max": round(float(sites.max()), 4),
+            "rounds_server_slower": int((server > sites).sum()),
+        }
+
+    @_clocked(sends=True)
     def configure_fit(self, server_round, parameters, client_manager):
         self._advance_stages()
         out = self._pack(
@@ -394,6 +443,7 @@ class BatchStrategy(Strategy):
             self.rounds = server_round
         return out
 
+    @_clocked(sends=False)
     def aggregate_fit(self, server_round, results, failures):
         per_job: dict[str, list] = {}
         for proxy, res in results:
@@ -418,7 +468,7 @@ class BatchStrategy(Strategy):
             for j in self.running()
         ]
         with _quiet():
-            if self.model_workers.workers < 2:  # nothing to gain from gathering the problems
+            if not self.model_workers.gathers():  # nothing to gain from gathering them
                 for step in steps:
                     step()
             else:
@@ -428,10 +478,13 @@ class BatchStrategy(Strategy):
             self.model_workers.close()
         if self.progress is not None:
             running = len(self.running())
+            now = time.perf_counter()
+            server, sites = self.clock[int(server_round)]
             self.progress(
                 f"tuning round {server_round}: stage {self.stage.name if self.stage else 'refit'}"
                 f", {running} fits running, {len(self.jobs) - running} done "
-                f"({time.perf_counter() - self._t0:.1f} s)"
+                f"({now - self._t0:.1f} s; this round: sites {sites:.2f} s, "
+                f"server {server + now - self._hook_start:.2f} s)"
             )
         return EMPTY, {}
 
@@ -444,6 +497,7 @@ class BatchStrategy(Strategy):
         ):
             self._next(None)
 
+    @_clocked(sends=True)
     def configure_evaluate(self, server_round, parameters, client_manager):
         if self.stage is not None and self.stage.evaluate and all(j.done for j in self.stage.jobs):
             self._evaluating = True
@@ -468,6 +522,7 @@ class BatchStrategy(Strategy):
             return out
         return []
 
+    @_clocked(sends=False)
     def aggregate_evaluate(self, server_round, results, failures):
         if not self._evaluating:
             if self.result is None:

@@ -41,6 +41,11 @@ PARALLEL_AFTER = 0.5
 #: ... if they took at least this long each (seconds): sending one costs about 0.5 ms
 #: (a GrAUC-PFL fit's, about 2 ms to solve, stays; a RowFed fit's, about 50 ms, goes).
 MIN_PARALLEL = 0.01
+#: A step whose problems proved cheaper than :data:`MIN_PARALLEL` is not gathered (the
+#: fits step one after another, their problems solved where they arise: the same answers
+#: without the cooperative threads' cost); every this many steps it is gathered again to
+#: measure anew.
+PROBE_EVERY = 10
 #: At most this many workers by default (one per available core up to it).
 MAX_DEFAULT_WORKERS = 4
 
@@ -104,6 +109,21 @@ class ModelWorkers:
         self.after = PARALLEL_AFTER if after is None else float(after)
         self._pool: ProcessPoolExecutor | None = None
         self.steps = {"serial": 0, "parallel": 0}
+        self._per_problem: float | None = None  # seconds, measured at the last gathering
+        self._since_probe = 0
+
+    def gathers(self) -> bool:
+        """Whether the next step's problems are worth gathering: there are workers, and the
+        problems were not found cheap at the last measurement (:data:`PROBE_EVERY`)."""
+        if self.workers < 2:
+            return False
+        if self._per_problem is None or self._per_problem >= MIN_PARALLEL:
+            return True
+        self._since_probe += 1
+        if self._since_probe >= PROBE_EVERY:
+            self._since_probe = 0
+            return True
+        return False
 
     @property
     def started(self) -> bool:
@@ -125,6 +145,8 @@ class ModelWorkers:
         while len(out) < len(requests) and time.perf_counter() - t0 <= self.after:
             out.append(pqn.solve_request(requests[len(out)]))
         rest = requests[len(out) :]
+        if out:
+            self._per_problem = (time.perf_counter() - t0) / len(out)
         if not rest or (out and (time.perf_counter() - t0) / len(out) < MIN_PARALLEL):
             self.steps["serial"] += 1
             return out + _solve_chunk(rest)

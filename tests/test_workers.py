@@ -123,6 +123,22 @@ def test_workers_start_only_once_a_serial_step_is_slow():
         workers.ModelWorkers(-1)
 
 
+def test_cheap_steps_are_not_gathered_but_measured_again(monkeypatch):
+    """Problems that took less than MIN_PARALLEL each: the next steps run ungathered,
+    except one in PROBE_EVERY, which measures again; dear ones are always gathered."""
+    reqs = _requests(3)
+    pool = workers.ModelWorkers(2, after=3600.0)
+    assert pool.gathers()  # nothing measured yet
+    monkeypatch.setattr(workers, "MIN_PARALLEL", 3600.0)  # every problem is cheap
+    pool(reqs)
+    asked = [pool.gathers() for _ in range(2 * workers.PROBE_EVERY)]
+    assert asked.count(True) == 2 and asked[workers.PROBE_EVERY - 1] and asked[-1]
+    monkeypatch.setattr(workers, "MIN_PARALLEL", 0.0)  # now every problem is dear
+    pool(reqs)
+    assert all(pool.gathers() for _ in range(workers.PROBE_EVERY + 1))
+    assert not workers.ModelWorkers(1).gathers() and not pool.started
+
+
 def test_a_tuning_with_workers_equals_the_tuning_without(monkeypatch):
     """RowFed's CV (every fit's model problem in two worker processes from its first step)
     and the same CV in the server's process: the same table and coefficients, bit for
