@@ -170,6 +170,11 @@ class SiteGraph:
         return edge_weights(self.length_km, self.bandwidth, w_dist, q)
 
 
+#: The graphs built last (a federated tuning builds the same graph for each of its fits).
+_BUILT: dict[tuple, SiteGraph] = {}
+_BUILT_KEEP = 8
+
+
 def build_graph(
     lat: np.ndarray,
     lon: np.ndarray,
@@ -177,7 +182,7 @@ def build_graph(
     k: int = 3,
     edges: np.ndarray | None = None,
 ) -> SiteGraph:
-    """Build the site graph.
+    """Build the site graph (kept for the same arguments; not to be changed in place).
 
     Parameters
     ----------
@@ -199,6 +204,18 @@ def build_graph(
     """
     lat = np.asarray(lat, dtype=float)
     lon = np.asarray(lon, dtype=float)
+    given = None if edges is None else np.asarray(edges, dtype=np.int64)
+    key = (lat.tobytes(), lon.tobytes(), kind, repr(k), None if given is None else given.tobytes())
+    if key not in _BUILT:
+        if len(_BUILT) >= _BUILT_KEEP:
+            _BUILT.clear()
+        graph = _build_graph(lat, lon, kind, k, edges)
+        graph.edges.flags.writeable = graph.length_km.flags.writeable = False
+        _BUILT[key] = graph
+    return _BUILT[key]
+
+
+def _build_graph(lat, lon, kind, k, edges) -> SiteGraph:
     z = lat.shape[0]
     if z > EXACT_LIMIT and edges is None and kind == "mst":
         return _large_mst(lat, lon)

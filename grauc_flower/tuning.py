@@ -646,6 +646,7 @@ def federated_outputs(batch, method: str, opts: tuning.CVOptions) -> dict:
         "fits": int(batch.fits),
         "small_sites": list(out["small_sites"]),
     }
+    metrics["tuning_time"] = batch.timing()
     return {"cv_table": out["table"], "cv_metrics": metrics, "config": batch.result.strategy.cfg}
 
 

@@ -470,6 +470,7 @@ def federated_outputs(batch) -> dict:
         metrics["cv"].update(criterion=opts.criterion, repeats=opts.repeats)
         metrics["tuning"] = {**rounds, "small_sites": list(out["small_sites"])}
         name = "cv.csv"
+    metrics["tuning_time"] = batch.timing()
     return {"tuning_table": (name, out["table"]), "tuning_metrics": metrics,
             "config": batch.result.strategy.cfg}  # fmt: skip
 

@@ -146,11 +146,13 @@ class Problem:
     n_sites: int
 
     def gram(self) -> sp.csr_matrix:
-        """``sum_k A_k^T A_k`` (``n_sites x n_sites``)."""
-        g = sp.csr_matrix((self.n_sites, self.n_sites))
-        for s in self.splits:
-            g = g + (s.matrix.T @ s.matrix)
-        return sp.csr_matrix(g)
+        """``sum_k A_k^T A_k`` (``n_sites x n_sites``; computed once, not to be changed)."""
+        if "_gram" not in self.__dict__:
+            g = sp.csr_matrix((self.n_sites, self.n_sites))
+            for s in self.splits:
+                g = g + (s.matrix.T @ s.matrix)
+            object.__setattr__(self, "_gram", sp.csr_matrix(g))
+        return self.__dict__["_gram"]
 
     def sigma_max(self) -> float:
         """Largest eigenvalue of ``sum_k A_k^T A_k`` (``lambda_max(L)`` for one incidence

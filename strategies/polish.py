@@ -100,6 +100,24 @@ class Forest:
         del self.patterns[PATTERNS:]
         return m
 
+    def clusters(self, fused: np.ndarray) -> tuple[int, np.ndarray]:
+        """The connected components of the fused entries (``fused``: ``(E, p)``, linking
+        coordinate ``j`` of an edge's two sites), over the ``Z p`` coordinates: their count
+        and each coordinate's label, numbered as ``scipy.sparse.csgraph.connected_components``
+        numbers them (by each component's first coordinate).  One sweep down the levels: a
+        site whose edge to its parent is fused in ``j`` takes its parent's label there."""
+        n_sites, p = len(self.parent), fused.shape[1]
+        label = np.arange(n_sites * p).reshape(n_sites, p)
+        for level in self.levels[1:]:
+            label[level] = np.where(
+                fused[self.edge_of[level]], label[self.parent[level]], label[level]
+            )
+        label = label.ravel()
+        first = np.full(n_sites * p, n_sites * p)
+        np.minimum.at(first, label, np.arange(n_sites * p))
+        firsts, cluster = np.unique(first[label], return_inverse=True)
+        return len(firsts), cluster.ravel()
+
     def subtree_flow(self, q: np.ndarray) -> np.ndarray:
         """The ``nu`` with ``D^T nu = q`` (``q`` of shape ``(Z, p)`` summing to zero over
         every tree): ``nu_e = sign_e * sum of q over the subtree below e``."""
@@ -240,12 +258,7 @@ def polish(
     slack = 1e-12 * max(1.0, float(np.abs(c).max())) * np.sqrt(n_sites)  # rounding in nu
     best, since_best = n_sites * p + 1, 0
     for it in range(1, max_iter + 1):
-        e, j = np.nonzero(fused)
-        links = sp.coo_matrix(
-            (np.ones(len(e)), (tree.plus[e] * p + j, tree.minus[e] * p + j)),
-            shape=(n_sites * p,) * 2,
-        )
-        n_clusters, cluster = connected_components(links, directed=False)
+        n_clusters, cluster = tree.clusters(fused)
         nu_free = np.where(fused, 0.0, lam * sign)
         force = np.zeros((n_sites, p))  # D^T nu on the unfused entries
         np.add.at(force, tree.plus, nu_free)

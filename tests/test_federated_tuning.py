@@ -478,7 +478,54 @@ def test_flower_engine_equals_inprocess(files, tmp_path):
     assert diff == 0.0, f"coefficients.csv: max abs difference {diff:g}"
     ma, mb = _metrics(outs["inprocess"]), _metrics(outs["flower"])
     assert ma["tuned"] == mb["tuned"] and ma["tuning"] == mb["tuning"]
+    for m in (ma, mb):  # the clock: every round, the server's part and the sites'
+        t = m["tuning_time"]
+        assert t["rounds"] == m["tuning"]["rounds"]
+        assert 0 < t["server_seconds_per_round"] <= t["server_seconds_max"]
+        assert 0 < t["sites_seconds_per_round"] <= t["sites_seconds_max"]
+        assert 0 <= t["rounds_server_slower"] <= t["rounds"]
     assert (ma["engine"], mb["engine"]) == ("inprocess", "flower")
+
+
+def test_the_batch_clock_splits_each_round_between_server_and_sites(monkeypatch):
+    """A round's hooks count as the server's time; from a configure that sent messages to
+    the aggregate that takes the answers, as the sites'; a configure that sent nothing
+    starts no wait."""
+    from strategies import batch as batch_module
+    from strategies.batch import BatchStrategy
+
+    now = [0.0]
+    monkeypatch.setattr(batch_module.time, "perf_counter", lambda: now[0])
+
+    class Clocked(BatchStrategy):
+        def __init__(self):  # only the clock's state
+            self.clock, self._sent, self._hook_start = {}, None, 0.0
+
+        @batch_module._clocked(sends=True)
+        def configure_fit(self, server_round, parameters, client_manager):
+            now[0] += 1.0
+            return ["message"] if server_round < 3 else []
+
+        @batch_module._clocked(sends=False)
+        def aggregate_fit(self, server_round, results, failures):
+            now[0] += 2.0
+
+    b = Clocked()
+    for rnd, wait in ((1, 3.0), (2, 0.5)):
+        b.configure_fit(server_round=rnd, parameters=None, client_manager=None)
+        now[0] += wait
+        b.aggregate_fit(rnd, [], [])
+    b.configure_fit(3, None, None)  # nothing sent
+    now[0] += 10.0
+    assert b.clock == {1: [3.0, 3.0], 2: [3.0, 0.5], 3: [1.0, 0.0]}
+    assert b.timing() == {
+        "rounds": 2,
+        "server_seconds_per_round": 3.0,
+        "sites_seconds_per_round": 1.75,
+        "server_seconds_max": 3.0,
+        "sites_seconds_max": 3.0,
+        "rounds_server_slower": 1,
+    }
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import cvxpy as cp
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from numpy.testing import assert_allclose
 
 from strategies import admm, pqn
@@ -59,6 +60,34 @@ def test_forest_recognizes_trees_only():
         assert forest(admm.incidence_matrix(cycle, 12)) is None  # one edge too many
     assert forest(admm.incidence_matrix(np.vstack([edges, edges[:1]]), 12)) is None  # twice
     assert forest(np.eye(4)) is None  # a sparsity split, not differences
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fused_clusters_are_scipys_connected_components(seed):
+    """The sweep down the forest's levels labels the fused coordinates as
+    scipy.sparse.csgraph.connected_components does, numbering included."""
+    from scipy.sparse.csgraph import connected_components
+
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        z, p = int(rng.integers(2, 30)), int(rng.integers(1, 5))
+        perm = rng.permutation(z)
+        edges = [
+            (perm[int(rng.integers(0, i))], perm[i]) for i in range(1, z) if rng.random() < 0.85
+        ]
+        if not edges:
+            continue
+        edges = np.array([e if rng.random() < 0.5 else e[::-1] for e in edges])
+        tree = forest(admm.incidence_matrix(edges, z))
+        fused = rng.random((len(edges), p)) < 0.5
+        e, j = np.nonzero(fused)
+        links = sp.coo_matrix(
+            (np.ones(len(e)), (edges[e, 0] * p + j, edges[e, 1] * p + j)), shape=(z * p,) * 2
+        )
+        want_n, want = connected_components(links, directed=False)
+        got_n, got = tree.clusters(fused)
+        assert got_n == want_n
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -65,6 +65,9 @@ def timed_tuning(strategy, clients, max_rounds: int) -> dict:
         "wall_seconds": wall,
         "server_seconds_per_round": (wall - site_total) / max(rounds, 1),
         "slowest_site_seconds_per_round": float(sum(slowest)) / max(rounds, 1),
+        # the strategy's own clock: its hooks against the wait for the answers
+        "hooks_seconds_per_round": strategy.timing().get("server_seconds_per_round"),
+        "wait_seconds_per_round": strategy.timing().get("sites_seconds_per_round"),
     }
 
 
