@@ -143,6 +143,26 @@ def simulate(
 # CSV input
 
 
+def location(lat, lon, where: str = "", site: str | None = None) -> tuple[float, float]:
+    """A site's ``(lat, lon)`` in degrees, each a number within [-90, 90] and [-180, 180],
+    else an :class:`InputError` naming the field (``where`` before it, e.g. ``"sites: "``)
+    and the site if given: the one check of a sites file, a node config and ``predict``'s
+    ``--lat/--lon``."""
+    out = []
+    for key, value, bound in (("lat", lat, 90.0), ("lon", lon, 180.0)):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{where}{key} must be a number, got {value!r}") from None
+        if not -bound <= number <= bound:  # NaN too
+            who = "" if site is None else f" for site {site!r}"
+            raise InputError(
+                f"{where}{key} must be within [{-bound:g}, {bound:g}]{who}, got {number:g}"
+            )
+        out.append(number)
+    return out[0], out[1]
+
+
 def read_sites(path: str) -> pd.DataFrame:
     """Read ``SITES.csv`` (``site, lat, lon``) and validate it.  Returns one row per site."""
 
@@ -155,18 +175,8 @@ def read_sites(path: str) -> pd.DataFrame:
     df = df.assign(site=stripped_ids(df["site"], "sites: column 'site'"))
     coords = numeric_columns(df, ["lat", "lon"], "sites")
     df = df.assign(lat=coords[:, 0], lon=coords[:, 1])
-    bad_lat = df[(df["lat"] < -90) | (df["lat"] > 90)]
-    if len(bad_lat):
-        raise InputError(
-            f"sites: lat out of range [-90, 90] for site {bad_lat['site'].iloc[0]!r}: "
-            f"{bad_lat['lat'].iloc[0]}"
-        )
-    bad_lon = df[(df["lon"] < -180) | (df["lon"] > 180)]
-    if len(bad_lon):
-        raise InputError(
-            f"sites: lon out of range [-180, 180] for site {bad_lon['site'].iloc[0]!r}: "
-            f"{bad_lon['lon'].iloc[0]}"
-        )
+    for site, lat, lon in df[["site", "lat", "lon"]].itertuples(index=False):
+        location(lat, lon, "sites: ", site)
     for site, grp in df.groupby("site", sort=False):
         if len(grp) > 1 and (grp["lat"].nunique() > 1 or grp["lon"].nunique() > 1):
             raise InputError(f"sites: site {site!r} is listed twice with different coordinates")
@@ -314,18 +324,7 @@ def load_site_file(path: str, node_config) -> SiteData:
         if key not in node_config:
             raise InputError(f"node-config: missing {key!r} (e.g. site=S01 lat=34.1 lon=-118.2)")
     site = str(node_config["site"])
-    location = {}
-    for key, bound in (("lat", 90.0), ("lon", 180.0)):
-        try:
-            location[key] = float(node_config[key])
-        except (TypeError, ValueError):
-            raise InputError(
-                f"node-config: {key} must be a number, got {node_config[key]!r}"
-            ) from None
-        if not -bound <= location[key] <= bound:
-            raise InputError(
-                f"node-config: {key} out of range [{-bound:g}, {bound:g}]: {location[key]:g}"
-            )
+    lat, lon = location(node_config["lat"], node_config["lon"], "node-config: ")
     df, features = read_data_single(path)
     if "site" in df.columns:
         others = set(df["site"].astype(str)) - {site}
@@ -337,8 +336,8 @@ def load_site_file(path: str, node_config) -> SiteData:
     p = x.shape[1]
     return SiteData(
         site,
-        location["lat"],
-        location["lon"],
+        lat,
+        lon,
         x,
         y,
         np.zeros((0, p)),

@@ -412,7 +412,7 @@ def new_site_model(args, model):
     Returns the model and one :class:`strategies.predict.Borrowed` per new site."""
     from strategies.predict import Borrowed, combine
 
-    from .data import read_sites
+    from .data import location, read_sites
     from .graph import new_site_neighbours
 
     new: list[tuple[str, float, float]] = []
@@ -421,10 +421,7 @@ def new_site_model(args, model):
             raise InputError("site: --lat and --lon place the site named by --site")
         if args.lat is None or args.lon is None:
             raise InputError(f"site: {args.site.strip()!r} needs both --lat and --lon")
-        for key, value, bound in (("lat", args.lat, 90.0), ("lon", args.lon, 180.0)):
-            if not np.isfinite(value) or abs(value) > bound:
-                raise InputError(f"{key}: must be within [-{bound:g}, {bound:g}], got {value:g}")
-        new.append((args.site.strip(), float(args.lat), float(args.lon)))
+        new.append((args.site.strip(), *location(args.lat, args.lon)))
     if args.sites:
         frame = read_sites(args.sites)
         new += [(str(s), float(a), float(b)) for s, a, b in frame[["site", "lat", "lon"]].values]

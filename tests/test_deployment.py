@@ -305,7 +305,7 @@ def test_bad_input_or_an_absent_site_ends_the_run_naming_it(tmp_path, pki):
                 f"site {bad}: data-path: missing from the SuperNode's node config"
             ),
             f'data-path="{path}" site="{bad}" lat=123.4 lon=0 index=1': (
-                f"site {bad}: node-config: lat out of range [-90, 90]: 123.4"
+                f"site {bad}: node-config: lat must be within [-90, 90], got 123.4"
             ),
             # a disclosure guard the hospital sets itself (strategies/guards.py)
             f'data-path="{path}" site="{bad}" lat=40.0 lon=-75.0 index=1 min-class-rows=100000': (

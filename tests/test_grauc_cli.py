@@ -104,8 +104,8 @@ def _frames(small_federation):
         ("feature_inf", ["'f1'", "has an infinite value at line 4 of the file"]),
         ("feature_missing", ["'f1'", "missing"]),
         ("no_lat", ["'lat'"]),
-        ("lat_range", ["lat", "range"]),
-        ("lon_range", ["lon", "range"]),
+        ("lat_range", ["lat", "must be within [-90, 90]"]),
+        ("lon_range", ["lon", "must be within [-180, 180]"]),
         ("site_unknown", ["ZZ"]),
         ("site_twice", ["S1", "twice"]),
         ("missing_class", ["S2", "no positives"]),
@@ -328,3 +328,51 @@ def test_the_summary_line_is_true_to_each_method(
     for w in absent:
         assert w not in line, line
     assert line.endswith(f"wrote {out}") and "None" not in line, line
+
+
+@pytest.mark.parametrize("package", ["grauc_flower", "rowfed_flower"])
+def test_both_mains_return_their_exit_status(package, capsys):
+    """Both methods' ``main`` (strategies/runtime/cli.py: run_main) return argparse's
+    status instead of raising it: 0 for --help, 2 and one error line for a usage error."""
+    import importlib
+
+    main = importlib.import_module(f"{package}.cli").main
+    assert main(["--help"]) == 0
+    capsys.readouterr()
+    assert main(["no-such-command"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: argument command: invalid choice: 'no-such-command'")
+
+
+@pytest.mark.parametrize(
+    "raised, line",
+    [
+        (ValueError("lam: must be\n   >= 0"), "error: lam: must be >= 0"),
+        (
+            FileNotFoundError(2, "No such file or directory", "x.csv"),
+            "error: No such file or directory: x.csv",
+        ),  # fmt: skip
+        (RuntimeError("the run failed\ndetails"), "error: the run failed"),
+        (KeyError("k"), "error: unexpected KeyError: 'k'"),
+        (KeyboardInterrupt(), "error: interrupted"),
+    ],
+)
+def test_run_main_turns_every_failure_into_one_line(raised, line, capsys):
+    import argparse
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from strategies.runtime.cli import run_main
+
+    def dispatch(args):
+        raise raised
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--verbose", action="store_true")
+    FLOWER_LOGGER.setLevel(logging.INFO)
+    assert run_main(parser, dispatch, ["--verbose"]) == 2
+    assert FLOWER_LOGGER.level == logging.INFO  # --verbose keeps Flower's log
+    assert capsys.readouterr().err.strip().splitlines() == [line]
+    assert run_main(parser, dispatch, []) == 2
+    assert FLOWER_LOGGER.level == logging.WARNING

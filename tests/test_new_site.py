@@ -229,8 +229,8 @@ def test_metrics_record_the_working_scale(fitted):
     [
         (["--site", "NEW", "--lat", "35"], "site: 'NEW' needs both --lat and --lon"),
         (["--lat", "35", "--lon", "-100"], "site: --lat and --lon place the site named by --site"),
-        (["--site", "NEW", "--lat", "95", "--lon", "0"], "lat: must be within [-90, 90]"),
-        (["--site", "NEW", "--lat", "35", "--lon", "-190"], "lon: must be within [-180, 180]"),
+        (["--site", "NEW", "--lat", "95", "--lon", "0"], "lat must be within [-90, 90]"),
+        (["--site", "NEW", "--lat", "35", "--lon", "-190"], "lon must be within [-180, 180]"),
         (["--site", "S1", "--lat", "35", "--lon", "-100"], "site: 'S1' is a site of the model"),
         ([], "site: 'NEW' is not a site of the model"),
         (["--site", "NEW", "--lat", "35", "--lon", "-100", "--new-site-rule", "kriging"],
@@ -274,3 +274,30 @@ def test_the_default_rule_is_nearest(fitted, tmp_path, capsys):
     assert code == 0 and "by the nearest rule" in capsys.readouterr().out
     got = pd.read_csv(out)["score"].to_numpy()
     np.testing.assert_allclose(got, x @ res.coefficients[near[0]], rtol=1e-12)
+
+
+def test_one_location_check_for_sites_files_node_configs_and_predict(tmp_path):
+    """grauc_flower/data.py: location is the check behind a sites file, a node config and
+    predict's --lat/--lon: the poles and the antimeridian pass, anything else is named."""
+    from grauc_flower.data import load_site_file, location, read_sites
+    from strategies.errors import InputError
+
+    assert location("90", -180) == (90.0, -180.0) and location(-90.0, 180) == (-90.0, 180.0)
+    for lat, lon, words in [
+        (90.5, 0, "lat must be within [-90, 90], got 90.5"),
+        (0, -180.01, "lon must be within [-180, 180], got -180.01"),
+        (float("nan"), 0, "lat must be within [-90, 90], got nan"),
+        ("north", 0, "lat must be a number, got 'north'"),
+    ]:
+        with pytest.raises(InputError) as exc:
+            location(lat, lon)
+        assert str(exc.value) == words
+    sites = tmp_path / "sites.csv"
+    sites.write_text("site,lat,lon\nA,10,20\nB,91,0\n")
+    with pytest.raises(InputError, match=r"^sites: lat must be within \[-90, 90\] for site 'B'"):
+        read_sites(str(sites))
+    data = tmp_path / "a.csv"
+    data.write_text("y,x1\n0,1.0\n1,2.0\n")
+    with pytest.raises(InputError, match=r"^node-config: lon must be a number, got 'east'"):
+        load_site_file(str(data), {"site": "A", "lat": "10", "lon": "east"})
+    assert load_site_file(str(data), {"site": "A", "lat": "10", "lon": "-20.5"}).lon == -20.5
