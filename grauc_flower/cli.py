@@ -30,9 +30,9 @@ from strategies.runtime.cli import (
     check_test_arguments,
     cmd_run,
     cv_options,
-    fail,
     fit_summary,
     project_dir,
+    run_main,
     settings_from_args,
     tune_run_config,
     tuning_metrics,
@@ -147,7 +147,11 @@ def _fit_parser(sub) -> None:
     p.add_argument("--checkpoint-every", type=int, default=10, metavar="K", help="(default: 10)")
     p.add_argument("--resume", default="", metavar="FILE", help="start from a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--verbose", action="store_true", help="--engine flower: Flower's own log")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Flower's own log (a line per message and round; all of it with --engine flower)",
+    )
 
 
 def _bench_parser(sub) -> None:
@@ -485,40 +489,30 @@ def cmd_fit(a) -> int:
     return 0
 
 
+def dispatch(args) -> int:
+    if args.command == "fit":
+        return cmd_fit(args)
+    if args.command == "bench":
+        return cmd_bench(args)
+    if args.command == "predict":
+        from .federation import new_site_model
+
+        return cmd_predict(args, read_grauc_model, ignore_outputs=False, extend=new_site_model)
+    if args.command == "report":
+        from .figures import fit_report
+
+        return cmd_report(args, fit_report)
+    if args.command == "study":
+        from .study import cmd_study, load
+
+        study, st = load(args.config)
+        if st.coverage is not None:
+            from .coverage import run as run_coverage
+
+            return run_coverage(args, study, st)
+        return cmd_study(args, study, st)
+    return cmd_run(args, "grauc", "Per-institution")
+
+
 def main(argv=None) -> int:
-    from strategies import quiet_flower
-
-    quiet_flower()
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "fit":
-            return cmd_fit(args)
-        if args.command == "bench":
-            return cmd_bench(args)
-        if args.command == "predict":
-            from .federation import new_site_model
-
-            return cmd_predict(args, read_grauc_model, ignore_outputs=False, extend=new_site_model)
-        if args.command == "report":
-            from .figures import fit_report
-
-            return cmd_report(args, fit_report)
-        if args.command == "study":
-            from .study import cmd_study, load
-
-            study, st = load(args.config)
-            if st.coverage is not None:
-                from .coverage import run as run_coverage
-
-                return run_coverage(args, study, st)
-            return cmd_study(args, study, st)
-        return cmd_run(args, "grauc", "Per-institution")
-    except InputError as exc:
-        return fail(str(exc))
-    except RuntimeError as exc:  # e.g. the Flower run failed: its one line
-        return fail(str(exc).splitlines()[0] if str(exc) else "RuntimeError")
-    except KeyboardInterrupt:
-        return fail("interrupted")
-    except Exception as exc:  # never a traceback for a user; say what broke, in one line
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        return fail(f"unexpected {type(exc).__name__}: {first}")
+    return run_main(build_parser(), dispatch, argv)

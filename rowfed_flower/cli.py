@@ -39,9 +39,9 @@ from strategies.runtime.cli import (
     check_test_arguments,
     cmd_run,
     cv_options,
-    fail,
     fit_summary,
     project_dir,
+    run_main,
     settings_from_args,
     tune_run_config,
     tuning_metrics,
@@ -92,7 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
         "the clients differ in size, else the --size-power value)",
     )
     add_settings(fit, RowFedConfig)
-    fit.add_argument("--verbose", action="store_true", help="log every round")
+    fit.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Flower's own log (a line per message and round; all of it with --engine flower)",
+    )
     default = "rowfed,nonfed,fedavg,perfl-lsma"
     add_run_parser(sub, ROWFED_METHODS, default, "rowfed-data.num-clients", 10)
     from .study import add_parser as _study_parser
@@ -182,14 +186,9 @@ def fit(args) -> int:
         DEFAULT_LAM2_GRID if args.lam2_grid is None else args.lam2_grid, "lam2-grid"
     )
 
-    from strategies import quiet_flower
-
     from . import federation as fed
     from .data import read_graph
     from .figures import fit_report
-
-    if not args.verbose:  # after flwr's import, which sets its own level
-        quiet_flower()
 
     data = fed.read_fit_csv(args.data, args.responses, args.client_column)
     data = fed.with_test_set(data, args.test_data, args.holdout, args.data_seed, args.client_column)
@@ -290,47 +289,35 @@ def fit(args) -> int:
     return 0
 
 
+def dispatch(args) -> int:
+    if args.command == "study":
+        from .study import cmd_study, load
+
+        study, st = load(args.config)
+        if st["coverage"] is not None:
+            from .coverage import run as run_coverage
+
+            return run_coverage(args, study, st)
+        return cmd_study(args, study, st)
+    if args.command == "run":
+        return cmd_run(args, "rowfed", "MSE-Est")
+    if args.command == "predict":
+        return cmd_predict(args, read_rowfed_model, ignore_outputs=True)
+    if args.command == "report":
+        from .figures import fit_report
+
+        return cmd_report(args, fit_report)
+    if args.command == "bench":
+        from . import bench
+
+        run = bench.family_run if args.family else bench.run
+        print(bench.format_table(run(args.out, quick=args.quick)))
+        return 0
+    return fit(args)
+
+
 def main(argv=None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # argparse: usage errors (already one line) and --help
-        return int(exc.code or 0)
-    try:
-        if args.command == "study":
-            from .study import cmd_study, load
-
-            study, st = load(args.config)
-            if st["coverage"] is not None:
-                from .coverage import run as run_coverage
-
-                return run_coverage(args, study, st)
-            return cmd_study(args, study, st)
-        if args.command == "run":
-            return cmd_run(args, "rowfed", "MSE-Est")
-        if args.command == "predict":
-            return cmd_predict(args, read_rowfed_model, ignore_outputs=True)
-        if args.command == "report":
-            from .figures import fit_report
-
-            return cmd_report(args, fit_report)
-        if args.command == "bench":
-            from . import bench
-
-            run = bench.family_run if args.family else bench.run
-            print(bench.format_table(run(args.out, quick=args.quick)))
-            return 0
-        return fit(args)
-    except (InputError, ValueError) as exc:
-        return fail(" ".join(str(exc).split()) or type(exc).__name__)
-    except OSError as exc:
-        return fail(f"{exc.strerror or type(exc).__name__}: {exc.filename or exc}")
-    except KeyboardInterrupt:
-        return fail("interrupted")
-    except RuntimeError as exc:  # e.g. flwr run failed: its first line
-        return fail(str(exc).splitlines()[0] if str(exc) else "RuntimeError")
-    except Exception as exc:  # never a traceback for a user; say what broke, in one line
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        return fail(f"unexpected {type(exc).__name__}: {first}")
+    return run_main(build_parser(), dispatch, argv)
 
 
 __all__ = ["build_parser", "main"]

@@ -212,6 +212,36 @@ def fail(message: str) -> int:
     return 2
 
 
+def run_main(parser: argparse.ArgumentParser, dispatch, argv=None) -> int:
+    """Both methods' ``main``: parse (a usage error is argparse's one line and exit 2,
+    ``--help`` exits 0, either returned, not raised), keep Flower's own log to warnings
+    unless the command was given ``--verbose``, run ``dispatch(args)``, and turn whatever
+    it raises into one ``error:`` line and exit 2: a bad setting or file as it was worded,
+    an operating-system error with its file, a failed Flower run by its first line, and
+    anything else as ``unexpected <type>``, never a traceback."""
+    from strategies import quiet_flower
+
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if not getattr(args, "verbose", False):
+        quiet_flower()
+    try:
+        return dispatch(args)
+    except (InputError, ValueError) as exc:
+        return fail(" ".join(str(exc).split()) or type(exc).__name__)
+    except OSError as exc:
+        return fail(f"{exc.strerror or type(exc).__name__}: {exc.filename or exc}")
+    except KeyboardInterrupt:
+        return fail("interrupted")
+    except RuntimeError as exc:  # e.g. the Flower run failed: its one line
+        return fail(str(exc).splitlines()[0] if str(exc) else "RuntimeError")
+    except Exception as exc:  # noqa: BLE001 - say what broke, in one line
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return fail(f"unexpected {type(exc).__name__}: {first}")
+
+
 def check_output_dir(out: str) -> str:
     """``out`` as an absolute path, after checking it can be an output directory: not empty,
     not an existing file, its parent an existing directory."""
