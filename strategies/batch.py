@@ -247,6 +247,25 @@ class ViewRegistry(Registry):
         self.properties_config = {VIEW_FIELD: json.dumps(self.view, sort_keys=True)}
 
 
+class _NodesOnce:
+    """A client manager whose node list is read once: Flower's asks the Grid for the nodes
+    on every ``all()`` (across hospitals, a call to the SuperLink), and every running fit
+    registers through it each round -- hundreds of calls a round, minutes at the main job's
+    scale.  The fits of one hook see the one list; everything else is the manager's own."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self._nodes: dict | None = None
+
+    def all(self) -> dict:
+        if self._nodes is None:
+            self._nodes = self._inner.all()
+        return dict(self._nodes)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
 def _clocked(sends: bool):
     """A hook's time counts as the server's in its round; for ``aggregate_*``, the time
     since the ``configure_*`` that sent messages ended counts as the sites' (the messages
@@ -434,6 +453,7 @@ class BatchStrategy(Strategy):
     @_clocked(sends=True)
     def configure_fit(self, server_round, parameters, client_manager):
         self._advance_stages()
+        client_manager = _NodesOnce(client_manager)
         out = self._pack(
             self.running(),
             lambda job: job.strategy.configure_fit(server_round, parameters, client_manager),
@@ -499,6 +519,7 @@ class BatchStrategy(Strategy):
 
     @_clocked(sends=True)
     def configure_evaluate(self, server_round, parameters, client_manager):
+        client_manager = _NodesOnce(client_manager)
         if self.stage is not None and self.stage.evaluate and all(j.done for j in self.stage.jobs):
             self._evaluating = True
             # the stage's jobs, and those of its unwaited jobs that are done (their own

@@ -528,6 +528,36 @@ def test_the_batch_clock_splits_each_round_between_server_and_sites(monkeypatch)
     }
 
 
+def test_a_round_reads_the_node_list_once_not_once_per_fit(rowfed_data, monkeypatch):
+    """Across hospitals Flower's client manager asks the SuperLink for the nodes on every
+    all(); the batch hands its fits one list per hook, so a round of 18 fits reads it a
+    few times, not 18 times or more (each fit registering)."""
+    from flwr.server.client_manager import SimpleClientManager
+
+    from rowfed_flower import federation as fed
+    from rowfed_flower.tuning import tuned_strategy
+    from strategies.config import RowFedConfig
+    from strategies.experiments.benchtable import timed_tuning
+    from strategies.rowfed import rowfed_registry
+    from strategies.tuning import CVOptions
+
+    calls = [0]
+    inner = SimpleClientManager.all
+
+    def counted(self):
+        calls[0] += 1
+        return inner(self)
+
+    monkeypatch.setattr(SimpleClientManager, "all", counted)
+    cfg = RowFedConfig()
+    opts = (CVOptions(folds=2, quiet=True, jobs=1), (0.3, 0.05, 0.01), (0.05, 0.005), None)
+    batch = tuned_strategy("rowfed", cfg, len(rowfed_data.clients), rowfed_registry(),
+                           ("cv", opts))  # fmt: skip
+    row = timed_tuning(batch, rowfed_data.make_clients(), fed.max_rounds_for("rowfed", cfg, True))
+    assert row["fits"] >= 18 and row["rounds"] >= 2
+    assert calls[0] <= 2 * (row["rounds"] + 2) + len(rowfed_data.clients)
+
+
 # ---------------------------------------------------------------------------------------
 # 7. RowFed: GIC and CV inside the federation
 # ---------------------------------------------------------------------------------------
