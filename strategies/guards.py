@@ -70,10 +70,10 @@ class Guards:
 
     @classmethod
     def for_benchmark(cls) -> Guards:
-        """The guards of a benchmark's simulated sites (the problem family: what is measured
-        is rounds, and its exact-curvature variant needs second moments of every member):
-        no floor on second moments, the floors of rows as by default."""
-        return cls(min_rows_per_feature=0.0)
+        """The guards of a benchmark's sites (the problem family: what is measured is
+        rounds; its exact-curvature variant needs second moments of every member, and its
+        crime members have states of two communities): no floor."""
+        return cls(min_rows=0, min_class_rows=0, min_rows_per_feature=0.0)
 
     def for_view(self) -> Guards:
         """The guards of a view of the site's rows (a federated tuning's fold): the floors

@@ -81,6 +81,10 @@ def test_rows_floor_for_rowfed():
                        "part with 2 rows, below its floor of 3"):  # fmt: skip
         client.get_properties({})
     assert RowFedClient(client.data, guards=Guards(min_rows=2)).get_properties({})["n"] == 2
+    # the problem family's sites (a crime state of two communities) take part, moments too
+    bench = RowFedClient(client.data, guards=Guards.for_benchmark())
+    assert bench.get_properties({})["n"] == 2
+    assert Guards.for_benchmark() == Guards(0, 0, 0.0)
 
 
 def test_each_client_refuses_second_moments_itself():
