@@ -109,12 +109,20 @@ class GrAUCClient(NumPyClient):
 
     @staticmethod
     def pool(parts) -> dict:
-        """The AUC of a setting's out-of-fold scores, all folds ranked together."""
+        """The AUC of a setting's out-of-fold scores, all folds ranked together, and the
+        site's logistic recalibration of them (strategies/calibration.py: ``cal_a``,
+        ``cal_b`` and their covariance): two numbers and their precision, no row."""
+        from strategies.calibration import recalibrate
+
         scores = np.concatenate([s for s, _ in parts])
         y = np.concatenate([y for _, y in parts])
         n_pos, n_neg = int(np.sum(y == 1)), int(np.sum(y == 0))
         value = auc(scores, y) if n_pos and n_neg else float("nan")
-        return {"auc": float(value), "n_pos": n_pos, "n_neg": n_neg}
+        cal = recalibrate(scores, y)
+        cov = cal["cov"]
+        return {"auc": float(value), "n_pos": n_pos, "n_neg": n_neg,
+                "cal_a": cal["a"], "cal_b": cal["b"], "cal_vaa": float(cov[0, 0]),
+                "cal_vab": float(cov[0, 1]), "cal_vbb": float(cov[1, 1])}  # fmt: skip
 
     # -- helpers ----------------------------------------------------------------------------
     def _scaling(self, config) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -321,6 +321,9 @@ def write_result(
     os.makedirs(out_dir, exist_ok=True)
     if "cv_table" in res.extra:
         res.extra["cv_table"].to_csv(os.path.join(out_dir, "cv.csv"), index=False)
+    if "calibration" in res.extra:
+        res.extra["calibration"].to_csv(os.path.join(out_dir, "calibration.csv"), index=False)
+    if "cv_table" in res.extra:
         extra_metrics = {**res.extra["cv_metrics"], **(extra_metrics or {})}
         cfg = res.extra["config"]
     coef = pd.DataFrame(res.coefficients, columns=list(features))

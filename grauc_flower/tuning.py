@@ -551,7 +551,8 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
         i = next(j for j, s in enumerate(settings) if all(s[p] == chosen[p] for p in params))
         batch.outputs = {"table": table, "summary": summary, "tuned": chosen, "score": score,
                          "maximize": maximize, "small_sites": small,
-                         "lam_path": not grid.lam}  # fmt: skip
+                         "lam_path": not grid.lam,
+                         "calibration": calibration_table(batch.pooled, i, order)}  # fmt: skip
         if i not in full:
             full[i] = Job(
                 f"full/{i}",
@@ -647,7 +648,42 @@ def federated_outputs(batch, method: str, opts: tuning.CVOptions) -> dict:
         "small_sites": list(out["small_sites"]),
     }
     metrics["tuning_time"] = batch.timing()
-    return {"cv_table": out["table"], "cv_metrics": metrics, "config": batch.result.strategy.cfg}
+    cal = out["calibration"]
+    metrics["calibration"] = {
+        "from": "each site's pooled out-of-fold scores at the chosen setting",
+        "model": "expit(intercept + slope * score), per site, shrunk toward the sites' mean",
+        "between_site_variance": {"intercept": cal.attrs["tau2"][0], "slope": cal.attrs["tau2"][1]},
+    }
+    return {"cv_table": out["table"], "cv_metrics": metrics, "calibration": cal,
+            "config": batch.result.strategy.cfg}  # fmt: skip
+
+
+def calibration_table(pooled: dict, i: int, order) -> pd.DataFrame:
+    """``calibration.csv``: each site's logistic recalibration of its pooled out-of-fold
+    scores at setting ``i`` (the mean over repeats of the folds), its standard errors, and
+    the estimates shrunk toward the sites' mean (``intercept``, ``slope``: what ``predict
+    --probability`` uses; strategies/calibration.py, docs/methods.md 3.14)."""
+    from strategies.calibration import shrink
+
+    cols = ("cal_a", "cal_b", "cal_vaa", "cal_vbb", "n_pos", "n_neg")
+    got = {c: pooled_by_site(pooled, i, c) for c in cols}
+    nan = float("nan")
+    frame = pd.DataFrame(
+        {
+            "site": list(order),
+            "n_pos": [got["n_pos"].get(s, nan) for s in order],
+            "n_neg": [got["n_neg"].get(s, nan) for s in order],
+            "site_intercept": [got["cal_a"].get(s, nan) for s in order],
+            "site_slope": [got["cal_b"].get(s, nan) for s in order],
+            "site_intercept_se": np.sqrt([got["cal_vaa"].get(s, nan) for s in order]),
+            "site_slope_se": np.sqrt([got["cal_vbb"].get(s, nan) for s in order]),
+        }
+    )
+    a, _, tau2_a = shrink(frame["site_intercept"], frame["site_intercept_se"] ** 2)
+    b, _, tau2_b = shrink(frame["site_slope"], frame["site_slope_se"] ** 2)
+    frame["intercept"], frame["slope"] = a, b
+    frame.attrs["tau2"] = (tau2_a, tau2_b)
+    return frame
 
 
 def _federated_tables(cv_jobs, pooled, settings, params, order):

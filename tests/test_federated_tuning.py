@@ -201,6 +201,73 @@ def test_each_batched_fit_equals_the_same_fit_alone(files, tuned):
     assert worst < 1e-10, worst
 
 
+def test_calibration_is_each_sites_recalibration_of_its_out_of_fold_scores(
+    files, tuned, tmp_path, capsys
+):
+    """calibration.csv: per site, Firth's logistic recalibration (maximized here by a
+    derivative-free search) of the out-of-fold scores of the chosen setting's three fold
+    fits, each run alone; predict --probability writes expit(intercept + slope * score)
+    with the site's shrunk row, a site outside the federation the sites' mean; without
+    calibration.csv it refuses in one line and writes nothing."""
+    from scipy.special import expit
+    from test_calibration import _firth_reference
+
+    from strategies.calibration import shrink
+
+    sites = files[0]
+    out = tuned("folds")
+    t = _metrics(out)["tuned"]
+    cal = _read(out, "calibration.csv")
+    assert list(cal["site"]) == [s.site for s in sites]
+    pooled = {s.site: ([], []) for s in sites}
+    for k in range(K):
+        fold_sites = _fold_sites(sites, k)
+        res = _alone(fold_sites, t["lam"], t["w_dist"], t["ridge"])
+        for z, s in enumerate(fold_sites):
+            pooled[s.site][0].append(s.x_test @ res.coefficients[z])
+            pooled[s.site][1].append(s.y_test)
+    for site, (scores, ys) in pooled.items():
+        row = cal[cal["site"] == site].iloc[0]
+        want = _firth_reference(np.concatenate(scores), np.concatenate(ys))
+        np.testing.assert_allclose(
+            row[["site_intercept", "site_slope"]].to_numpy(float), want, rtol=1e-4, atol=1e-6
+        )
+        assert row["n_pos"] + row["n_neg"] == sum(len(y) for y in ys)
+    shrunk, mu_a, _ = shrink(cal["site_intercept"], cal["site_intercept_se"] ** 2)
+    np.testing.assert_allclose(cal["intercept"], shrunk)
+
+    coef = _read(out, "coefficients.csv")
+    rows = pd.DataFrame(np.random.default_rng(2).normal(size=(8, 3)), columns=coef.columns[1:])
+    rows.insert(0, "site", [s.site for s in sites] * 2)
+    data = str(tmp_path / "new.csv")
+    rows.to_csv(data, index=False)
+    pred_path = str(tmp_path / "pred.csv")
+    code, err = _main(capsys, "predict", "--model", out, "--data", data, "--out", pred_path,
+                      "--probability")  # fmt: skip
+    assert code == 0, err
+    pred = pd.read_csv(pred_path)
+    assert list(pred.columns) == ["row", "site", "score", "probability"]
+    at = cal.set_index("site")
+    want = expit(at.loc[pred["site"], "intercept"].to_numpy()
+                 + at.loc[pred["site"], "slope"].to_numpy() * pred["score"].to_numpy())  # fmt: skip
+    np.testing.assert_allclose(pred["probability"], want, rtol=1e-12)
+    one = rows[rows["site"] == sites[0].site].drop(columns="site")
+    one.to_csv(data, index=False)
+    code, err = _main(capsys, "predict", "--model", out, "--data", data, "--out", pred_path,
+                      "--probability", "--site", "NEW", "--lat", "40", "--lon", "-100")  # fmt: skip
+    assert code == 0, err
+    pred = pd.read_csv(pred_path)
+    mu_b = shrink(cal["site_slope"], cal["site_slope_se"] ** 2)[1]
+    np.testing.assert_allclose(pred["probability"], expit(mu_a + mu_b * pred["score"]))
+
+    plain = str(tmp_path / "plain")  # a fit without the tuning has no calibration
+    _ok(*_fit_args(files, plain, "--lam", "0.1"))
+    gone = str(tmp_path / "none.csv")
+    code, err = _main(capsys, "predict", "--model", plain, "--data", data, "--out", gone,
+                      "--probability", "--site", "NEW", "--lat", "40", "--lon", "-100")  # fmt: skip
+    _rejected(code, err, gone, "probability: no calibration.csv", "--tune cv")
+
+
 def test_repeats_draw_each_sites_folds_again(files):
     """``repeats = 2``: one row per (fold, repeat), each the fit alone on the folds of
     ``site_folds(..., repeat, ...)``; the mean and SE are over all R*K folds."""

@@ -1,0 +1,111 @@
+"""strategies/calibration.py against independent references: Firth's penalized likelihood
+maximized by a derivative-free search (scipy), the DerSimonian-Laird estimator written out
+again, the Brier score and ECE by their definitions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+from scipy.special import expit
+
+from strategies.calibration import calibration_metrics, recalibrate, shrink
+
+
+def _firth_reference(score, y):
+    """argmax of l(theta) + (1/2) log det I(theta), by Nelder-Mead from the origin."""
+
+    def neg(theta):
+        eta = theta[0] + theta[1] * score
+        loglik = np.sum(y * eta - np.logaddexp(0.0, eta))
+        p = expit(eta)
+        w = p * (1 - p)
+        info = np.array([[w.sum(), (w * score).sum()], [(w * score).sum(), (w * score**2).sum()]])
+        return -(loglik + 0.5 * np.log(np.linalg.det(info)))
+
+    res = minimize(neg, [0.0, 0.0], method="Nelder-Mead",
+                   options={"xatol": 1e-11, "fatol": 1e-14, "maxiter": 40000})  # fmt: skip
+    return res.x
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_recalibration_is_firths_penalized_maximum(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(12, 300))
+    scale = rng.uniform(0.05, 20)
+    score = scale * rng.standard_normal(n) + rng.normal(0, 3)
+    truth = (-1.0 + rng.normal(), rng.uniform(0.2, 2) / scale)
+    y = (rng.random(n) < expit(truth[0] + truth[1] * score)).astype(float)
+    if y.min() == y.max():
+        y[0] = 1 - y[0]
+    got = recalibrate(score, y)
+    want = _firth_reference(score, y)
+    assert got["converged"]
+    np.testing.assert_allclose([got["a"], got["b"]], want, rtol=1e-5, atol=1e-6)
+    # the covariance: the inverse information at the estimate, written out
+    p = expit(got["a"] + got["b"] * score)
+    w = p * (1 - p)
+    info = np.array([[w.sum(), (w * score).sum()], [(w * score).sum(), (w * score**2).sum()]])
+    np.testing.assert_allclose(got["cov"], np.linalg.inv(info), rtol=1e-6)
+    assert (got["n_pos"], got["n_neg"]) == (int(y.sum()), int(n - y.sum()))
+
+
+def test_separated_scores_give_finite_estimates_and_one_class_none():
+    score = np.arange(8.0)
+    y = (score > 3).astype(float)  # the maximum likelihood estimate does not exist
+    got = recalibrate(score, y)
+    assert np.isfinite([got["a"], got["b"]]).all() and got["b"] > 0
+    np.testing.assert_allclose([got["a"], got["b"]], _firth_reference(score, y), rtol=1e-4)
+    none = recalibrate(score, np.zeros(8))
+    assert np.isnan([none["a"], none["b"]]).all() and none["n_pos"] == 0
+
+
+def test_shrinkage_is_dersimonian_laird():
+    rng = np.random.default_rng(7)
+    est = rng.normal(0, 1, 9)
+    var = rng.uniform(0.05, 0.8, 9)
+    est[4], var[4] = np.nan, np.nan  # a site without an estimate takes the mean
+    got, mu, tau2 = shrink(est, var)
+    ok = np.isfinite(est)
+    e, v = est[ok], var[ok]
+    w = 1 / v
+    q = sum(wi * (ei - (w @ e) / w.sum()) ** 2 for wi, ei in zip(w, e, strict=True))
+    want_tau2 = max(0.0, (q - (len(e) - 1)) / (w.sum() - (w**2).sum() / w.sum()))
+    want_mu = np.sum(e / (v + want_tau2)) / np.sum(1 / (v + want_tau2))
+    assert tau2 == pytest.approx(want_tau2, rel=1e-12) and mu == pytest.approx(want_mu)
+    np.testing.assert_allclose(got[ok], want_mu + want_tau2 / (want_tau2 + v) * (e - want_mu))
+    assert got[4] == pytest.approx(mu)
+    # equal sites: nothing between them, every site at the common mean
+    same, mu_same, tau2_same = shrink(np.full(5, 0.3), np.full(5, 0.1))
+    assert tau2_same == 0.0 and np.allclose(same, 0.3) and mu_same == pytest.approx(0.3)
+
+
+def test_calibration_metrics_by_their_definitions():
+    rng = np.random.default_rng(3)
+    prob = rng.uniform(0.02, 0.98, 4000)
+    y = (rng.random(4000) < prob).astype(float)
+    got = calibration_metrics(prob, y, bins=10)
+    assert got["brier"] == pytest.approx(np.mean((prob - y) ** 2))
+    order = np.argsort(prob, kind="stable")
+    ece = sum(len(b) * abs(y[b].mean() - prob[b].mean()) for b in np.array_split(order, 10))
+    assert got["ece"] == pytest.approx(ece / 4000)
+    # calibrated probabilities: intercept near 0, slope near 1 (a few standard errors)
+    assert abs(got["cal_intercept"]) < 0.15 and abs(got["cal_slope"] - 1) < 0.15
+    # over-confident ones (logits doubled): slope near 1/2
+    logit = np.log(prob / (1 - prob))
+    assert calibration_metrics(expit(2 * logit), y)["cal_slope"] == pytest.approx(0.5, abs=0.08)
+
+
+def test_a_site_pools_its_folds_scores_into_one_recalibration():
+    from grauc_flower.client import GrAUCClient
+
+    rng = np.random.default_rng(11)
+    parts = []
+    for _ in range(3):
+        s = rng.normal(size=15)
+        parts.append((s, (rng.random(15) < expit(0.5 + 1.5 * s)).astype(float)))
+    got = GrAUCClient.pool(parts)
+    want = _firth_reference(np.concatenate([p[0] for p in parts]),
+                            np.concatenate([p[1] for p in parts]))  # fmt: skip
+    np.testing.assert_allclose([got["cal_a"], got["cal_b"]], want, rtol=1e-5, atol=1e-6)
+    assert got["cal_vaa"] > 0 and got["cal_vbb"] > 0
