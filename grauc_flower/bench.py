@@ -449,6 +449,74 @@ def new_site_run(out: str, seeds: int) -> pd.DataFrame:
     )
 
 
+#: The calibrations the study compares (docs/methods.md 3.14): each site's own logistic
+#: recalibration of its out-of-fold scores, the sites' random-effects mean for every site,
+#: and each site's shrunk toward that mean (the one ``predict --probability`` uses).
+CALIBRATIONS = ("site", "pooled", "shrunk")
+
+
+def calibration_table(seeds=3, designs=None) -> list[dict]:
+    """Calibrated risks on held-out test rows: per design of :data:`NEW_SITE_DESIGNS` and
+    data split, GrAUC-PFL tuned inside the federation (its calibration.csv from the
+    tuning's out-of-fold scores), each site's test rows scored by its coefficients and
+    mapped to probabilities by each of :data:`CALIBRATIONS`; a row per design, split, site
+    and calibration: Brier score, expected calibration error, and the calibration
+    intercept and slope on the site's test rows, with the site's training counts."""
+    from scipy.special import expit
+
+    from strategies.calibration import calibration_metrics, shrink
+    from strategies.tuning import CVOptions
+
+    from . import tuning
+
+    rows = []
+    for name, spec_fields, folds, (w_dist, ridge) in designs or NEW_SITE_DESIGNS:
+        for seed in range(seeds) if isinstance(seeds, int) else seeds:
+            sites, _ = fed.load_sites(fed.DataSpec(**spec_fields, data_seed=seed))
+            sites = list(sites)
+            grid = tuning.Grid(w_dist=w_dist, ridge=ridge)
+            opts = CVOptions(folds=folds, quiet=True, seed=seed)
+            res = tuning.run_tuned_inprocess(GrAUCConfig(), sites, "grauc", (opts, grid))
+            cal = res.extra["calibration"].set_index("site")
+            own_a, own_b = cal["site_intercept"], cal["site_slope"]
+            _, mu_a, _ = shrink(own_a, cal["site_intercept_se"] ** 2)
+            _, mu_b, _ = shrink(own_b, cal["site_slope_se"] ** 2)
+            for s, beta in zip(sites, res.coefficients, strict=True):
+                if len(set(s.y_test.tolist())) < 2:
+                    continue
+                score = s.x_test @ beta
+                ab = {
+                    "site": (own_a[s.site], own_b[s.site]),
+                    "pooled": (mu_a, mu_b),
+                    "shrunk": (cal.at[s.site, "intercept"], cal.at[s.site, "slope"]),
+                }
+                if not np.isfinite(ab["site"]).all():  # no estimate of its own
+                    ab["site"] = ab["pooled"]
+                for how in CALIBRATIONS:
+                    a, b = ab[how]
+                    scores = calibration_metrics(expit(a + b * score), s.y_test)
+                    rows.append({"what": "calibration", "design": name, "seed": seed,
+                                 "site": s.site, "n_train": len(s.y_train),
+                                 "n_test": len(s.y_test), "calibration": how,
+                                 **scores})  # fmt: skip
+            print(f"calibration: {name}, split {seed} done", flush=True)
+    return rows
+
+
+def calibration_run(out: str, seeds: int) -> pd.DataFrame:
+    check_out(out)
+    df = finish(calibration_table(seeds), out)
+    small = df["n_train"] <= df["n_train"].median()
+    df["sites"] = np.where(small, "smaller half", "larger half")
+    return (
+        df.groupby(["design", "sites", "calibration"], sort=False)[
+            ["brier", "ece", "cal_intercept", "cal_slope"]
+        ]
+        .median()
+        .reset_index()
+    )
+
+
 def _settings(batch) -> list[dict]:
     """The settings of a GrAUC-PFL tuning's all-rows jobs, in their index order."""
     out = {}

@@ -165,7 +165,7 @@ def _bench_parser(sub) -> None:
         help="instead: the cross-validation criteria compared by the tuned fits' test AUC",
     )
     p.add_argument(
-        "--seeds", type=int, default=3, help="--criteria, --new-site: data splits per design"
+        "--seeds", type=int, default=3, help="--criteria, --new-site, --calibration: data splits"
     )
     p.add_argument(
         "--family",
@@ -178,6 +178,12 @@ def _bench_parser(sub) -> None:
         help="instead: sites left out of the federation in turn, scored by predict's "
         "new-site rules and by FedAvg's global model (test AUC)",
     )
+    p.add_argument(
+        "--calibration",
+        action="store_true",
+        help="instead: the calibrated risks of the tuned fits on test rows (Brier, ECE, "
+        "calibration slope) by each site's own, the pooled and the shrunk calibration",
+    )
 
 
 def cmd_bench(a) -> int:
@@ -189,6 +195,8 @@ def cmd_bench(a) -> int:
         df = bench.family_run(a.out, quick=a.quick)
     elif a.new_site:
         df = bench.new_site_run(a.out, a.seeds)
+    elif a.calibration:
+        df = bench.calibration_run(a.out, a.seeds)
     else:
         df = bench.run(a.out, quick=a.quick, flower=not a.no_flower)
     print(bench.format_table(df))
@@ -205,7 +213,7 @@ def build_parser() -> Parser:
     _fit_parser(sub)
     add_run_parser(sub, GRAUC_METHODS, "grauc,fedavg,individual", "data.num-sites", 20)
     _bench_parser(sub)
-    add_predict_parser(sub, "risk scores", new_sites=True)
+    add_predict_parser(sub, "risk scores", new_sites=True, probability=True)
     add_report_parser(sub)
     from .study import add_parser as _study_parser
 

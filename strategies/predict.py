@@ -266,13 +266,52 @@ def write_csv_atomic(frame, out_path: str) -> str:
     return out_path
 
 
-def add_predict_parser(sub, what: str, new_sites: bool = False) -> None:
+def read_calibration(model_dir: str, sites: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each of ``sites``' calibration (``intercept``, ``slope``) from the fit's
+    ``calibration.csv`` (a tuned GrAUC-PFL fit writes it); a site the file does not list (a
+    site outside the federation) takes the sites' random-effects mean."""
+    import pandas as pd
+
+    from .calibration import shrink
+
+    path = os.path.join(model_dir, "calibration.csv")
+    if not os.path.isfile(path):
+        raise InputError(
+            f"probability: no calibration.csv in {model_dir} (fit with --tune cv: the "
+            "calibration comes from the tuning's out-of-fold scores)"
+        )
+    frame = read_table(path, "probability", dtype={"site": str})
+    need = ["site", "intercept", "slope", "site_intercept", "site_slope"]
+    need += ["site_intercept_se", "site_slope_se"]
+    missing = [c for c in need if c not in frame.columns]
+    if missing:
+        raise InputError(f"probability: {path} has no column {missing[0]!r}")
+    used = numeric_columns(frame, ["intercept", "slope"], "probability")
+    # a site whose out-of-fold scores held one class has no estimate of its own (empty)
+    own = np.column_stack([pd.to_numeric(frame[c], errors="coerce") for c in need[3:]])
+    _, mu_a, _ = shrink(own[:, 0], own[:, 2] ** 2)
+    _, mu_b, _ = shrink(own[:, 1], own[:, 3] ** 2)
+    at = {str(s).strip(): k for k, s in enumerate(frame["site"])}
+    a = np.array([used[at[s], 0] if s in at else mu_a for s in sites])
+    b = np.array([used[at[s], 1] if s in at else mu_b for s in sites])
+    return a, b
+
+
+def add_predict_parser(sub, what: str, new_sites: bool = False, probability: bool = False) -> None:
     """The ``predict`` subcommand of a method's command line (:func:`cmd_predict`); with
-    ``new_sites`` the options that place sites outside the federation."""
+    ``new_sites`` the options that place sites outside the federation, with
+    ``probability`` the option that writes calibrated risks."""
     p = sub.add_parser("predict", help=f"{what} for new rows from a fitted model")
     p.add_argument("--model", required=True, help="the fit's output directory")
     p.add_argument("--data", required=True, help="CSV: the site column and the features")
     p.add_argument("--out", required=True, help="CSV to write")
+    if probability:
+        p.add_argument(
+            "--probability",
+            action="store_true",
+            help="also each row's calibrated risk, expit(intercept + slope * score) with its "
+            "site's calibration.csv row (a tuned fit writes it; docs/methods.md 3.14)",
+        )
     if not new_sites:
         return
     p.add_argument(
@@ -308,6 +347,15 @@ def cmd_predict(args, read_model, ignore_outputs: bool, extend=None) -> int:
         model, borrowed = extend(args, model)
     ignore = ("y",) if not ignore_outputs else model.outputs
     result = predict(model, args.data, ignore, getattr(args, "site", "") or "")
+    if getattr(args, "probability", False):
+        from scipy.special import expit
+
+        a, b = read_calibration(args.model, model.sites)
+        at = {s: k for k, s in enumerate(model.sites)}
+        z = result[model.site_column].map(at).to_numpy()
+        score = result["score"].to_numpy(dtype=float)
+        at_col = list(result.columns).index("score") + 1
+        result.insert(at_col, "probability", expit(a[z] + b[z] * score))
     path = write_csv_atomic(result, args.out)
     for b in borrowed:
         rows = int((result[model.site_column] == b.site).sum())
