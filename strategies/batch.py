@@ -50,7 +50,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from . import lockstep
-from .registry import EMPTY, Registry
+from .registry import EMPTY, Registry, ask_properties
 from .workers import ModelWorkers
 
 #: The task name of a batched message (fit and evaluate), and the config field that holds
@@ -83,17 +83,42 @@ def _decode_value(v):
 
 def encode(items) -> str:
     """A list of ``{..., "config": {key: Scalar}}`` records as one JSON string (bytes as
-    base64)."""
-    return json.dumps(
-        [{**it, "config": {k: _encode_value(v) for k, v in it["config"].items()}} for it in items]
-    )
+    base64).  Bytes that recur (a view's centring and scale, the same for each of its hundreds
+    of fits) are written once, under ``shared``, and referred to by their place."""
+    counts: dict[bytes, int] = {}
+    for it in items:
+        for v in it["config"].values():
+            if isinstance(v, bytes):
+                counts[v] = counts.get(v, 0) + 1
+    shared = [v for v, n in counts.items() if n > 1]
+    at = {v: k for k, v in enumerate(shared)}
+
+    def value(v):
+        if isinstance(v, bytes) and v in at:
+            return {"ref": at[v]}
+        return _encode_value(v)
+
+    records = [{**it, "config": {k: value(v) for k, v in it["config"].items()}} for it in items]
+    if not shared:
+        return json.dumps(records)
+    blobs = [base64.b64encode(v).decode("ascii") for v in shared]
+    return json.dumps({"shared": blobs, "records": records})
 
 
 def decode(text: str) -> list[dict]:
-    return [
-        {**it, "config": {k: _decode_value(v) for k, v in it["config"].items()}}
-        for it in json.loads(text)
-    ]
+    """The records of :func:`encode`."""
+    obj = json.loads(text)
+    shared: list[bytes] = []
+    if isinstance(obj, dict):
+        shared = [base64.b64decode(b) for b in obj["shared"]]
+        obj = obj["records"]
+
+    def value(v):
+        if isinstance(v, dict) and set(v) == {"ref"}:
+            return shared[int(v["ref"])]
+        return _decode_value(v)
+
+    return [{**it, "config": {k: value(v) for k, v in it["config"].items()}} for it in obj]
 
 
 def data_view(view: dict) -> dict:
@@ -106,9 +131,26 @@ def data_view(view: dict) -> dict:
 # ---------------------------------------------------------------------------------------
 def answer_properties(client, config) -> dict:
     """A view's registration properties (the client's ``get_properties`` for a config that
-    carries :data:`VIEW_FIELD`)."""
+    carries :data:`VIEW_FIELD`); for a list of views, every view's, each key prefixed with
+    the view's place in the list (``"2:n"``): the registrations of a stage's views in one
+    message."""
     view = json.loads(str(config[VIEW_FIELD]))
-    return client.view(view).get_properties({})
+    if isinstance(view, dict):
+        return client.view(view).get_properties({})
+    return {
+        f"{k}:{key}": value
+        for k, v in enumerate(view)
+        for key, value in client.view(v).get_properties({}).items()
+    }
+
+
+def split_properties(props: dict, n_views: int) -> list[dict]:
+    """The per-view properties of a combined answer (:func:`answer_properties`)."""
+    out: list[dict] = [{} for _ in range(n_views)]
+    for key, value in props.items():
+        at, _, name = key.partition(":")
+        out[int(at)][name] = value
+    return out
 
 
 def answer_fit(client, parameters, config) -> tuple[list, int, dict]:
@@ -450,10 +492,26 @@ class BatchStrategy(Strategy):
             "rounds_server_slower": int((server > sites).sum()),
         }
 
+    def _register_views(self, client_manager, server_round) -> None:
+        """The views not yet registered (a stage's folds), every site asked for all of them
+        in one message instead of one message per view: across hospitals each message is
+        a round trip and a ClientApp started."""
+        pending = [r for r in self.views.values() if not r.cid_to_site]
+        if len(pending) < 2:
+            return  # one view registers through its own fits as before
+        nodes = client_manager.all()
+        clients = [nodes[c] for c in sorted(nodes) if c in self.registry.cid_to_site]
+        config = {VIEW_FIELD: json.dumps([r.view for r in pending], sort_keys=True)}
+        for proxy, props in ask_properties(clients, config, self.timeout, server_round):
+            if props is not None:
+                for reg, part in zip(pending, split_properties(props, len(pending)), strict=True):
+                    reg.register(proxy.cid, part)
+
     @_clocked(sends=True)
     def configure_fit(self, server_round, parameters, client_manager):
         self._advance_stages()
         client_manager = _NodesOnce(client_manager)
+        self._register_views(client_manager, server_round)
         out = self._pack(
             self.running(),
             lambda job: job.strategy.configure_fit(server_round, parameters, client_manager),

@@ -32,6 +32,36 @@ EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
 COMMON_KEYS = ("site", "n", "index", "features", "sum_x", "sum_x2")
 
 
+def ask_properties(clients, config: dict, timeout: float | None, group_id: int) -> list:
+    """Every client's answer to one properties request (concurrently): ``(proxy,
+    properties)``, ``None`` for a node that did not answer (logged); a site's refusal of its
+    own data or node config ends the run (:func:`strategies.errors.site_input_error`)."""
+    if not clients:
+        return []
+    ins = GetPropertiesIns(config=dict(config))
+
+    def ask(proxy):
+        try:
+            return proxy.get_properties(ins, timeout, group_id)
+        except Exception as exc:  # noqa: BLE001 - a node that fails is reported, as in Flower
+            return exc
+
+    with ThreadPoolExecutor(max_workers=min(len(clients), 32)) as pool:
+        answers = list(pool.map(ask, clients))
+    out = []
+    for proxy, res in zip(clients, answers, strict=True):
+        if isinstance(res, BaseException) or res.status.code != Code.OK:
+            why = res if isinstance(res, BaseException) else res.status.message
+            bad_input = site_input_error(why)
+            if bad_input is not None:  # the site's data or node config: end the run
+                raise bad_input
+            log(WARNING, "registration: node %s did not answer: %s", proxy.cid, why)
+            out.append((proxy, None))
+        else:
+            out.append((proxy, dict(res.properties)))
+    return out
+
+
 @dataclass
 class SiteInfo:
     """What one site reported at registration."""
@@ -188,30 +218,11 @@ class Registry:
         """Ask every client not yet known for its properties (concurrently) and register
         the answers; returns the node ids that did not answer."""
         todo = [c for c in clients if c.cid not in self.cid_to_site and c.cid not in self.refused]
-        if not todo:
-            return []
-        ins = GetPropertiesIns(config=dict(self.properties_config))
-
-        def ask(proxy):
-            try:
-                return proxy.get_properties(ins, timeout, group_id)
-            except Exception as exc:  # noqa: BLE001 - a node that fails is reported, as in Flower
-                return exc
-
-        with ThreadPoolExecutor(max_workers=min(len(todo), 32)) as pool:
-            answers = list(pool.map(ask, todo))
-        failed = []
-        for proxy, res in zip(todo, answers, strict=True):
-            if isinstance(res, BaseException) or res.status.code != Code.OK:
-                why = res if isinstance(res, BaseException) else res.status.message
-                bad_input = site_input_error(why)
-                if bad_input is not None:  # the site's data or node config: end the run
-                    raise bad_input
-                log(WARNING, "registration: node %s did not answer: %s", proxy.cid, why)
-                failed.append(proxy.cid)
-                continue
-            self.register(proxy.cid, dict(res.properties))
-        return failed
+        answers = ask_properties(todo, self.properties_config, timeout, group_id)
+        for proxy, props in answers:
+            if props is not None:
+                self.register(proxy.cid, props)
+        return [proxy.cid for proxy, props in answers if props is None]
 
     def settle(
         self, client_manager, n_sites: int, ask_timeout: float | None, group_id: int

@@ -625,6 +625,47 @@ def test_a_round_reads_the_node_list_once_not_once_per_fit(rowfed_data, monkeypa
     assert calls[0] <= 2 * (row["rounds"] + 2) + len(rowfed_data.clients)
 
 
+def test_a_stages_views_register_in_one_message_per_site(rowfed_data, monkeypatch):
+    """The folds' views register together: each site answers one properties message for
+    its whole data and one for all three folds (not one per fold), and the tuning's
+    table and choice are those of one message per view."""
+    from rowfed_flower import federation as fed
+    from rowfed_flower.client import RowFedClient
+    from rowfed_flower.tuning import tuned_strategy
+    from strategies import batch as batch_module
+    from strategies.config import RowFedConfig
+    from strategies.experiments.benchtable import timed_tuning
+    from strategies.rowfed import rowfed_registry
+    from strategies.tuning import CVOptions
+
+    def run():
+        asked: list[str] = []
+        inner = RowFedClient.get_properties
+
+        def counted(self, config):
+            asked.append(str(config.get(batch_module.VIEW_FIELD, "")))
+            return inner(self, config)
+
+        monkeypatch.setattr(RowFedClient, "get_properties", counted)
+        cfg = RowFedConfig()
+        opts = (CVOptions(folds=3, quiet=True, jobs=1), (0.3, 0.05), (0.05,), None)
+        batch = tuned_strategy("rowfed", cfg, len(rowfed_data.clients), rowfed_registry(),
+                               ("cv", opts))  # fmt: skip
+        timed_tuning(batch, rowfed_data.make_clients(), fed.max_rounds_for("rowfed", cfg, True))
+        monkeypatch.setattr(RowFedClient, "get_properties", inner)
+        return asked, fed.collect("rowfed", batch)
+
+    asked, res = run()
+    m = len(rowfed_data.clients)
+    views = [a for a in asked if a]  # the messages that carry views (not a view's own call)
+    assert len(views) == m and all(a.startswith("[") for a in views)  # the three folds at once
+    monkeypatch.setattr(batch_module.BatchStrategy, "_register_views", lambda *a: None)
+    asked_one_by_one, ref = run()
+    assert len([a for a in asked_one_by_one if a]) == 3 * m
+    assert res.extra["tuning_table"][1].equals(ref.extra["tuning_table"][1])
+    np.testing.assert_array_equal(res.theta, ref.theta)
+
+
 # ---------------------------------------------------------------------------------------
 # 7. RowFed: GIC and CV inside the federation
 # ---------------------------------------------------------------------------------------
