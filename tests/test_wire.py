@@ -63,3 +63,28 @@ def test_bad_bytes_fail_as_numpy_fails():
             wire.bytes_array(bad)
     with pytest.raises(ValueError):
         wire.array_bytes(np.array([{"a": 1}], dtype=object))
+
+
+def test_a_batched_message_writes_recurring_bytes_once():
+    """strategies/batch.py: encode/decode give back every record as it was; bytes that
+    recur across records (a view's centring) are written once."""
+    import json
+
+    from strategies.batch import decode, encode
+
+    centre = np.arange(10.0).tobytes()
+    records = [
+        {"job": f"cv/{k}", "n": 1, "config": {"task": "gradient", "center": centre,
+                                              "own": np.float64(k).tobytes(), "k": np.int64(k),
+                                              "lam": 0.1 * k, "flag": True}}
+        for k in range(50)
+    ]  # fmt: skip
+    text = encode(records)
+    back = decode(text)
+    for got, want in zip(back, records, strict=True):
+        assert got["job"] == want["job"] and got["n"] == want["n"]
+        assert got["config"] == {**want["config"], "k": int(want["config"]["k"])}
+        assert isinstance(got["config"]["center"], bytes)
+    assert text.count(json.dumps(__import__("base64").b64encode(centre).decode())) == 1
+    plain = [{"job": "a", "n": 0, "config": {"x": b"\x01\x02", "y": "text"}}]
+    assert decode(encode(plain)) == plain and encode(plain).startswith("[")
