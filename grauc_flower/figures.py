@@ -669,6 +669,40 @@ def _accuracy_section(out_dir: str, metrics: dict):
     return report.Section("accuracy", title, note + report.image(fig) + report.table(frame))
 
 
+def _calibration_block(out_dir: str) -> str:
+    """A tuned fit's calibration (calibration.csv): each site's recalibration slope with its
+    95% interval beside the slope shrunk toward the sites' mean, and the table; ``""``
+    without the file."""
+    from strategies import report
+
+    cal = report.read_csv(out_dir, "calibration.csv")
+    if cal is None or cal.empty:
+        return ""
+    note = report.text(
+        "Each site maps its score to a risk, P(y = 1) = expit(intercept + slope x score), "
+        "fitted on its out-of-fold scores of the chosen setting (Firth's logistic "
+        "regression; red, with its 95% interval), then shrunk toward the sites' mean (dashed) "
+        "by how precise it is (blue: what predict --probability uses; docs/methods.md 3.14)."
+    )
+    plt = report.pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 1.3 + 0.24 * len(cal)))
+    y = np.arange(len(cal))[::-1]
+    est, se = cal["site_slope"].to_numpy(float), cal["site_slope_se"].to_numpy(float)
+    ok = np.isfinite(est) & np.isfinite(se)
+    ax.hlines(y[ok], est[ok] - 1.96 * se[ok], est[ok] + 1.96 * se[ok], color="#20324a", lw=1.2)
+    ax.plot(est, y, "s", color="#d62728", ms=5, mec="black", mew=0.5, label="site's own")
+    ax.plot(cal["slope"], y, "D", color="#1f77b4", ms=5, mec="black", mew=0.5, label="shrunk")
+    ax.axvline(float(np.nanmean(cal["slope"])), color="0.4", ls="--", lw=0.9)
+    ax.set_yticks(y)
+    ax.set_yticklabels(cal["site"].astype(str), fontsize=8 if len(cal) > 25 else 9)
+    ax.set_xlabel("calibration slope (per unit of score)")
+    ax.legend(loc="best", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    body = note + report.image(fig)
+    return "<h3>Calibrated risks</h3>" + body + report.table(cal.round(4))
+
+
 def fit_report(out_dir: str) -> str:
     """Write ``out_dir/report.html`` from a GrAUC-PFL (or baseline) fit's files."""
     from strategies import report
@@ -744,6 +778,10 @@ def fit_report(out_dir: str) -> str:
         "coefficients": heat,
         "accuracy": _accuracy_section(out_dir, metrics),
     }
+    calibration = _calibration_block(out_dir)
+    if calibration:  # discrimination, then calibration: one section on accuracy
+        acc = sections["accuracy"]
+        sections["accuracy"] = report.Section(acc.id, acc.title, acc.body + calibration)
     return report.fit_report(
         out_dir, metrics, "GrAUC-PFL fit report", summary, sections, PARAMS.get(method, ())
     )

@@ -266,6 +266,12 @@ def test_calibration_is_each_sites_recalibration_of_its_out_of_fold_scores(
     code, err = _main(capsys, "predict", "--model", plain, "--data", data, "--out", gone,
                       "--probability", "--site", "NEW", "--lat", "40", "--lon", "-100")  # fmt: skip
     _rejected(code, err, gone, "probability: no calibration.csv", "--tune cv")
+    # the report's accuracy section shows the calibration of a tuned fit only
+    with open(os.path.join(out, "report.html")) as fh:
+        page = fh.read()
+    assert "Calibrated risks" in page and f"{cal['slope'].iloc[0]:.4f}".rstrip("0") in page
+    with open(os.path.join(plain, "report.html")) as fh:
+        assert "Calibrated risks" not in fh.read()
 
 
 def test_repeats_draw_each_sites_folds_again(files):
