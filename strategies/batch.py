@@ -311,13 +311,15 @@ class _NodesOnce:
 def _clocked(sends: bool):
     """A hook's time counts as the server's in its round; for ``aggregate_*``, the time
     since the ``configure_*`` that sent messages ended counts as the sites' (the messages
-    out, the sites' work, the answers back)."""
+    out, the sites' work, the answers back), and so does a hook's wait for the sites'
+    registrations (``self._waited``)."""
 
     def deco(fn):
         @functools.wraps(fn)
         def hook(self, server_round, *args, **kwargs):
             clock = self.clock.setdefault(int(server_round), [0.0, 0.0])
             self._hook_start = start = time.perf_counter()
+            self._waited = 0.0
             if not sends and self._sent is not None:
                 clock[1] += start - self._sent
                 self._sent = None
@@ -327,7 +329,8 @@ def _clocked(sends: bool):
                 return out
             finally:
                 end = time.perf_counter()
-                clock[0] += end - start
+                clock[0] += end - start - self._waited  # a registration's wait is the sites'
+                clock[1] += self._waited
                 self._sent = end if sends and out else None
 
         return hook
@@ -393,6 +396,7 @@ class BatchStrategy(Strategy):
         self.clock: dict[int, list[float]] = {}
         self._sent: float | None = None
         self._hook_start = self._t0
+        self._waited = 0.0
 
     # -- what the apps read -----------------------------------------------------------------
     @property
@@ -502,7 +506,10 @@ class BatchStrategy(Strategy):
         nodes = client_manager.all()
         clients = [nodes[c] for c in sorted(nodes) if c in self.registry.cid_to_site]
         config = {VIEW_FIELD: json.dumps([r.view for r in pending], sort_keys=True)}
-        for proxy, props in ask_properties(clients, config, self.timeout, server_round):
+        t0 = time.perf_counter()
+        answers = ask_properties(clients, config, self.timeout, server_round)
+        self._waited += time.perf_counter() - t0
+        for proxy, props in answers:
             if props is not None:
                 for reg, part in zip(pending, split_properties(props, len(pending)), strict=True):
                     reg.register(proxy.cid, part)
@@ -562,7 +569,7 @@ class BatchStrategy(Strategy):
                 f"tuning round {server_round}: stage {self.stage.name if self.stage else 'refit'}"
                 f", {running} fits running, {len(self.jobs) - running} done "
                 f"({now - self._t0:.1f} s; this round: sites {sites:.2f} s, "
-                f"server {server + now - self._hook_start:.2f} s)"
+                f"server {server + now - self._hook_start - self._waited:.2f} s)"
             )
         return EMPTY, {}
 

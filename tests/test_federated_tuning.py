@@ -561,9 +561,9 @@ def test_flower_engine_equals_inprocess(files, tmp_path):
 
 
 def test_the_batch_clock_splits_each_round_between_server_and_sites(monkeypatch):
-    """A round's hooks count as the server's time; from a configure that sent messages to
-    the aggregate that takes the answers, as the sites'; a configure that sent nothing
-    starts no wait."""
+    """A round's hooks count as the server's time, but for their waits on the sites'
+    registrations; from a configure that sent messages to the aggregate that takes the
+    answers, as the sites'; a configure that sent nothing starts no wait."""
     from strategies import batch as batch_module
     from strategies.batch import BatchStrategy
 
@@ -572,11 +572,14 @@ def test_the_batch_clock_splits_each_round_between_server_and_sites(monkeypatch)
 
     class Clocked(BatchStrategy):
         def __init__(self):  # only the clock's state
-            self.clock, self._sent, self._hook_start = {}, None, 0.0
+            self.clock, self._sent, self._hook_start, self._waited = {}, None, 0.0, 0.0
 
         @batch_module._clocked(sends=True)
         def configure_fit(self, server_round, parameters, client_manager):
             now[0] += 1.0
+            if server_round == 1:  # a registration's wait for the sites
+                now[0] += 0.5
+                self._waited += 0.5
             return ["message"] if server_round < 3 else []
 
         @batch_module._clocked(sends=False)
@@ -590,13 +593,13 @@ def test_the_batch_clock_splits_each_round_between_server_and_sites(monkeypatch)
         b.aggregate_fit(rnd, [], [])
     b.configure_fit(3, None, None)  # nothing sent
     now[0] += 10.0
-    assert b.clock == {1: [3.0, 3.0], 2: [3.0, 0.5], 3: [1.0, 0.0]}
+    assert b.clock == {1: [3.0, 3.5], 2: [3.0, 0.5], 3: [1.0, 0.0]}
     assert b.timing() == {
         "rounds": 2,
         "server_seconds_per_round": 3.0,
-        "sites_seconds_per_round": 1.75,
+        "sites_seconds_per_round": 2.0,
         "server_seconds_max": 3.0,
-        "sites_seconds_max": 3.0,
+        "sites_seconds_max": 3.5,
         "rounds_server_slower": 1,
     }
 
