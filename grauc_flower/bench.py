@@ -442,11 +442,8 @@ def new_site_table(seeds=3, designs=None, rules=None) -> list[dict]:
 def new_site_run(out: str, seeds: int) -> pd.DataFrame:
     check_out(out)
     df = finish(new_site_table(seeds), out)
-    return (
-        df.groupby(["design", "scorer"], sort=False)["test_auc"]
-        .agg(["mean", "count"])
-        .reset_index()
-    )
+    keys = ["machine", "what", "design", "scorer"]
+    return df.groupby(keys, sort=False)["test_auc"].agg(["mean", "count"]).reset_index()
 
 
 #: The calibrations the study compares (docs/methods.md 3.14): each site's own logistic
@@ -506,15 +503,11 @@ def calibration_table(seeds=3, designs=None) -> list[dict]:
 def calibration_run(out: str, seeds: int) -> pd.DataFrame:
     check_out(out)
     df = finish(calibration_table(seeds), out)
-    small = df["n_train"] <= df["n_train"].median()
-    df["sites"] = np.where(small, "smaller half", "larger half")
-    return (
-        df.groupby(["design", "sites", "calibration"], sort=False)[
-            ["brier", "ece", "cal_intercept", "cal_slope"]
-        ]
-        .median()
-        .reset_index()
-    )
+    small = df.groupby("design")["n_train"].transform(lambda n: n <= n.median())
+    equal = df.groupby("design")["n_train"].transform("nunique") == 1
+    df["sites"] = np.where(equal, "all (one size)", np.where(small, "smaller half", "larger half"))
+    keys = ["machine", "what", "design", "sites", "calibration"]
+    return df.groupby(keys, sort=False)[["brier", "ece", "cal_slope"]].mean().reset_index()
 
 
 def _settings(batch) -> list[dict]:

@@ -109,3 +109,27 @@ def test_a_site_pools_its_folds_scores_into_one_recalibration():
                             np.concatenate([p[1] for p in parts]))  # fmt: skip
     np.testing.assert_allclose([got["cal_a"], got["cal_b"]], want, rtol=1e-5, atol=1e-6)
     assert got["cal_vaa"] > 0 and got["cal_vbb"] > 0
+
+
+def test_the_bench_prints_its_calibration_and_new_site_tables(monkeypatch, tmp_path):
+    """bench --calibration and --new-site: their summaries carry what the printed table
+    needs, and the calibration study splits unequal sites at the median size."""
+    from grauc_flower import bench
+
+    rows = [
+        {"what": "calibration", "design": d, "seed": 0, "site": f"S{k}", "n_train": n,
+         "n_test": 10, "calibration": c, "brier": 0.1 + k / 100, "ece": 0.05, "cal_slope": 1.0}
+        for d, sizes in (("equal", (30, 30)), ("unequal", (10, 50)))
+        for k, n in enumerate(sizes)
+        for c in bench.CALIBRATIONS
+    ]  # fmt: skip
+    monkeypatch.setattr(bench, "calibration_table", lambda seeds: rows)
+    out = bench.calibration_run(str(tmp_path / "cal"), 1)
+    text = bench.format_table(out)
+    assert "[calibration]" in text and "all (one size)" in text and "larger half" in text
+    small = out[(out["design"] == "unequal") & (out["sites"] == "smaller half")]
+    assert small["brier"].tolist() == [0.1] * 3
+    site_rows = [{"what": "new site", "design": "d", "seed": 0, "site": "S1", "scorer": r,
+                  "test_auc": 0.8} for r in ("nearest", "graph")]  # fmt: skip
+    monkeypatch.setattr(bench, "new_site_table", lambda seeds: site_rows)
+    assert "[new site]" in bench.format_table(bench.new_site_run(str(tmp_path / "ns"), 1))
