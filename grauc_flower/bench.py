@@ -461,7 +461,7 @@ def calibration_table(seeds=3, designs=None) -> list[dict]:
     intercept and slope on the site's test rows, with the site's training counts."""
     from scipy.special import expit
 
-    from strategies.calibration import calibration_metrics, shrink
+    from strategies.calibration import calibration_mean, calibration_metrics
     from strategies.tuning import CVOptions
 
     from . import tuning
@@ -476,8 +476,7 @@ def calibration_table(seeds=3, designs=None) -> list[dict]:
             res = tuning.run_tuned_inprocess(GrAUCConfig(), sites, "grauc", (opts, grid))
             cal = res.extra["calibration"].set_index("site")
             own_a, own_b = cal["site_intercept"], cal["site_slope"]
-            _, mu_a, _ = shrink(own_a, cal["site_intercept_se"] ** 2)
-            _, mu_b, _ = shrink(own_b, cal["site_slope_se"] ** 2)
+            mu_a, mu_b = calibration_mean(cal)
             for s, beta in zip(sites, res.coefficients, strict=True):
                 if len(set(s.y_test.tolist())) < 2:
                     continue

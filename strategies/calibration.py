@@ -106,6 +106,14 @@ def shrink(estimates: np.ndarray, variances: np.ndarray) -> tuple[np.ndarray, fl
     return out, mu, tau2
 
 
+def calibration_mean(frame) -> tuple[float, float]:
+    """The sites' random-effects mean intercept and slope from a ``calibration.csv`` frame
+    (each site's own estimates and standard errors; what a site without one takes)."""
+    _, mu_a, _ = shrink(frame["site_intercept"], np.asarray(frame["site_intercept_se"]) ** 2)
+    _, mu_b, _ = shrink(frame["site_slope"], np.asarray(frame["site_slope_se"]) ** 2)
+    return mu_a, mu_b
+
+
 def calibration_metrics(prob, y, bins: int = ECE_BINS) -> dict:
     """Brier score, expected calibration error (``bins`` equal-count bins: the mean over
     rows of ``|mean outcome - mean probability|`` of the row's bin) and the calibration
@@ -124,4 +132,4 @@ def calibration_metrics(prob, y, bins: int = ECE_BINS) -> dict:
             "cal_slope": fit["b"]}  # fmt: skip
 
 
-__all__ = ["calibration_metrics", "firth_loglik", "recalibrate", "shrink"]
+__all__ = ["calibration_mean", "calibration_metrics", "firth_loglik", "recalibrate", "shrink"]

@@ -272,7 +272,7 @@ def read_calibration(model_dir: str, sites: Sequence[str]) -> tuple[np.ndarray, 
     site outside the federation) takes the sites' random-effects mean."""
     import pandas as pd
 
-    from .calibration import shrink
+    from .calibration import calibration_mean
 
     path = os.path.join(model_dir, "calibration.csv")
     if not os.path.isfile(path):
@@ -288,9 +288,8 @@ def read_calibration(model_dir: str, sites: Sequence[str]) -> tuple[np.ndarray, 
         raise InputError(f"probability: {path} has no column {missing[0]!r}")
     used = numeric_columns(frame, ["intercept", "slope"], "probability")
     # a site whose out-of-fold scores held one class has no estimate of its own (empty)
-    own = np.column_stack([pd.to_numeric(frame[c], errors="coerce") for c in need[3:]])
-    _, mu_a, _ = shrink(own[:, 0], own[:, 2] ** 2)
-    _, mu_b, _ = shrink(own[:, 1], own[:, 3] ** 2)
+    own = frame[need[3:]].apply(pd.to_numeric, errors="coerce")
+    mu_a, mu_b = calibration_mean(own)
     at = {str(s).strip(): k for k, s in enumerate(frame["site"])}
     a = np.array([used[at[s], 0] if s in at else mu_a for s in sites])
     b = np.array([used[at[s], 1] if s in at else mu_b for s in sites])
