@@ -84,6 +84,10 @@ FOREST_LEVEL = 4e4
 MIN_STEP = 2.0**-30
 RELAX = 1.6  # the inner ADMM's over-relaxation
 INNER_TOL = 1e-11  # the model problem's tolerance near the optimum (relative to its scale)
+#: ... for a fit stopping at ``tol``: at most ``tol`` divided by this (a fit that stops at a
+#: 1e-3 gap, a cross-validation fit, needs no model solution to 1e-11; at ``tol`` <= 1e-6,
+#: the default, this is INNER_TOL exactly)
+INNER_SHARE = 1e5
 INNER_FORCING = 1e-3  # ... loosened to this share of the last step while steps are large
 INNER_LOOSEST = 1e-6
 POLISH_FIRST = 10  # inner ADMM iterations before the first exact polish (then 20, 40, ...)
@@ -695,18 +699,27 @@ def _model_hessians(st: QuasiNewtonState) -> np.ndarray:
     return st.hess + st.damping[:, None, None] * np.eye(st.x.shape[1])[None]
 
 
-def _inner_tol(st: QuasiNewtonState) -> float:
-    """The model problem's tolerance: :data:`INNER_TOL`, loosened to :data:`INNER_FORCING`
-    times the last direction's largest entry (relative to the scale of
+def inner_floor(tol: float | None) -> float:
+    """The model problem's tightest tolerance for a fit stopping at ``tol``:
+    ``tol /`` :data:`INNER_SHARE`, at least :data:`INNER_TOL`, at most :data:`INNER_LOOSEST`
+    (``None``: :data:`INNER_TOL`).  A model solution far more accurate than the fit's own
+    stopping gap buys nothing: a fit at ``tol`` 1e-3 (the tuning's cross-validation fits)
+    ends on a model solution accurate to 1e-8, one at the default 1e-6 to 1e-11."""
+    if tol is None:
+        return INNER_TOL
+    return float(np.clip(tol / INNER_SHARE, INNER_TOL, INNER_LOOSEST))
+
+
+def _inner_tol(st: QuasiNewtonState, floor: float = INNER_TOL) -> float:
+    """The model problem's tolerance: ``floor`` (:func:`inner_floor`), loosened to
+    :data:`INNER_FORCING` times the last direction's largest entry (relative to the scale of
     :func:`solve_model`), at most :data:`INNER_LOOSEST` -- an inexact proximal Newton
     method (Lee, Sun & Saunders 2014, §3.2: the model needs solving only as accurately as
     the step it yields is small; the tolerance tightens as the fit converges)."""
     last = float(np.max(np.abs(st.direction), initial=0.0))
     if last == 0.0:
-        return INNER_TOL
-    return float(
-        np.clip(INNER_FORCING * last / _model_scale(st.x, st.grad), INNER_TOL, INNER_LOOSEST)
-    )
+        return floor
+    return float(np.clip(INNER_FORCING * last / _model_scale(st.x, st.grad), floor, INNER_LOOSEST))
 
 
 def _model_scale(x: np.ndarray, grad: np.ndarray) -> float:
@@ -714,18 +727,21 @@ def _model_scale(x: np.ndarray, grad: np.ndarray) -> float:
     return max(1.0, float(np.max(np.abs(x))), float(np.max(np.abs(grad))))
 
 
-def _new_direction(problem: Problem, st: QuasiNewtonState, tol: float | None = None) -> int:
+def _new_direction(
+    problem: Problem, st: QuasiNewtonState, tol: float | None, may_end: bool = True
+) -> int:
     """The model step at ``st.x`` (direction, predicted decrease, trial point), the model
     problem solved to :func:`_inner_tol`.  When that step would end the fit (the stopping
-    rule at ``tol``) or promises no decrease, it is solved again to :data:`INNER_TOL`, so a
-    fit ends on an accurate model solution (its fused groups and zeros are read from it).
-    Returns the inner iterations."""
-    inner = _inner_tol(st)
+    rule at ``tol``; only if ``may_end``) or promises no decrease, it is solved again to
+    :func:`inner_floor`, so a fit ends on an accurate model solution (its fused groups and
+    zeros are read from it).  Returns the inner iterations."""
+    floor = inner_floor(tol)
+    inner = _inner_tol(st, floor)
     it = _solve_direction(problem, st, inner)
-    if inner > INNER_TOL and (
-        st.decrease >= 0.0 or (tol is not None and st.evaluated and _converged(tol, st))
+    if inner > floor and (
+        st.decrease >= 0.0 or (may_end and tol is not None and st.evaluated and _converged(tol, st))
     ):
-        it += _solve_direction(problem, st, INNER_TOL)
+        it += _solve_direction(problem, st, floor)
     return it
 
 
@@ -832,7 +848,7 @@ def _advance(
         for z, answer in answered.items():  # answers at x_z for the frozen ones only
             if not moved[z]:
                 _take(st, z, answer, st.value, st.grad)
-        it = _new_direction(problem, st)
+        it = _new_direction(problem, st, tol, may_end=False)
         return st, Step(False, st.objective, -st.decrease, False, it)
     value, grad = st.value.copy(), st.grad.copy()
     for z, answer in answered.items():

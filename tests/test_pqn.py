@@ -597,3 +597,31 @@ def test_accelerated_all_pairs_group_model_problem_matches_cvxpy(seed, monkeypat
     assert_allclose(plain.b, want, atol=1e-5)
     assert_allclose(fast.b, plain.b, atol=1e-8)
     assert fast.iterations < plain.iterations
+
+
+def test_the_model_problems_floor_follows_the_fits_tolerance():
+    assert pqn.inner_floor(None) == pqn.INNER_TOL
+    assert pqn.inner_floor(1e-6) == pqn.INNER_TOL  # the default fit: unchanged
+    assert pqn.inner_floor(1e-9) == pqn.INNER_TOL
+    assert pqn.inner_floor(1e-3) == pytest.approx(1e-8)
+    assert pqn.inner_floor(1.0) == pqn.INNER_LOOSEST
+
+
+@pytest.mark.parametrize("tol", [1e-3, 1e-6])
+def test_a_loose_fit_solves_its_model_problems_no_tighter_than_its_floor(tol, monkeypatch):
+    asked = []
+    solve = pqn.solve_request
+
+    def spy(req):
+        asked.append(req.tol)
+        return solve(req)
+
+    monkeypatch.setattr(pqn, "solve_request", spy)
+    fs = _sites()
+    prob = problem()
+    st, _ = drive(fs, prob, tol=tol)
+    floor = pqn.inner_floor(tol)
+    assert min(asked) == pytest.approx(floor)  # the first and the last solve reach it
+    assert asked[0] == pytest.approx(floor) and asked[-1] == pytest.approx(floor)
+    _, ref_val = cvxpy_grauc(fs, prob.splits[0].lam)
+    assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= tol
