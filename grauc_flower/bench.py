@@ -17,6 +17,7 @@ Ratios between variants are the figures to quote; absolute times depend on the m
 from __future__ import annotations
 
 import itertools
+import os
 import time
 import tracemalloc
 
@@ -544,4 +545,5 @@ def family_run(out: str, quick: bool = False) -> pd.DataFrame:
     from . import family
 
     check_out(out)
-    return finish(run_family(family.measure, family.FAMILY, ("variant",), quick), out)
+    keep = os.path.join(os.path.abspath(out), "members") if out else None
+    return finish(run_family(family.measure, family.FAMILY, ("variant",), quick, keep), out)

@@ -14,6 +14,7 @@ between variants are the figures to quote; absolute times depend on the machine.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -157,4 +158,7 @@ def family_run(out: str, quick: bool = False) -> pd.DataFrame:
     from . import family
 
     check_out(out)
-    return finish(run_family(family.measure, family.FAMILY, ("penalty", "variant"), quick), out)
+    keep = os.path.join(os.path.abspath(out), "members") if out else None
+    return finish(
+        run_family(family.measure, family.FAMILY, ("penalty", "variant"), quick, keep), out
+    )

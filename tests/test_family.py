@@ -4,8 +4,10 @@ families against the ranges they promise, and the default's rounds to stop pinne
 sub-family of cheap members (not one problem)."""
 
 import math
+import os
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from grauc_flower import family as gfam
@@ -172,3 +174,35 @@ def test_members_below_the_moment_floor_are_fitted_with_exact_curvature():
     assert all(c.n < Guards().moment_floor(c.p) for c in data.clients)
     _, values = rfam.recorded_run(data, rcfg.replace(curvature="exact", max_rounds=10))
     assert len(values) >= 1 and all(math.isfinite(v) for v in values)
+
+
+def test_a_family_measured_in_several_sittings_keeps_each_member_once(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from strategies.experiments.family import run_family
+
+    members = [SimpleNamespace(name=f"m{k}") for k in range(4)]
+    calls = []
+
+    def measure(member, fail_at=None):
+        if member.name == fail_at:
+            raise RuntimeError("interrupted")
+        calls.append(member.name)
+        k = int(member.name[1:])
+        return [{"variant": v, "member": member.name, "rounds_to_1e-6": k + j,
+                 "rounds_to_stop": (k + j + 1) if k != 2 else math.nan}
+                for j, v in enumerate(("learned", "exact"))]  # fmt: skip
+
+    keep = str(tmp_path / "members")
+    with pytest.raises(RuntimeError):  # the first sitting ends at the third member
+        run_family(lambda m: measure(m, fail_at="m2"), members, ("variant",), keep=keep)
+    assert calls == ["m0", "m1"]
+    assert sorted(os.listdir(keep)) == ["m0.csv", "m1.csv"]
+    capsys.readouterr()
+    rows = run_family(measure, members, ("variant",), keep=keep)
+    assert calls == ["m0", "m1", "m2", "m3"]  # the kept ones are not measured again
+    lines = capsys.readouterr().out.splitlines()
+    assert [", kept," in ln for ln in lines] == [True, True, False, False]
+    fresh = run_family(measure, members, ("variant",))
+    assert calls[4:] == ["m0", "m1", "m2", "m3"]
+    pd.testing.assert_frame_equal(pd.DataFrame(rows), pd.DataFrame(fresh))

@@ -159,22 +159,61 @@ def measure_variants(
     return rows
 
 
-def run_family(measure, members, by: Sequence[str], quick: bool = False) -> list[dict]:
+def _kept(keep: str | None, name: str) -> list[dict] | None:
+    """The rows a member's earlier measurement kept in ``keep`` (``None``: none)."""
+    import os
+
+    import pandas as pd
+
+    path = os.path.join(keep, f"{name}.csv") if keep else ""
+    if not path or not os.path.isfile(path):
+        return None
+    return pd.read_csv(path).to_dict("records")
+
+
+def _keep(keep: str | None, name: str, rows: list[dict]) -> None:
+    """Write a member's rows to ``keep/<name>.csv`` (whole or not at all)."""
+    import os
+
+    import pandas as pd
+
+    if not keep:
+        return
+    os.makedirs(keep, exist_ok=True)
+    path = os.path.join(keep, f"{name}.csv")
+    pd.DataFrame(rows).to_csv(path + ".part", index=False)
+    os.replace(path + ".part", path)
+
+
+def run_family(
+    measure, members, by: Sequence[str], quick: bool = False, keep: str | None = None
+) -> list[dict]:
     """``measure(member)`` (a list of rows) over ``members`` (every third with ``quick``),
     a progress line per member (members left, seconds so far and an estimate of those
     left), then one ``what = family-summary`` row per value of ``by`` with the
-    :func:`distribution` of the rounds to a 1e-6 gap and to the stopping rule."""
+    :func:`distribution` of the rounds to a 1e-6 gap and to the stopping rule.
+
+    ``keep``: a directory where each member's rows are written as soon as they are measured
+    (``<member>.csv``) and read back instead of measuring again, so that a family too long
+    for one sitting is measured over several (remove the directory to measure anew)."""
     import time
 
     chosen = list(members)[::3] if quick else list(members)
     rows: list[dict] = []
     t0 = time.perf_counter()
+    measured = 0
     for k, member in enumerate(chosen, start=1):
-        rows += measure(member)
+        got = _kept(keep, member.name)
+        how = ", kept"
+        if got is None:
+            got, how = measure(member), ""
+            _keep(keep, member.name, got)
+            measured += 1
+        rows += got
         spent = time.perf_counter() - t0
-        left = spent / k * (len(chosen) - k)
-        print(f"family: {k}/{len(chosen)} {member.name} ({spent:.0f} s, about {left:.0f} s left)",
-              flush=True)  # fmt: skip
+        left = spent / measured * (len(chosen) - k) if measured else 0.0
+        line = f"family: {k}/{len(chosen)} {member.name} ({spent:.0f} s{how}, "
+        print(f"{line}about {left:.0f} s left)", flush=True)
     summary = summarize(rows, by, ["rounds_to_1e-6", "rounds_to_stop"])
     return rows + [{"what": "family-summary", **row} for row in summary]
 
