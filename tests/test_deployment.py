@@ -109,7 +109,9 @@ class Federation:
         cmd = list(self.plan.supernodes[site])
         if node_config is not None:
             cmd[cmd.index("--node-config") + 1] = node_config
-        proc = start(cmd, self.home, f"supernode-{k}-{len(self.procs)}.log")
+        proc = start(
+            cmd, self.home, f"supernode-{k}-{len(self.procs)}.log", self.plan.supernode_env
+        )
         self.procs.append(proc)
         self.nodes[site] = proc
         return proc

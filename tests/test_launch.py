@@ -5,6 +5,7 @@ with one line, through the real simulation engine."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -28,9 +29,24 @@ def plan_main(tmp_path, monkeypatch, capsys, *args, sites=SITES):
 
 
 def commands(text: str) -> list[list[str]]:
-    """The shell commands of a printed plan, split as a shell would."""
+    """The shell commands of a printed plan, split as a shell would (without the variables
+    a command sets for itself: :func:`environments`)."""
+    return [cmd for _, cmd in environments(text)]
+
+
+def environments(text: str) -> list[tuple[dict, list[str]]]:
+    """Each command of a printed plan with the ``NAME=value`` words before it."""
     joined = text.replace("\\\n", " ")
-    return [shlex.split(ln) for ln in joined.splitlines() if ln.strip() and ln[0] != "#"]
+    out = []
+    for ln in joined.splitlines():
+        if not ln.strip() or ln[0] == "#":
+            continue
+        words = shlex.split(ln)
+        k = 0
+        while k < len(words) and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[k]):
+            k += 1
+        out.append((dict(w.split("=", 1) for w in words[:k]), words[k:]))
+    return out
 
 
 def test_the_plan_has_every_flag_an_operator_needs(tmp_path, monkeypatch, capsys):
@@ -50,6 +66,10 @@ def test_the_plan_has_every_flag_an_operator_needs(tmp_path, monkeypatch, capsys
         ["certs/node-2.pub", "hospitals"],
     ]
     nodes = [c for c in cmds if c[0] == "flower-supernode"]
+    # each SuperNode's SuperExec polls for new messages every 0.1 s, not Flower's 1 s
+    envs = [e for e, c in environments(out) if c[0] == "flower-supernode"]
+    assert envs == [{"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}] * 2
+    assert all(e == {} for e, c in environments(out) if c[0] != "flower-supernode")
     ports = [c[c.index("--port") + 1] for c in nodes]
     assert len(set(ports)) == 2  # two SuperNodes on one host do not collide
     assert nodes[1][nodes[1].index("--node-config") + 1] == (

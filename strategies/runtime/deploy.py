@@ -20,7 +20,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import InputError
 from .processes import console_script, flower_env
@@ -149,6 +149,12 @@ def superlink_command(
     return cmd + ["--database", database, "--disable-runtime-dependency-installation"]
 
 
+#: The SuperNode's environment in a plan: its SuperExec looks for a new message every 0.1 s
+#: instead of Flower's 1 s (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 0.01-60 s), up to 0.9 s
+#: less per round (docs/performance.md, "Cost of a round").
+SUPERNODE_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
+
+
 def supernode_command(
     superlink: str, ca: str | None, private_key: str | None, port: int, node_config: str
 ) -> list[str]:
@@ -184,6 +190,7 @@ class Plan:
     supernodes: dict[str, list[str]]
     run_config: dict
     run: list[str]
+    supernode_env: dict[str, str] = field(default_factory=lambda: dict(SUPERNODE_ENV))
 
     def text(self) -> str:
         """The plan as an operator reads it (shell commands and TOML, with headings)."""
@@ -201,8 +208,9 @@ class Plan:
             "",
             "# 4. each hospital's SuperNode (its own machine, its own data file)",
         ]
+        env = [f"{k}={shlex.quote(v)}" for k, v in self.supernode_env.items()]
         for site, cmd in self.supernodes.items():
-            out += [f"#    {site}", shell(cmd)]
+            out += [f"#    {site}", " ".join([*env, shell(cmd)])]
         out += [
             "",
             "# 5. the run (coordinator's machine); exits non-zero unless the run completed.",
@@ -305,14 +313,17 @@ def make_plan(
     )
 
 
-def start(cmd: list[str], home: str, log_name: str) -> subprocess.Popen:
+def start(
+    cmd: list[str], home: str, log_name: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """``cmd`` (a plan's command) as a child process in its own session, its output in
-    ``home/log_name``, Flower's scripts from this interpreter; stop it by pid
+    ``home/log_name``, Flower's scripts from this interpreter, ``env`` added to its
+    environment (a SuperNode's: :attr:`Plan.supernode_env`); stop it by pid
     (:func:`~strategies.runtime.simulation.stop_process`)."""
     log = open(os.path.join(home, log_name), "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [console_script(cmd[0]), *cmd[1:]],
-        env=flower_env(home),
+        env={**flower_env(home), **(env or {})},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
