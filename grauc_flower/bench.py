@@ -451,15 +451,48 @@ def new_site_run(out: str, seeds: int) -> pd.DataFrame:
 #: recalibration of its out-of-fold scores, the sites' random-effects mean for every site,
 #: and each site's shrunk toward that mean (the one ``predict --probability`` uses).
 CALIBRATIONS = ("site", "pooled", "shrunk")
+#: The methods whose risks the study calibrates: GrAUC-PFL tuned inside the federation
+#: (its calibration.csv), FedAvg and each site alone tuned by their own cross-validation.
+CALIBRATED_METHODS = ("grauc", "fedavg", "individual")
 
 
-def calibration_table(seeds=3, designs=None) -> list[dict]:
+def out_of_fold_calibration(sites, cfg: GrAUCConfig, method: str, folds: int, seed: int):
+    """A comparator's ``calibration.csv`` table (:func:`strategies.calibration.calibration_frame`)
+    the way a tuned GrAUC-PFL fit gets its own: each site's rows in the folds a federated
+    tuning draws (:func:`strategies.folds.site_folds`), ``method`` fitted at ``cfg`` on the
+    other folds' rows of every site, each held-out row scored by its site's coefficients of
+    that fit, and each site's out-of-fold scores recalibrated (Firth) and shrunk."""
+    from dataclasses import replace
+
+    from strategies.calibration import calibration_frame, recalibrate
+    from strategies.folds import site_folds
+
+    fold_of = [site_folds(s.y_train, folds, seed, 0, s.site, True) for s in sites]
+    oof = [np.full(len(s.y_train), np.nan) for s in sites]
+    for k in range(folds):
+        part = [replace(s, x_train=s.x_train[f != k], y_train=s.y_train[f != k])
+                for s, f in zip(sites, fold_of, strict=True)]  # fmt: skip
+        coef = fed.run_methods_inprocess(cfg, part, [method])[method].coefficients
+        for z, (s, f) in enumerate(zip(sites, fold_of, strict=True)):
+            oof[z][f == k] = s.x_train[f == k] @ coef[z]
+    fits = [recalibrate(o, s.y_train) for o, s in zip(oof, sites, strict=True)]
+    return calibration_frame(
+        [s.site for s in sites], [f["n_pos"] for f in fits], [f["n_neg"] for f in fits],
+        [f["a"] for f in fits], [f["b"] for f in fits], [f["cov"][0, 0] for f in fits],
+        [f["cov"][1, 1] for f in fits],
+    )  # fmt: skip
+
+
+def calibration_table(seeds=3, designs=None, methods=CALIBRATED_METHODS) -> list[dict]:
     """Calibrated risks on held-out test rows: per design of :data:`NEW_SITE_DESIGNS` and
-    data split, GrAUC-PFL tuned inside the federation (its calibration.csv from the
-    tuning's out-of-fold scores), each site's test rows scored by its coefficients and
-    mapped to probabilities by each of :data:`CALIBRATIONS`; a row per design, split, site
-    and calibration: Brier score, expected calibration error, and the calibration
-    intercept and slope on the site's test rows, with the site's training counts."""
+    data split, each of ``methods`` (:data:`CALIBRATED_METHODS`) fitted to every site's
+    training rows with its calibration from out-of-fold scores (GrAUC-PFL's calibration.csv
+    from its federated tuning; the others' from :func:`out_of_fold_calibration` at the
+    setting their own cross-validation chose), each site's test rows scored by its
+    coefficients and mapped to probabilities by each of :data:`CALIBRATIONS`; a row per
+    design, split, method, site and calibration: Brier score, expected calibration error,
+    and the calibration intercept and slope on the site's test rows, with the site's
+    training counts."""
     from scipy.special import expit
 
     from strategies.calibration import calibration_mean, calibration_metrics
@@ -472,30 +505,41 @@ def calibration_table(seeds=3, designs=None) -> list[dict]:
         for seed in range(seeds) if isinstance(seeds, int) else seeds:
             sites, _ = fed.load_sites(fed.DataSpec(**spec_fields, data_seed=seed))
             sites = list(sites)
-            grid = tuning.Grid(w_dist=w_dist, ridge=ridge)
             opts = CVOptions(folds=folds, quiet=True, seed=seed)
-            res = tuning.run_tuned_inprocess(GrAUCConfig(), sites, "grauc", (opts, grid))
-            cal = res.extra["calibration"].set_index("site")
-            own_a, own_b = cal["site_intercept"], cal["site_slope"]
-            mu_a, mu_b = calibration_mean(cal)
-            for s, beta in zip(sites, res.coefficients, strict=True):
-                if len(set(s.y_test.tolist())) < 2:
+            fitted = {}
+            for method in methods:
+                if method == "grauc":
+                    grid = tuning.Grid(w_dist=w_dist, ridge=ridge)
+                    res = tuning.run_tuned_inprocess(GrAUCConfig(), sites, "grauc", (opts, grid))
+                    fitted[method] = (res.coefficients, res.extra["calibration"])
                     continue
-                score = s.x_test @ beta
-                ab = {
-                    "site": (own_a[s.site], own_b[s.site]),
-                    "pooled": (mu_a, mu_b),
-                    "shrunk": (cal.at[s.site, "intercept"], cal.at[s.site, "slope"]),
-                }
-                if not np.isfinite(ab["site"]).all():  # no estimate of its own
-                    ab["site"] = ab["pooled"]
-                for how in CALIBRATIONS:
-                    a, b = ab[how]
-                    scores = calibration_metrics(expit(a + b * score), s.y_test)
-                    rows.append({"what": "calibration", "design": name, "seed": seed,
-                                 "site": s.site, "n_train": len(s.y_train),
-                                 "n_test": len(s.y_test), "calibration": how,
-                                 **scores})  # fmt: skip
+                cfg, _, _ = tuning.tune(
+                    sites, GrAUCConfig(), method, tuning.Grid(ridge=ridge), opts
+                )
+                coef = fed.run_methods_inprocess(cfg, sites, [method])[method].coefficients
+                fitted[method] = (coef, out_of_fold_calibration(sites, cfg, method, folds, seed))
+            for method, (coefficients, cal) in fitted.items():
+                cal = cal.set_index("site")
+                own_a, own_b = cal["site_intercept"], cal["site_slope"]
+                mu_a, mu_b = calibration_mean(cal)
+                for s, beta in zip(sites, coefficients, strict=True):
+                    if len(set(s.y_test.tolist())) < 2:
+                        continue
+                    score = s.x_test @ beta
+                    ab = {
+                        "site": (own_a[s.site], own_b[s.site]),
+                        "pooled": (mu_a, mu_b),
+                        "shrunk": (cal.at[s.site, "intercept"], cal.at[s.site, "slope"]),
+                    }
+                    if not np.isfinite(ab["site"]).all():  # no estimate of its own
+                        ab["site"] = ab["pooled"]
+                    for how in CALIBRATIONS:
+                        a, b = ab[how]
+                        scores = calibration_metrics(expit(a + b * score), s.y_test)
+                        rows.append({"what": "calibration", "design": name, "seed": seed,
+                                     "method": method, "site": s.site,
+                                     "n_train": len(s.y_train), "n_test": len(s.y_test),
+                                     "calibration": how, **scores})  # fmt: skip
             print(f"calibration: {name}, split {seed} done", flush=True)
     return rows
 
@@ -506,7 +550,7 @@ def calibration_run(out: str, seeds: int) -> pd.DataFrame:
     small = df.groupby("design")["n_train"].transform(lambda n: n <= n.median())
     equal = df.groupby("design")["n_train"].transform("nunique") == 1
     df["sites"] = np.where(equal, "all (one size)", np.where(small, "smaller half", "larger half"))
-    keys = ["machine", "what", "design", "sites", "calibration"]
+    keys = ["machine", "what", "design", "method", "sites", "calibration"]
     return df.groupby(keys, sort=False)[["brier", "ece", "cal_slope"]].mean().reset_index()
 
 

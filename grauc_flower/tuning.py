@@ -663,27 +663,14 @@ def calibration_table(pooled: dict, i: int, order) -> pd.DataFrame:
     scores at setting ``i`` (the mean over repeats of the folds), its standard errors, and
     the estimates shrunk toward the sites' mean (``intercept``, ``slope``: what ``predict
     --probability`` uses; strategies/calibration.py, docs/methods.md 3.14)."""
-    from strategies.calibration import shrink
+    from strategies.calibration import calibration_frame
 
     cols = ("cal_a", "cal_b", "cal_vaa", "cal_vbb", "n_pos", "n_neg")
     got = {c: pooled_by_site(pooled, i, c) for c in cols}
     nan = float("nan")
-    frame = pd.DataFrame(
-        {
-            "site": list(order),
-            "n_pos": [got["n_pos"].get(s, nan) for s in order],
-            "n_neg": [got["n_neg"].get(s, nan) for s in order],
-            "site_intercept": [got["cal_a"].get(s, nan) for s in order],
-            "site_slope": [got["cal_b"].get(s, nan) for s in order],
-            "site_intercept_se": np.sqrt([got["cal_vaa"].get(s, nan) for s in order]),
-            "site_slope_se": np.sqrt([got["cal_vbb"].get(s, nan) for s in order]),
-        }
-    )
-    a, _, tau2_a = shrink(frame["site_intercept"], frame["site_intercept_se"] ** 2)
-    b, _, tau2_b = shrink(frame["site_slope"], frame["site_slope_se"] ** 2)
-    frame["intercept"], frame["slope"] = a, b
-    frame.attrs["tau2"] = (tau2_a, tau2_b)
-    return frame
+    column = {c: [got[c].get(s, nan) for s in order] for c in cols}
+    return calibration_frame(order, column["n_pos"], column["n_neg"], column["cal_a"],
+                             column["cal_b"], column["cal_vaa"], column["cal_vbb"])  # fmt: skip
 
 
 def _federated_tables(cv_jobs, pooled, settings, params, order):

@@ -114,6 +114,32 @@ def calibration_mean(frame) -> tuple[float, float]:
     return mu_a, mu_b
 
 
+def calibration_frame(sites, n_pos, n_neg, a, b, var_a, var_b):
+    """``calibration.csv``'s table: per site its counts, its own recalibration
+    (``site_intercept``, ``site_slope`` and their standard errors, from the variances
+    ``var_a``, ``var_b``; NaN for a site without one) and the estimates shrunk toward the
+    sites' mean by :func:`shrink` (``intercept``, ``slope``: what ``predict --probability``
+    uses); ``attrs["tau2"]``: the between-site variances of intercept and slope."""
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {
+            "site": list(sites),
+            "n_pos": np.asarray(n_pos, dtype=float),
+            "n_neg": np.asarray(n_neg, dtype=float),
+            "site_intercept": np.asarray(a, dtype=float),
+            "site_slope": np.asarray(b, dtype=float),
+            "site_intercept_se": np.sqrt(np.asarray(var_a, dtype=float)),
+            "site_slope_se": np.sqrt(np.asarray(var_b, dtype=float)),
+        }
+    )
+    sa, _, tau2_a = shrink(frame["site_intercept"], frame["site_intercept_se"] ** 2)
+    sb, _, tau2_b = shrink(frame["site_slope"], frame["site_slope_se"] ** 2)
+    frame["intercept"], frame["slope"] = sa, sb
+    frame.attrs["tau2"] = (tau2_a, tau2_b)
+    return frame
+
+
 def calibration_metrics(prob, y, bins: int = ECE_BINS) -> dict:
     """Brier score, expected calibration error (``bins`` equal-count bins: the mean over
     rows of ``|mean outcome - mean probability|`` of the row's bin) and the calibration
@@ -132,4 +158,11 @@ def calibration_metrics(prob, y, bins: int = ECE_BINS) -> dict:
             "cal_slope": fit["b"]}  # fmt: skip
 
 
-__all__ = ["calibration_mean", "calibration_metrics", "firth_loglik", "recalibrate", "shrink"]
+__all__ = [
+    "calibration_frame",
+    "calibration_mean",
+    "calibration_metrics",
+    "firth_loglik",
+    "recalibrate",
+    "shrink",
+]

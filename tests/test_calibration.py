@@ -4,6 +4,8 @@ again, the Brier score and ECE by their definitions."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from scipy.optimize import minimize
@@ -117,7 +119,8 @@ def test_the_bench_prints_its_calibration_and_new_site_tables(monkeypatch, tmp_p
     from grauc_flower import bench
 
     rows = [
-        {"what": "calibration", "design": d, "seed": 0, "site": f"S{k}", "n_train": n,
+        {"what": "calibration", "design": d, "seed": 0, "method": "grauc", "site": f"S{k}",
+         "n_train": n,
          "n_test": 10, "calibration": c, "brier": 0.1 + k / 100, "ece": 0.05, "cal_slope": 1.0}
         for d, sizes in (("equal", (30, 30)), ("unequal", (10, 50)))
         for k, n in enumerate(sizes)
@@ -133,3 +136,46 @@ def test_the_bench_prints_its_calibration_and_new_site_tables(monkeypatch, tmp_p
                   "test_auc": 0.8} for r in ("nearest", "graph")]  # fmt: skip
     monkeypatch.setattr(bench, "new_site_table", lambda seeds: site_rows)
     assert "[new site]" in bench.format_table(bench.new_site_run(str(tmp_path / "ns"), 1))
+
+
+def test_a_comparators_calibration_scores_each_row_by_a_model_that_did_not_see_it(monkeypatch):
+    """bench.out_of_fold_calibration: each fold's fit sees every site's rows outside the
+    fold and no others, and each row's score is its site's coefficients of the fit that
+    held it out (read from the scores the recalibration receives)."""
+    from dataclasses import replace
+
+    from grauc_flower import bench
+    from grauc_flower.data import simulate
+    from strategies import calibration
+    from strategies.folds import site_folds
+
+    sites = simulate(n_sites=3, n_features=2, n_train=30, seed=4)
+    # a row is known by its first feature; the second is 1, so site z's model of fold k,
+    # (0, 100 k + z), scores every row 100 k + z
+    sites = [replace(s, x_train=np.column_stack([np.arange(len(s.y_train)) + 1000.0 * z,
+                                                  np.ones(len(s.y_train))]))
+             for z, s in enumerate(sites)]  # fmt: skip
+    seen = []
+
+    def fake_run(cfg, part, methods):
+        k = len(seen)
+        seen.append([set(p.x_train[:, 0].tolist()) for p in part])
+        coef = np.array([[0.0, 100.0 * k + z] for z in range(len(part))])
+        return {methods[0]: SimpleNamespace(coefficients=coef)}
+
+    received = []
+
+    def fake_recalibrate(score, y):
+        received.append(np.array(score, dtype=float))
+        return {"a": 0.0, "b": 1.0, "cov": np.eye(2), "n_pos": 1, "n_neg": 1}
+
+    monkeypatch.setattr(bench.fed, "run_methods_inprocess", fake_run)
+    monkeypatch.setattr(calibration, "recalibrate", fake_recalibrate)
+    folds = 3
+    frame = bench.out_of_fold_calibration(sites, None, "individual", folds, seed=1)
+    assert list(frame["site"]) == [s.site for s in sites] and len(seen) == folds
+    for z, s in enumerate(sites):
+        f = site_folds(s.y_train, folds, 1, 0, s.site, True)
+        for k in range(folds):
+            assert seen[k][z] == set(s.x_train[f != k, 0].tolist())  # outside fold k only
+        np.testing.assert_array_equal(received[z], 100.0 * f + z)
