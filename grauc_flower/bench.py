@@ -29,7 +29,7 @@ from strategies.config import GrAUCConfig
 from strategies.experiments.benchtable import check_out, finish, format_table  # noqa: F401
 
 from . import federation as fed
-from .auc import PairwiseLogistic
+from .datafit import PairwiseLogistic
 from .graph import build_graph
 
 
@@ -263,7 +263,7 @@ CRITERIA_DESIGNS = (
 
 def _test_auc(sites, coef: np.ndarray) -> float:
     """Mean over sites of the test AUC of ``coef`` (input scale, a row per site)."""
-    from .auc import auc
+    from .metrics import auc
 
     values = []
     for s, b in zip(sites, coef, strict=True):
@@ -383,8 +383,8 @@ def new_site_table(seeds=3, designs=None, rules=None) -> list[dict]:
     from strategies.tuning import CVOptions
 
     from . import tuning
-    from .auc import auc
     from .graph import new_site_neighbours
+    from .metrics import auc
 
     rules = rules or NEW_SITE_RULES
     rows = []

@@ -56,10 +56,10 @@ from strategies.local import (
 from strategies.registry import grauc_meta, registration_properties
 from strategies.wire import unpack
 
-from .auc import PairwiseLogistic, auc, delong, split_by_class
 from .data import SiteData
+from .datafit import PairwiseLogistic, local_fit, split_by_class
 from .inference import sandwich_metrics
-from .local import local_fit
+from .metrics import auc, delong
 
 
 class GrAUCClient(NumPyClient):

@@ -24,11 +24,10 @@ from strategies.inference import REFIT_ROUNDS
 from strategies.registry import Registry, pooled_scaling
 from strategies.runtime.engine import run_inprocess
 
-from .auc import PairwiseLogistic, split_by_class
 from .client import GrAUCClient
+from .datafit import PairwiseLogistic, local_fit, split_by_class
 from .graph import build_graph
 from .inference import OracleFit, inference_table, oracle_fit, read_sandwich, without_sandwich
-from .local import local_fit
 from .sources import DataSpec, grauc_config, grauc_methods, load_sites  # noqa: F401
 
 
@@ -487,7 +486,7 @@ def auc_frame(metrics: dict, order, split: str = "test", level: float = 0.95) ->
     """Each site's AUC evaluated on ``split`` rows (``test`` or ``train``) with its DeLong
     interval at ``level`` (columns :data:`AUC_COLUMNS`, sites in ``order``), from
     ``metrics.json``'s per-site evaluation."""
-    from .auc import auc_interval
+    from .metrics import auc_interval
 
     rows = []
     for site in order:

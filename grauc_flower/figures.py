@@ -241,7 +241,7 @@ def fig_site_auc(results: pd.DataFrame, cell: dict, path: str) -> str:
     95% interval; with several, a box over the replications with the replications as dots."""
     from matplotlib.lines import Line2D
 
-    from .auc import auc_interval
+    from .metrics import auc_interval
 
     plt = pyplot()
     sel = np.logical_and.reduce([results[k] == v for k, v in cell.items()])

@@ -8,7 +8,7 @@ fitted, one coefficient per (feature, group), no fusion penalty -- by damped New
 ``A_z theta``; the site answers with its loss, gradient and ``p x p`` Hessian there
 (``task = newton``, :func:`strategies.local.newton_answer`).  At the refit, each site sends once the
 ``p x p`` covariance ``Sigma_z`` of its gradient from the Hájek projection
-(:meth:`grauc_flower.auc.PairwiseLogistic.hajek`, :func:`sandwich_metrics`), and
+(:meth:`grauc_flower.datafit.PairwiseLogistic.hajek`, :func:`sandwich_metrics`), and
 
     Cov(theta) = H^-1 S H^-1,   H = sum_z A_z^T H_z A_z,   S = sum_z A_z^T Sigma_z A_z
 

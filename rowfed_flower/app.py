@@ -21,6 +21,7 @@ from strategies.runtime.engine import log_line, round_logger
 from strategies.runtime.flowerapp import node_index, out_dir, round_timeout, run_methods
 
 from . import federation as fed
+from . import sources as rsources
 from .client import RowFedClient
 
 #: Log every this many rounds (and the last).
@@ -35,11 +36,11 @@ def run(grid: Grid, context: Context) -> dict:
             raise InputError(f'{key}: checkpoints are kept for task = "grauc" only')
     cfg = rowfed_config(rc)
     methods = rowfed_methods(rc)
-    spec = fed.RowFedDataSpec.from_run_config(rc)
+    spec = rsources.RowFedDataSpec.from_run_config(rc)
     out = out_dir(rc)
     timeout = round_timeout(rc)
     # deployment: the server has no data; each SuperNode reads its own file
-    data = None if spec.source == "deployment" else fed.load_data(spec)
+    data = None if spec.source == "deployment" else rsources.load_data(spec)
     n_sites = spec.num_clients if data is None else len(data.clients)
     registry = rowfed_registry(registration_config(rc))
     tc = tune_config(rc)
@@ -77,7 +78,7 @@ def run(grid: Grid, context: Context) -> dict:
         responses = tuple(r for r in spec.responses.split(",") if r) or tuple(
             f"y{k + 1}" for k in range(q)
         )
-        data = fed.FederatedData(clients=(), features=tuple(names), responses=responses)
+        data = rsources.FederatedData(clients=(), features=tuple(names), responses=responses)
     summary = fed.summarize(results, data)
     print(fed.format_table(summary), flush=True)
     if out:
@@ -96,9 +97,9 @@ def make_client(context: Context):
     one client when the file holds several)."""
     rc = context.run_config
     node = context.node_config
-    spec = fed.RowFedDataSpec.from_run_config(rc)
+    spec = rsources.RowFedDataSpec.from_run_config(rc)
     if "data-path" in node:
-        data = fed.read_fit_csv(str(node["data-path"]), spec.responses, spec.client_column)
+        data = rsources.read_fit_csv(str(node["data-path"]), spec.responses, spec.client_column)
         wanted = str(node.get("client", ""))
         pick = [c for c in data.clients if c.site == wanted] if wanted else list(data.clients)
         if len(pick) != 1:
@@ -109,7 +110,7 @@ def make_client(context: Context):
         index = node_index(node)
         guards = Guards.from_node_config(node)
         return RowFedClient(pick[0], index, data.features, guards).to_client()
-    data = fed.load_data(spec)
+    data = rsources.load_data(spec)
     pid = int(node["partition-id"])
     if not 0 <= pid < len(data.clients):
         raise InputError(f"partition-id: must be in [0, {len(data.clients) - 1}], got {pid}")

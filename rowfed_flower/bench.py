@@ -37,7 +37,8 @@ def rounds_table(quick: bool = False) -> list[dict]:
     """Every variant through the in-process engine (the Strategy and NumPyClient objects
     that ``flwr run`` uses), from the same ridge start, without an intercept (§2.8 has
     none)."""
-    from .federation import RowFedDataSpec, run_methods_inprocess, simulated_data
+    from .federation import run_methods_inprocess
+    from .sources import RowFedDataSpec, simulated_data
 
     data = simulated_data(RowFedDataSpec(seed=1))
     base = RowFedConfig(intercept=False)
@@ -120,9 +121,10 @@ def tuning_rows(quick: bool) -> list[dict]:
     from strategies.tuning import CVOptions
 
     from . import federation as fed
+    from . import sources as rsources
     from .tuning import DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID, tuned_strategy
 
-    data = fed.load_data(fed.RowFedDataSpec())
+    data = rsources.load_data(rsources.RowFedDataSpec())
     cfg = RowFedConfig()
     single = fed.run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"].rounds
     lam1 = DEFAULT_LAM1_GRID[:2] if quick else DEFAULT_LAM1_GRID

@@ -187,11 +187,14 @@ def fit(args) -> int:
     )
 
     from . import federation as fed
-    from .data import read_graph
+    from . import sources as rsources
     from .figures import fit_report
+    from .graph import read_graph
 
-    data = fed.read_fit_csv(args.data, args.responses, args.client_column)
-    data = fed.with_test_set(data, args.test_data, args.holdout, args.data_seed, args.client_column)
+    data = rsources.read_fit_csv(args.data, args.responses, args.client_column)
+    data = rsources.with_test_set(
+        data, args.test_data, args.holdout, args.data_seed, args.client_column
+    )
     edges, weights = read_graph(cfg.graph, data.sites)  # validates it against the client ids
     if cfg.graph != "all-pairs":
         cfg = cfg.replace(graph=os.path.abspath(cfg.graph))

@@ -68,7 +68,7 @@ from strategies.penalties import Penalty
 from strategies.registry import registration_properties, rowfed_meta
 from strategies.wire import unpack
 
-from .core import LocalLeastSquares, initial_theta
+from .datafit import LocalLeastSquares, initial_theta
 
 
 @dataclass(frozen=True)

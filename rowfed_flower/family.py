@@ -122,7 +122,7 @@ def simulate_shape(shape: Shape, n_test: int = 50):
     size, each client's training rows then cut to its own drawn size."""
     from .client import ClientSamples
     from .data import simulate
-    from .federation import FederatedData
+    from .sources import FederatedData
 
     lo, hi = shape.rows
     d = simulate(shape.clients, hi, n_test, shape.features, shape.responses, shape.seed,

@@ -1,9 +1,8 @@
-"""Glue shared by the Flower app, the in-process engine and the fit command: where the
-data come from, which strategy a method name means, and the output files."""
+"""Glue shared by the Flower app, the in-process engine and the fit command: which strategy
+a method name means, the results and the output files (the data: :mod:`rowfed_flower.sources`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -14,242 +13,17 @@ import numpy as np
 import pandas as pd
 
 from strategies.config import FEDAVG_FAMILY, ROWFED_FUSED_METHODS, ROWFED_METHODS, RowFedConfig
-from strategies.datasets.tables import read_table, stripped_ids
-from strategies.errors import InputError, bad_cell
+from strategies.errors import InputError
 from strategies.fedavg import comparator_class, round_limit
 from strategies.registry import Registry
 from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy, rowfed_registry
 from strategies.runtime.engine import run_inprocess
 
-from .client import ClientSamples, RowFedClient
-from .data import N_CLUSTERS, read_graph, simulate
+from .graph import read_graph
 from .metrics import mean_rand_index, mse_est
+from .sources import FederatedData
 
-#: Run-config prefix of the data keys (``rowfed-data.*``).
-DATA_PREFIX = "rowfed-data"
 INTERCEPT = "(intercept)"
-
-
-# ----------------------------------------------------------------------------------------
-# Data
-# ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RowFedDataSpec:
-    """Where a RowFed federation's data come from (run-config keys ``rowfed-data.*``).
-
-    ``simulated``: docs/methods.md 2.8 with ``M = num-clients``, ``n_m = n-train`` (and
-    ``n-test`` test rows per client), ``p = num-features``, ``q = num-responses``.
-    ``csv``: the fit command's format (``path``, ``responses`` comma-separated,
-    ``client-column``).
-    """
-
-    source: str = "simulated"  # [rowfed-data.source] simulated | csv | deployment
-    num_clients: int = 10  # [rowfed-data.num-clients]
-    n_train: int = 100  # [rowfed-data.n-train]
-    n_test: int = 100  # [rowfed-data.n-test]
-    num_features: int = 20  # [rowfed-data.num-features]
-    num_responses: int = 20  # [rowfed-data.num-responses]
-    seed: int = 0  # [rowfed-data.seed]
-    path: str = ""  # [rowfed-data.path]
-    responses: str = ""  # [rowfed-data.responses]
-    client_column: str = "client"  # [rowfed-data.client-column]
-    test_path: str = ""  # [rowfed-data.test-path] csv: a test file with the data's columns
-    holdout: float = 0.0  # [rowfed-data.holdout] csv: share of each client's rows held out
-
-    @classmethod
-    def from_run_config(cls, rc: dict) -> RowFedDataSpec:
-        kinds = {
-            "source": str,
-            "path": str,
-            "responses": str,
-            "client_column": str,
-            "test_path": str,
-            "holdout": float,
-        }
-        kwargs = {}
-        for key, value in rc.items():
-            if not key.startswith(DATA_PREFIX + "."):
-                continue
-            name = key[len(DATA_PREFIX) + 1 :].replace("-", "_")
-            if name not in cls.__dataclass_fields__:
-                raise InputError(f"{key}: unknown setting")
-            kind = kinds.get(name, int)
-            try:
-                kwargs[name] = kind(value)
-            except (TypeError, ValueError):
-                raise InputError(f"{key}: expected {kind.__name__}, got {value!r}") from None
-        spec = cls(**kwargs)
-        if spec.source not in ("simulated", "csv", "deployment"):
-            raise InputError(
-                f"{DATA_PREFIX}.source: must be simulated, csv or deployment, got {spec.source!r}"
-            )
-        if not 0 <= spec.holdout < 1:
-            raise InputError(f"{DATA_PREFIX}.holdout: must be in [0, 1), got {spec.holdout!r}")
-        for name in ("num_clients", "n_train", "num_features", "num_responses"):
-            if getattr(spec, name) < 1:
-                key = f"{DATA_PREFIX}.{name.replace('_', '-')}"
-                raise InputError(f"{key}: must be >= 1, got {getattr(spec, name)!r}")
-        return spec
-
-    def to_run_config(self) -> dict:
-        return {
-            f"{DATA_PREFIX}.{name.replace('_', '-')}": getattr(self, name)
-            for name in self.__dataclass_fields__
-        }
-
-
-@dataclass(frozen=True)
-class FederatedData:
-    """All clients' data (in federation order), names, and the truth when simulated."""
-
-    clients: tuple[ClientSamples, ...]
-    features: tuple[str, ...]
-    responses: tuple[str, ...]
-    theta_true: np.ndarray | None = None  # (M, p, q)
-    partitions_true: np.ndarray | None = None  # (M, p)
-
-    @property
-    def sites(self) -> list[str]:
-        return [c.site for c in self.clients]
-
-    def make_clients(self, guards=None) -> list[RowFedClient]:
-        """The clients with ``guards`` (the default floors when ``None``; a fold's rows:
-        :meth:`strategies.guards.Guards.for_view`)."""
-        return [RowFedClient(c, k, self.features, guards) for k, c in enumerate(self.clients)]
-
-
-def simulated_data(spec: RowFedDataSpec, n_clusters=N_CLUSTERS) -> FederatedData:
-    """docs/methods.md 2.8 simulated federation; client ids ``"0" .. "M-1"`` (the partition
-    ids); ``n_clusters``: the client clusters of each non-zero row."""
-    d = simulate(
-        spec.num_clients,
-        spec.n_train,
-        spec.n_test,
-        spec.num_features,
-        spec.num_responses,
-        spec.seed,
-        n_clusters=n_clusters,
-    )
-    clients = tuple(
-        ClientSamples(str(m), d.x_train[m], d.y_train[m], d.x_test[m], d.y_test[m])
-        for m in range(spec.num_clients)
-    )
-    features = tuple(f"x{j + 1}" for j in range(spec.num_features))
-    responses = tuple(f"y{k + 1}" for k in range(spec.num_responses))
-    return FederatedData(clients, features, responses, d.theta, d.partitions)
-
-
-def _numeric_column(df: pd.DataFrame, col: str, key: str = "data") -> np.ndarray:
-    raw = df[col].str.strip()
-    missing = raw.eq("") | raw.str.upper().isin(["NA", "NAN", "?"])
-    if missing.any():
-        row = int(np.flatnonzero(missing.to_numpy())[0])
-        raise InputError(f"{key}: {bad_cell(col, '', row)}")
-    values = pd.to_numeric(raw, errors="coerce")
-    bad = values.isna() | ~np.isfinite(values.to_numpy(dtype=float))
-    if bad.any():
-        k = int(np.flatnonzero(bad.to_numpy())[0])
-        value = df[col].iloc[k]
-        raise InputError(f"{key}: {bad_cell(col, value, k)}")
-    return values.to_numpy(dtype=float)
-
-
-def read_fit_csv(
-    path: str, responses, client_column: str = "client", key: str = "data", min_rows: int = 2
-) -> FederatedData:
-    """The fit command's data: a ``client`` column, the response columns, predictors (every
-    other column).  Clients in order of first appearance; each needs ``min_rows`` rows.
-    Errors name ``key``.
-
-    Raises :class:`InputError` with a one-line message naming the column on bad input.
-    """
-    if isinstance(responses, str):
-        responses = [r.strip() for r in responses.split(",")]
-    responses = [r for r in responses if r]
-    if not responses:
-        raise InputError("responses: give one or more response columns")
-    if len(set(responses)) != len(responses):
-        raise InputError(f"responses: a column is named twice: {','.join(responses)}")
-    df = read_table(path, key, dtype=str, keep_default_na=False, skipinitialspace=True)
-    df.columns = [str(c).strip() for c in df.columns]
-    if client_column not in df.columns:
-        raise InputError(f"{key}: no {client_column!r} column in {path!r}")
-    for r in responses:
-        if r not in df.columns:
-            raise InputError(f"responses: {r!r} is not a column of {path!r}")
-        if r == client_column:
-            raise InputError(f"responses: {r!r} is the client column")
-    predictors = [c for c in df.columns if c != client_column and c not in responses]
-    if not predictors:
-        raise InputError(f"{key}: {path!r} has no predictor columns")
-    if len(df) == 0:
-        raise InputError(f"{key}: {path!r} has no rows")
-    client = stripped_ids(df[client_column], f"{key}: column {client_column!r}")
-    if client.eq("").any():
-        row = int(np.flatnonzero(client.eq("").to_numpy())[0])
-        raise InputError(f"{key}: {bad_cell(client_column, '', row)}")
-    y = np.column_stack([_numeric_column(df, c, key) for c in responses])
-    x = np.column_stack([_numeric_column(df, c, key) for c in predictors])
-    order = list(dict.fromkeys(client))
-    counts = client.value_counts()
-    for c in order:
-        if counts[c] < min_rows:
-            raise InputError(
-                f"{key}: client {c!r} has {counts[c]} row; each client needs >= {min_rows}"
-            )
-    ids = client.to_numpy()
-    clients = tuple(ClientSamples(c, x[ids == c], y[ids == c]) for c in order)
-    return FederatedData(clients, tuple(predictors), tuple(responses))
-
-
-@functools.lru_cache(maxsize=4)
-def load_data(spec: RowFedDataSpec) -> FederatedData:
-    """The federation's data for ``spec`` (cached per process)."""
-    if spec.source == "simulated":
-        return simulated_data(spec)
-    if not spec.path or not spec.responses:
-        raise InputError(f"{DATA_PREFIX}.path: the csv source needs path and responses")
-    data = read_fit_csv(spec.path, spec.responses, spec.client_column)
-    return with_test_set(data, spec.test_path, spec.holdout, spec.seed, spec.client_column)
-
-
-def with_test_set(
-    data: FederatedData, test_path: str, holdout: float, seed: int, client_column: str
-) -> FederatedData:
-    """``data`` with each client's test rows: from ``test_path`` (the data's columns, in any
-    order; only known clients) or a random ``holdout`` share of its rows (at least one row
-    kept for training; the client's own seeded stream)."""
-    from strategies.tuning import holdout_mask, site_rng
-
-    if test_path and holdout:
-        raise InputError("holdout: give a test file or a holdout share, not both")
-    if test_path:
-        test = read_fit_csv(test_path, data.responses, client_column, "test-data", 1)
-        if sorted(test.features) != sorted(data.features):
-            extra = sorted(set(test.features) - set(data.features))
-            missing = sorted(set(data.features) - set(test.features))
-            what = f"extra column {extra[0]!r}" if extra else f"missing predictor {missing[0]!r}"
-            raise InputError(f"test-data: {what} (the columns must match the training data)")
-        known = set(data.sites)
-        unknown = [c.site for c in test.clients if c.site not in known]
-        if unknown:
-            raise InputError(f"test-data: client {unknown[0]!r} is not a client of the data")
-        order = [test.features.index(f) for f in data.features]
-        rows = {c.site: c for c in test.clients}
-        clients = tuple(
-            ClientSamples(c.site, c.x, c.y, rows[c.site].x[:, order], rows[c.site].y)
-            if c.site in rows
-            else c
-            for c in data.clients
-        )
-        return dataclasses.replace(data, clients=clients)
-    if holdout:
-        clients = []
-        for c in data.clients:
-            mask = holdout_mask(None, c.n, holdout, site_rng(seed, c.site))
-            clients.append(ClientSamples(c.site, c.x[~mask], c.y[~mask], c.x[mask], c.y[mask]))
-        return dataclasses.replace(data, clients=tuple(clients))
-    return data
 
 
 # ----------------------------------------------------------------------------------------
@@ -601,19 +375,13 @@ def write_result(
 
 
 __all__ = [
-    "FederatedData",
     "MethodResult",
-    "RowFedDataSpec",
     "collect",
     "format_table",
-    "load_data",
     "make_strategy",
     "max_rounds_for",
-    "read_fit_csv",
     "run_methods_inprocess",
-    "simulated_data",
     "summarize",
-    "with_test_set",
     "write_result",
     "write_test_table",
 ]

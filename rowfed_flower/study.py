@@ -30,7 +30,7 @@ Config (``configs/rowfed_dims.toml``, ``configs/rowfed_sizes.toml``)::
     penalty = "scad"
 
 Real data (``configs/crime_rowfed.toml``): ``[data] source = "crime"`` (Communities and
-Crime, US states as clients, :func:`rowfed_flower.data.load_crime`), the design's one
+Crime, US states as clients, :func:`rowfed_flower.realdata.load_crime`), the design's one
 required key ``train_fraction`` (each state's rows split at random into training and a
 held-out test set; a replication is a new split), and ``[data] responses`` (the q response
 columns), ``exclude`` (columns left out of the predictors), ``min_rows``, ``path``.  There
@@ -72,6 +72,7 @@ from strategies.experiments.design import (
 from strategies.experiments.runner import add_study_parser, run_study_args
 from strategies.tuning import KNOBS, CVOptions
 
+from . import sources as rsources
 from . import tuning as grid_search
 from .data import N_CLUSTERS
 
@@ -237,7 +238,7 @@ def parse_real_data(table: dict) -> dict:
 
 @functools.lru_cache(maxsize=2)
 def _crime(path: str, responses: tuple, min_rows: int, exclude: tuple):
-    from .data import load_crime
+    from .realdata import load_crime
 
     return load_crime(path, responses, min_rows=min_rows, exclude=exclude, center=False)
 
@@ -249,8 +250,8 @@ def real_federation(real: dict, cell: dict, seed: int):
     from strategies.datasets import state_centroids
 
     from .client import ClientSamples
-    from .data import split_clients
-    from .federation import FederatedData
+    from .realdata import split_clients
+    from .sources import FederatedData
 
     d = {**real, **{k: v for k, v in cell.items() if k in REAL_DATA_DEFAULTS}}
     crime = _crime(d["path"], tuple(d["responses"]), d["min_rows"], tuple(d["exclude"]))
@@ -376,9 +377,8 @@ def response_mse(res, data) -> np.ndarray:
 
 def simulated_federation(st: dict, cell: dict, seed: int):
     """The §2.8 federation of a simulated cell (``[data] n_test`` and ``clusters``)."""
-    from . import federation as fed
 
-    spec = fed.RowFedDataSpec(
+    spec = rsources.RowFedDataSpec(
         num_clients=cell["M"],
         n_train=cell["n_m"],
         n_test=st["n_test"],
@@ -386,7 +386,7 @@ def simulated_federation(st: dict, cell: dict, seed: int):
         num_responses=cell["q"],
         seed=seed,
     )
-    return fed.simulated_data(spec, st["clusters"])
+    return rsources.simulated_data(spec, st["clusters"])
 
 
 def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:

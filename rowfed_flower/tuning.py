@@ -26,6 +26,7 @@ from strategies.rowfed import rowfed_registry
 from strategies.runtime.engine import run_inprocess
 
 from . import federation as fed
+from . import sources as rsources
 from .client import ClientSamples
 
 #: ``--tune`` grids when ``--lam1-grid`` / ``--lam2-grid`` are not given.
@@ -103,7 +104,7 @@ def _levels(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid):
 
 def tune_gic(
     cfg: RowFedConfig,
-    data: fed.FederatedData,
+    data: rsources.FederatedData,
     method: str,
     lam1_grid,
     lam2_grid,
@@ -158,13 +159,13 @@ def gic_table(rows: list[dict]) -> tuple[pd.DataFrame, int]:
     return table, best
 
 
-def fold_data(data: fed.FederatedData, folds, k: int) -> fed.FederatedData:
+def fold_data(data: rsources.FederatedData, folds, k: int) -> rsources.FederatedData:
     """Each client's rows outside fold ``k`` for training, fold ``k`` as its test rows."""
     clients = tuple(
         ClientSamples(c.site, c.x[f != k], c.y[f != k], c.x[f == k], c.y[f == k])
         for c, f in zip(data.clients, folds, strict=True)
     )
-    return fed.FederatedData(clients, data.features, data.responses)
+    return rsources.FederatedData(clients, data.features, data.responses)
 
 
 def cv_piece(piece) -> list[dict]:
@@ -196,7 +197,7 @@ def cv_piece(piece) -> list[dict]:
 
 def cross_validate(
     cfg: RowFedConfig,
-    data: fed.FederatedData,
+    data: rsources.FederatedData,
     method: str,
     lam1_grid,
     lam2_grid,
@@ -230,7 +231,7 @@ def cross_validate(
 
 def tune_cv(
     cfg: RowFedConfig,
-    data: fed.FederatedData,
+    data: rsources.FederatedData,
     method: str,
     lam1_grid,
     lam2_grid,

@@ -10,8 +10,8 @@ A *datafit* is a site's smooth loss ``f`` with
 - ``hessian(b)``: the ``p x p`` Hessian (for a matrix block ``b`` of shape ``(p, q)``: the
   one acting on each column), only for the Newton answers (:func:`newton_answer`).
 
-The AUC surrogate of GrAUC-PFL (:class:`grauc_flower.auc.PairwiseLogistic`) and the
-least-squares loss of RowFed (:class:`rowfed_flower.core.LocalLeastSquares`) both are.
+The AUC surrogate of GrAUC-PFL (:class:`grauc_flower.datafit.PairwiseLogistic`) and the
+least-squares loss of RowFed (:class:`rowfed_flower.datafit.LocalLeastSquares`) both are.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from grauc_flower.cli import build_parser as grauc_parser
 from grauc_flower.sources import DataSpec
 from rowfed_flower.cli import build_parser as rowfed_parser
-from rowfed_flower.federation import RowFedDataSpec
+from rowfed_flower.sources import RowFedDataSpec
 from strategies.config import (
     GrAUCConfig,
     RegistrationConfig,

@@ -13,10 +13,10 @@ import pytest
 from conftest import parse_page
 from scipy import integrate, optimize
 
-from grauc_flower.auc import PairwiseLogistic
 from grauc_flower.cli import main as grauc_main
 from grauc_flower.coverage import population_coefficients, population_scale, true_labels
 from grauc_flower.data import simulate, site_means
+from grauc_flower.datafit import PairwiseLogistic
 from rowfed_flower.cli import main as rowfed_main
 from strategies.experiments.coverage import (
     covered,

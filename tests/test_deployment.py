@@ -332,6 +332,7 @@ def test_rowfed_runs_the_same_way(tmp_path, pki):
     coefficients equal the in-process fit; then the GIC tuning inside the federation equals
     the in-process tuning."""
     from rowfed_flower import federation as rfed
+    from rowfed_flower import sources as rsources
     from rowfed_flower.tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
     from strategies.tuning import CVOptions
@@ -366,7 +367,7 @@ def test_rowfed_runs_the_same_way(tmp_path, pki):
         got = pd.read_csv(os.path.join(out, "coefficients.csv"), dtype={"client": str})
         pooled = str(tmp_path / "all.csv")
         pd.concat(frames).to_csv(pooled, index=False)
-        data = rfed.read_fit_csv(pooled, "Y1,Y2")
+        data = rsources.read_fit_csv(pooled, "Y1,Y2")
         cfg = RowFedConfig(max_rounds=rounds, participation=0.7)
         ref = rfed.run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"]
         want = rfed.coefficients_frame(ref, data.features, data.responses)

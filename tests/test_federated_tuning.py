@@ -682,7 +682,7 @@ def test_a_stages_views_register_in_one_message_per_site(rowfed_data, monkeypatc
 def rowfed_data():
     """Six clients, five predictors, two responses; clients 0-2 share a slope."""
     from rowfed_flower.client import ClientSamples
-    from rowfed_flower.federation import FederatedData
+    from rowfed_flower.sources import FederatedData
 
     rng = np.random.default_rng(2026)
     clients = []
@@ -735,7 +735,7 @@ def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
     MSE is each client's squared errors over all its folds' validation rows."""
     from rowfed_flower import federation as rfed
     from rowfed_flower.client import ClientSamples
-    from rowfed_flower.federation import FederatedData
+    from rowfed_flower.sources import FederatedData
     from rowfed_flower.tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
     from strategies.folds import site_folds

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
+from rowfed_flower import sources as rsources
 from strategies.config import FEDAVG_FAMILY, GLOBAL_METHODS, GrAUCConfig, RowFedConfig
 
 ROUNDS = 4
@@ -130,11 +131,14 @@ def test_grauc_global_methods_follow_the_published_rules(keep):
 
 def test_rowfed_global_methods_follow_the_published_rules():
     from rowfed_flower import federation as fed
+    from rowfed_flower import sources as rsources
     from strategies.rowfed import rowfed_registry
     from strategies.runtime.engine import run_inprocess
 
-    spec = fed.RowFedDataSpec(num_clients=6, num_features=4, num_responses=2, n_train=30, seed=8)
-    data = fed.load_data(spec)
+    spec = rsources.RowFedDataSpec(
+        num_clients=6, num_features=4, num_responses=2, n_train=30, seed=8
+    )
+    data = rsources.load_data(spec)
     cfg = RowFedConfig(**_settings())
     for name in GLOBAL_METHODS:
         clients = data.make_clients()
@@ -147,8 +151,8 @@ def test_rowfed_global_methods_follow_the_published_rules():
 def test_fedprox_local_steps_reach_the_proximal_point():
     """Many FedProx local steps end at ``argmin f + (mu/2)||b - w||^2``, the datafit's
     exact proximal map."""
-    from grauc_flower.auc import PairwiseLogistic, split_by_class
     from grauc_flower.data import simulate
+    from grauc_flower.datafit import PairwiseLogistic, split_by_class
     from strategies.local import local_descent
 
     site = simulate(simulation=1, n_sites=1, n_features=3, n_train=60, seed=5)[0]
@@ -234,9 +238,9 @@ def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
             "out-dir": out,
         }
         flwr_run(ROOT, rc, 5)
-        spec = fed.RowFedDataSpec(num_clients=5, num_features=4, num_responses=2)
+        spec = rsources.RowFedDataSpec(num_clients=5, num_features=4, num_responses=2)
         cfg = RowFedConfig(fedavg_rounds=rounds, fedprox_mu=0.3)
-        inproc = fed.run_methods_inprocess(cfg, fed.load_data(spec), list(every))
+        inproc = fed.run_methods_inprocess(cfg, rsources.load_data(spec), list(every))
         for name, res in inproc.items():
             got = pd.read_csv(os.path.join(out, name, "coefficients.csv"))
             want = fed.coefficients_frame(res, *_names(res))
@@ -262,8 +266,8 @@ def test_grauc_ditto_and_finetuning_against_direct_computations():
     from scipy.optimize import minimize
 
     from grauc_flower import federation as fed
-    from grauc_flower.auc import PairwiseLogistic, split_by_class
     from grauc_flower.data import simulate
+    from grauc_flower.datafit import PairwiseLogistic, split_by_class
 
     sites = simulate(simulation=1, n_sites=5, n_features=3, n_train=40, seed=2024)
     cfg = GrAUCConfig(fedavg_rounds=6, ditto_mu=0.3, ft_steps=7, standardize="none")
@@ -297,8 +301,10 @@ def test_rowfed_ditto_is_the_penalized_proximal_problem():
 
     from rowfed_flower import federation as fed
 
-    spec = fed.RowFedDataSpec(num_clients=4, num_features=3, num_responses=2, n_train=25, seed=3)
-    data = fed.load_data(spec)
+    spec = rsources.RowFedDataSpec(
+        num_clients=4, num_features=3, num_responses=2, n_train=25, seed=3
+    )
+    data = rsources.load_data(spec)
     cfg = RowFedConfig(fedavg_rounds=5, ditto_mu=0.5, lam2=0.05, standardize="none")
     res = fed.run_methods_inprocess(cfg, data, ["fedavg", "ditto"])
     w = res["fedavg"].theta[0]
@@ -327,9 +333,9 @@ def test_grauc_ifca_against_the_algorithm_written_out():
     each model becomes the size-weighted mean of its sites' answers; the last round gives
     each site the model of least loss."""
     from grauc_flower import federation as fed
-    from grauc_flower.auc import PairwiseLogistic, split_by_class
     from grauc_flower.client import GrAUCClient
     from grauc_flower.data import simulate
+    from grauc_flower.datafit import PairwiseLogistic, split_by_class
     from strategies.registry import Registry
     from strategies.runtime.engine import run_inprocess
 
@@ -365,12 +371,14 @@ def test_rowfed_ifca_gives_each_client_its_best_model():
     """Each client ends with the one of the server's final k models that fits its own data
     best (least squares), and the clients do not all share one model."""
     from rowfed_flower import federation as fed
-    from rowfed_flower.core import LocalLeastSquares
+    from rowfed_flower.datafit import LocalLeastSquares
     from strategies.rowfed import rowfed_registry
     from strategies.runtime.engine import run_inprocess
 
-    spec = fed.RowFedDataSpec(num_clients=6, num_features=4, num_responses=2, n_train=30, seed=5)
-    data = fed.load_data(spec)
+    spec = rsources.RowFedDataSpec(
+        num_clients=6, num_features=4, num_responses=2, n_train=30, seed=5
+    )
+    data = rsources.load_data(spec)
     cfg = RowFedConfig(fedavg_rounds=6, ifca_k=3, intercept=False, standardize="none")
     clients = data.make_clients()
     strategy = fed.make_strategy("ifca", cfg, len(clients), rowfed_registry())

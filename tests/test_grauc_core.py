@@ -18,7 +18,6 @@ from geopy.distance import geodesic
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.sparse.csgraph import minimum_spanning_tree
 
-from grauc_flower.auc import PairwiseLogistic, auc, delong, newton_minimize, split_by_class
 from grauc_flower.data import (
     GROUP_CENTRES,
     class_sizes,
@@ -28,6 +27,7 @@ from grauc_flower.data import (
     read_sites,
     simulate,
 )
+from grauc_flower.datafit import PairwiseLogistic, local_fit, newton_minimize, split_by_class
 from grauc_flower.graph import (
     build_graph,
     distance_matrix,
@@ -37,7 +37,7 @@ from grauc_flower.graph import (
     mst_edges,
     unit_vectors,
 )
-from grauc_flower.local import local_fit
+from grauc_flower.metrics import auc, delong
 from strategies.admm import all_pairs
 from strategies.errors import InputError
 from strategies.local import PROX_SLACK, curvature, local_step

@@ -29,10 +29,11 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from numpy.testing import assert_allclose, assert_array_equal
 
-from grauc_flower.auc import PairwiseLogistic, delong, split_by_class
 from grauc_flower.client import GrAUCClient
 from grauc_flower.data import SiteData
+from grauc_flower.datafit import PairwiseLogistic, split_by_class
 from grauc_flower.graph import build_graph
+from grauc_flower.metrics import delong
 from strategies import admm
 from strategies.config import GrAUCConfig
 from strategies.grauc import (

@@ -14,6 +14,7 @@ from grauc_flower.cli import main as grauc_main
 from grauc_flower.client import GrAUCClient
 from grauc_flower.data import SiteData, simulate
 from rowfed_flower import federation as rfed
+from rowfed_flower import sources as rsources
 from rowfed_flower.client import ClientSamples, RowFedClient
 from strategies.config import GrAUCConfig, RowFedConfig
 from strategies.errors import InputError, SiteInputError
@@ -136,7 +137,7 @@ def test_rowfed_server_names_the_guard(tmp_path):
         f.insert(0, "client", f"c{m}")
         frames.append(f)
     pd.concat(frames).to_csv(tmp_path / "train.csv", index=False)
-    data = rfed.read_fit_csv(str(tmp_path / "train.csv"), "Y1")
+    data = rsources.read_fit_csv(str(tmp_path / "train.csv"), "Y1")
     with pytest.raises(InputError, match=r"curvature = exact: needs second moments, which "
                        r"site\(s\) c2 \(10 rows, floor 15\)"):  # fmt: skip
         rfed.run_methods_inprocess(RowFedConfig(curvature="exact"), data, ["rowfed"])

@@ -115,3 +115,12 @@ def test_strategies_imports_no_method_package_but_in_its_app():
         if t.startswith(("grauc_flower", "rowfed_flower"))
     ]
     assert upward == []
+
+
+def test_both_method_packages_list_the_same_modules():
+    """docs/architecture.md: the same roles under the same module names in both packages."""
+    names = {
+        pkg: sorted(f for f in os.listdir(os.path.join(ROOT, pkg)) if f.endswith(".py"))
+        for pkg in ("grauc_flower", "rowfed_flower")
+    }
+    assert names["grauc_flower"] == names["rowfed_flower"]

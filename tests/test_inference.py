@@ -20,9 +20,9 @@ from scipy.stats import norm
 from scipy.stats import t as student
 from test_rowfed_fit import SIZES, make_data, run_fit
 
-from grauc_flower.auc import PairwiseLogistic, newton_minimize
 from grauc_flower.client import GrAUCClient
 from grauc_flower.data import SiteData, simulate
+from grauc_flower.datafit import PairwiseLogistic, newton_minimize
 from grauc_flower.inference import SANDWICH_KEY
 from rowfed_flower.client import ClientSamples, RowFedClient
 from rowfed_flower.inference import MOMENT_KEYS

@@ -10,7 +10,8 @@ import pytest
 import scipy.sparse as sp
 from numpy.testing import assert_allclose
 
-from grauc_flower.auc import PairwiseLogistic
+from grauc_flower.datafit import PairwiseLogistic
+from rowfed_flower import sources as rsources
 from strategies import admm, pqn
 from strategies.penalties import Penalty
 
@@ -271,6 +272,7 @@ def test_exact_curvature_reaches_the_same_optimum_in_fewer_rounds():
     from grauc_flower.data import simulate
     from grauc_flower.federation import run_methods_inprocess
     from rowfed_flower import federation as rf
+    from rowfed_flower import sources as rsources
     from strategies.config import GrAUCConfig, RowFedConfig
     from strategies.errors import InputError
 
@@ -281,8 +283,8 @@ def test_exact_curvature_reaches_the_same_optimum_in_fewer_rounds():
     }
     np.testing.assert_allclose(fits["exact"].coefficients, fits["learned"].coefficients, atol=1e-7)
     assert fits["exact"].converged and fits["exact"].rounds < fits["learned"].rounds
-    data = rf.simulated_data(
-        rf.RowFedDataSpec(num_clients=4, n_train=40, num_features=6, num_responses=3, seed=1)
+    data = rsources.simulated_data(
+        rsources.RowFedDataSpec(num_clients=4, n_train=40, num_features=6, num_responses=3, seed=1)
     )
     cfg = RowFedConfig(penalty="lasso", lam1=0.2, lam2=0.05, tol=1e-15)
     rows = {
@@ -385,8 +387,8 @@ def test_partial_participation_strategies_reach_the_full_participation_optimum()
     assert runs[0].history == runs[1].history
     assert min(h["n_answered"] for h in runs[0].history) < 10
 
-    data = rf.simulated_data(
-        rf.RowFedDataSpec(num_clients=6, n_train=40, num_features=5, num_responses=3, seed=2)
+    data = rsources.simulated_data(
+        rsources.RowFedDataSpec(num_clients=6, n_train=40, num_features=5, num_responses=3, seed=2)
     )
     rcfg = RowFedConfig(tol=1e-15, max_rounds=600, standardize="none")
     rfull = rf.run_methods_inprocess(rcfg, data, ["rowfed"])["rowfed"]
@@ -401,8 +403,8 @@ def scad_fits():
     from rowfed_flower import federation as rf
     from strategies.config import RowFedConfig
 
-    data = rf.simulated_data(
-        rf.RowFedDataSpec(num_clients=5, n_train=40, num_features=6, num_responses=3, seed=4)
+    data = rsources.simulated_data(
+        rsources.RowFedDataSpec(num_clients=5, n_train=40, num_features=6, num_responses=3, seed=4)
     )
     cfg = RowFedConfig(
         penalty="scad", lam1=0.3, lam2=0.1, intercept=False, tol=1e-9, standardize="none"

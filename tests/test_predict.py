@@ -12,6 +12,7 @@ from grauc_flower import federation as gfed
 from grauc_flower.cli import main as grauc_main
 from grauc_flower.data import simulate
 from rowfed_flower import federation as rfed
+from rowfed_flower import sources as rsources
 from rowfed_flower.cli import main as rowfed_main
 from strategies.config import GrAUCConfig, RowFedConfig
 
@@ -47,7 +48,7 @@ def rowfed_model(tmp_path_factory):
         f.insert(0, "client", f"c{m}")
         frames.append(f)
     pd.concat(frames).to_csv(root / "train.csv", index=False)
-    data = rfed.read_fit_csv(str(root / "train.csv"), "Y1,Y2")
+    data = rsources.read_fit_csv(str(root / "train.csv"), "Y1,Y2")
     cfg = RowFedConfig()
     res = rfed.run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"]
     rfed.write_result(str(root / "model"), res, data, cfg)

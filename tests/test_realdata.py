@@ -487,7 +487,7 @@ def test_crime_grauc_study(tmp_path, capsys):
 
 
 def test_crime_split_for_rowfed():
-    from rowfed_flower.data import load_crime, split_clients
+    from rowfed_flower.realdata import load_crime, split_clients
 
     responses = ["ViolentCrimesPerPop", "PctPopUnderPov"]
     data = load_crime("", responses, min_rows=3, center=False)

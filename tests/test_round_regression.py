@@ -68,7 +68,8 @@ ROWFED_MEASURED = {
 
 @pytest.fixture(scope="module")
 def rowfed_rounds():
-    from rowfed_flower.federation import RowFedDataSpec, run_methods_inprocess, simulated_data
+    from rowfed_flower.federation import run_methods_inprocess
+    from rowfed_flower.sources import RowFedDataSpec, simulated_data
     from strategies.config import RowFedConfig
 
     data = simulated_data(
@@ -146,7 +147,7 @@ def _true_gaps(cfg, rounds_list, fstar):
     """The relative gap of the objective at the fit's coefficients after each round count
     (each a fresh seeded fit cut at that round), from the sites' own losses -- not from the
     fit's history."""
-    from grauc_flower.auc import PairwiseLogistic, split_by_class
+    from grauc_flower.datafit import PairwiseLogistic, split_by_class
     from strategies.registry import Registry
     from strategies.runtime.engine import run_inprocess
 

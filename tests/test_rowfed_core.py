@@ -14,15 +14,17 @@ import pytest
 import scipy.optimize as so
 from numpy.testing import assert_allclose, assert_array_equal
 
-from rowfed_flower.core import (
+from rowfed_flower import sources as rsources
+from rowfed_flower.data import simulate
+from rowfed_flower.datafit import (
     LocalLeastSquares,
     fit_rowfed,
     gic_of_fit,
     initial_theta,
     objective,
 )
-from rowfed_flower.data import load_crime, simulate
 from rowfed_flower.metrics import mean_rand_index, mse_est, mse_pred, rand_index
+from rowfed_flower.realdata import load_crime
 from strategies.admm import all_pairs
 from strategies.datasets import dataset_path
 from strategies.local import local_step
@@ -460,10 +462,13 @@ def test_mean_fusion_matches_cvxpy(algorithm):
     mean_m' theta_m'(j)||_2 + lam2 |Theta|_1`` (cvxpy), through the strategy; its clusters
     are the clients whose row sits at the mean."""
     from rowfed_flower import federation as fed
+    from rowfed_flower import sources as rsources
     from strategies.config import RowFedConfig
 
-    spec = fed.RowFedDataSpec(num_clients=5, num_features=3, num_responses=2, n_train=30, seed=4)
-    data = fed.load_data(spec)
+    spec = rsources.RowFedDataSpec(
+        num_clients=5, num_features=3, num_responses=2, n_train=30, seed=4
+    )
+    data = rsources.load_data(spec)
     lam1, lam2 = 0.15, 0.02
     cfg = RowFedConfig(
         **dict(lam1=lam1, lam2=lam2, intercept=False, standardize="none"),
@@ -503,8 +508,10 @@ def test_rows_weighting_matches_cvxpy(algorithm, intercept):
     from rowfed_flower import federation as fed
     from strategies.config import RowFedConfig
 
-    spec = fed.RowFedDataSpec(num_clients=5, num_features=3, num_responses=2, n_train=40, seed=6)
-    full = fed.load_data(spec)
+    spec = rsources.RowFedDataSpec(
+        num_clients=5, num_features=3, num_responses=2, n_train=40, seed=6
+    )
+    full = rsources.load_data(spec)
     sizes = (40, 12, 25, 18, 33)
     clients = tuple(
         dataclasses.replace(c, x=c.x[:n], y=c.y[:n])

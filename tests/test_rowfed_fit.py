@@ -17,7 +17,7 @@ import pytest
 from numpy.testing import assert_allclose
 
 from rowfed_flower.cli import main
-from rowfed_flower.core import LocalLeastSquares, fit_rowfed, gic_of_fit
+from rowfed_flower.datafit import LocalLeastSquares, fit_rowfed, gic_of_fit
 from strategies.problems import build_problem
 
 SIZES = (22, 30, 26, 35)  # rows per client (unequal on purpose)
@@ -506,7 +506,7 @@ def test_spaced_client_ids_are_read_stripped_with_a_warning(tmp_path, caplog):
     a warning naming the column and the first such id."""
     from conftest import flwr_warnings
 
-    from rowfed_flower.federation import read_fit_csv
+    from rowfed_flower.sources import read_fit_csv
 
     df = make_data()
     clean, spaced = str(tmp_path / "clean.csv"), str(tmp_path / "spaced.csv")

@@ -24,14 +24,11 @@ from flwr.server.client_proxy import ClientProxy
 from numpy.testing import assert_allclose, assert_array_equal
 
 from rowfed_flower.client import ClientSamples, RowFedClient, fedavg_local_steps
-from rowfed_flower.core import LocalLeastSquares, fit_rowfed
-from rowfed_flower.data import read_graph, simulate
-from rowfed_flower.federation import (
-    RowFedDataSpec,
-    run_methods_inprocess,
-    simulated_data,
-    summarize,
-)
+from rowfed_flower.data import simulate
+from rowfed_flower.datafit import LocalLeastSquares, fit_rowfed
+from rowfed_flower.federation import run_methods_inprocess, summarize
+from rowfed_flower.graph import read_graph
+from rowfed_flower.sources import RowFedDataSpec, simulated_data
 from strategies import admm
 from strategies.config import RowFedConfig, rowfed_config, rowfed_methods
 from strategies.errors import InputError
@@ -677,7 +674,8 @@ def test_admm_with_partial_participation_has_no_residual_jumps():
     duals of rows whose clients all sat out let the primal residual fall below 1e-5 and then
     jump 8e4-fold (measured before the fix): once below 1e-5, it now stays within 100x its
     running minimum."""
-    from rowfed_flower.federation import RowFedDataSpec, run_methods_inprocess, simulated_data
+    from rowfed_flower.federation import run_methods_inprocess
+    from rowfed_flower.sources import RowFedDataSpec, simulated_data
 
     data = simulated_data(RowFedDataSpec(seed=2))
     cfg = RowFedConfig(

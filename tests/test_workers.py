@@ -144,6 +144,7 @@ def test_a_tuning_with_workers_equals_the_tuning_without(monkeypatch):
     and the same CV in the server's process: the same table and coefficients, bit for
     bit, and the workers stopped at the end."""
     from rowfed_flower import federation as fed
+    from rowfed_flower import sources as rsources
     from rowfed_flower.tuning import tuned_strategy
     from strategies.config import RowFedConfig
     from strategies.experiments.benchtable import timed_tuning
@@ -151,8 +152,8 @@ def test_a_tuning_with_workers_equals_the_tuning_without(monkeypatch):
     from strategies.tuning import CVOptions
 
     monkeypatch.setattr(workers, "PARALLEL_AFTER", 0.0)
-    spec = fed.RowFedDataSpec(num_clients=6, n_train=60, num_features=6, num_responses=3)
-    data = fed.load_data(spec)
+    spec = rsources.RowFedDataSpec(num_clients=6, n_train=60, num_features=6, num_responses=3)
+    data = rsources.load_data(spec)
     cfg = RowFedConfig()
     runs = {}
     for jobs in (1, 2):
