@@ -466,13 +466,15 @@ def out_of_fold_calibration(sites, cfg: GrAUCConfig, method: str, folds: int, se
 
     from strategies.calibration import calibration_frame, recalibrate
     from strategies.folds import site_folds
+    from strategies.guards import Guards
 
     fold_of = [site_folds(s.y_train, folds, seed, 0, s.site, True) for s in sites]
     oof = [np.full(len(s.y_train), np.nan) for s in sites]
     for k in range(folds):
         part = [replace(s, x_train=s.x_train[f != k], y_train=s.y_train[f != k])
                 for s, f in zip(sites, fold_of, strict=True)]  # fmt: skip
-        coef = fed.run_methods_inprocess(cfg, part, [method])[method].coefficients
+        fits = fed.run_methods_inprocess(cfg, part, [method], guards=Guards().for_view())
+        coef = fits[method].coefficients
         for z, (s, f) in enumerate(zip(sites, fold_of, strict=True)):
             oof[z][f == k] = s.x_train[f == k] @ coef[z]
     fits = [recalibrate(o, s.y_train) for o, s in zip(oof, sites, strict=True)]

@@ -227,10 +227,12 @@ def run_methods_inprocess(
     graph_edges=None,
     progress=None,
     checkpoint=None,
+    guards=None,
 ) -> dict[str, MethodResult]:
     """Every method through the in-process engine, sharing one registry (a method tuned
-    inside the federation: :func:`grauc_flower.tuning.run_tuned_inprocess`)."""
-    clients = clients_of(sites, cfg.ridge)
+    inside the federation: :func:`grauc_flower.tuning.run_tuned_inprocess`); ``guards``: the
+    sites' (:func:`clients_of`)."""
+    clients = clients_of(sites, cfg.ridge, guards)
     registry = Registry()
     out = {}
     for method in methods:

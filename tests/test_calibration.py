@@ -157,7 +157,8 @@ def test_a_comparators_calibration_scores_each_row_by_a_model_that_did_not_see_i
              for z, s in enumerate(sites)]  # fmt: skip
     seen = []
 
-    def fake_run(cfg, part, methods):
+    def fake_run(cfg, part, methods, guards=None):
+        assert guards is not None and guards.min_class_rows == 0  # a fold's rows
         k = len(seen)
         seen.append([set(p.x_train[:, 0].tolist()) for p in part])
         coef = np.array([[0.0, 100.0 * k + z] for z in range(len(part))])
