@@ -41,16 +41,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from flwr.client import NumPyClient
 
 from strategies import batch
+from strategies.client import SiteClient
 from strategies.folds import site_folds
 from strategies.guards import MOMENT_FLOOR, Guards
 from strategies.local import (
-    admm_update,
-    best_model,
     local_descent,
-    newton_answer,
     site_weight,
 )
 from strategies.registry import grauc_meta, registration_properties
@@ -62,8 +59,10 @@ from .inference import sandwich_metrics
 from .metrics import auc, delong
 
 
-class GrAUCClient(NumPyClient):
+class GrAUCClient(SiteClient):
     """One institution.  ``index`` is its position in the federation's site list."""
+
+    second_moments = "a Hessian"
 
     def __init__(
         self, data: SiteData, ridge: float, index: int = -1, guards: Guards | None = None
@@ -144,13 +143,6 @@ class GrAUCClient(NumPyClient):
             self._cache = {key: PairwiseLogistic(x_pos, x_neg, eta=self.ridge, weight=weight)}
         return self._cache[key]
 
-    def _check_site(self, config) -> None:
-        expected = config.get("site")
-        if expected is not None and expected != self.data.site:
-            raise RuntimeError(
-                f"site mismatch: the server addressed {expected!r}, this is {self.data.site!r}"
-            )
-
     # -- Flower API ---------------------------------------------------------------------------
     def get_parameters(self, config):
         return [np.zeros(self.data.n_features)]
@@ -172,67 +164,26 @@ class GrAUCClient(NumPyClient):
             **{MOMENT_FLOOR: self.guards.moment_floor(d.n_features)},
         )
 
-    def fit(self, parameters, config):
-        task = config.get("task")
-        n = int(self.data.y_train.shape[0])
-        self._check_site(config)
-        if task == batch.TASK:
-            return batch.answer_fit(self, parameters, config)
-        f = self._datafit(config)
-        if task == "admm":
-            beta, pull = parameters
-            rho_sigma = float(config["rho-sigma"])
-            new = admm_update(f, beta, pull, rho_sigma, str(config["local-solver"]))
-            return [new], n, {"task": "admm", "site": self.data.site, "loss": f.value(new)}
-        if task == "gradient":
-            (beta,) = parameters
-            loss, grad = f.value_and_grad(beta)
-            metrics = {"task": "gradient", "site": self.data.site, "loss": float(loss)}
-            if config.get("curvature"):
-                metrics["curvature"] = float(f.lipschitz())
-            return [grad], n, metrics
-        if task == "newton":
-            (beta,) = parameters
-            self.guards.check_moments(self.data.site, n, self.data.n_features, "a Hessian")
-            answer, loss = newton_answer(f, beta)
-            return [answer], n, {"task": "newton", "site": self.data.site, "loss": loss}
-        if task == "local":
-            new = local_fit(f)
-            return [new], n, {"task": "local", "site": self.data.site, "loss": f.value(new)}
-        if task == "fedavg":
-            (beta,) = parameters
-            new = local_descent(
-                f,
-                beta,
-                int(config["fedavg-local-steps"]),
-                float(config.get("fedavg-lr", 0.0)),
-                float(config.get("proximal_mu", 0.0)),
-            )
-            return [new], n, {"task": "fedavg", "site": self.data.site, "loss": f.value(beta)}
-        if task == "ifca":  # the best of the k models, then FedAvg's local steps from it
-            (models,) = parameters
-            j, loss = best_model(f, models)
-            new = local_descent(
-                f,
-                models[j],
-                int(config["fedavg-local-steps"]),
-                float(config.get("fedavg-lr", 0.0)),
-            )
-            return [new], n, {"task": task, "site": self.data.site, "loss": loss, "cluster": j}
-        if task == "personalize":  # Ditto's model, fine-tuning, or IFCA's choice
-            (w,) = parameters
-            metrics = {"task": task, "site": self.data.site}
-            if config["how"] == "ditto":
-                new = f.prox(w, float(config["ditto-mu"]))
-            elif config["how"] == "choose":
-                metrics["cluster"], _ = best_model(f, w)
-                new = w[metrics["cluster"]]
-            else:
-                new = local_descent(
-                    f, w, int(config["ft-steps"]), float(config.get("fedavg-lr", 0.0))
-                )
-            return [new], n, {**metrics, "loss": f.value(new)}
-        raise ValueError(f"unknown task {task!r}")
+    # -- the hooks of strategies/client.py: SiteClient ------------------------------------
+    @property
+    def rows(self) -> int:
+        return int(self.data.y_train.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return self.data.n_features
+
+    def datafit(self, config) -> PairwiseLogistic:
+        return self._datafit(config)
+
+    def local_fit(self, f, config):
+        return local_fit(f)
+
+    def local_steps(self, f, start, steps, lr, proximal_mu, config):
+        return local_descent(f, start, steps, lr, proximal_mu)
+
+    def personal_fit(self, f, w, mu, config):
+        return f.prox(w, mu)  # the datafit's exact prox
 
     def evaluate(self, parameters, config):
         """Test AUC (DeLong SE) of ``parameters[0]``; on the training data when the site has

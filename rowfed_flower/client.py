@@ -52,16 +52,13 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.client import NumPyClient
 
 from strategies import batch
+from strategies.client import SiteClient
 from strategies.folds import site_folds
 from strategies.guards import MOMENT_FLOOR, Guards
 from strategies.local import (
-    admm_update,
-    best_model,
     local_descent,
-    newton_answer,
     site_weight,
 )
 from strategies.penalties import Penalty
@@ -148,8 +145,10 @@ def _penalty(config) -> Penalty:
     return Penalty(kind, None if kind == "lasso" or iota <= 0 else iota)
 
 
-class RowFedClient(NumPyClient):
+class RowFedClient(SiteClient):
     """One client of the federation; ``index`` is its position in the client list."""
+
+    second_moments = "X'X"
 
     def __init__(
         self,
@@ -217,13 +216,6 @@ class RowFedClient(NumPyClient):
             self._cache = {key: (f, scale, x_mean, y_mean)}
         return self._cache[key]
 
-    def _check_site(self, config) -> None:
-        expected = config.get("site")
-        if expected is not None and str(expected) != self.data.site:
-            raise RuntimeError(
-                f"site mismatch: the server addressed {expected!r}, this is {self.data.site!r}"
-            )
-
     # -- Flower API ---------------------------------------------------------------------------
     def get_parameters(self, config):
         return [np.zeros((self.data.p, self.data.q))]
@@ -238,83 +230,35 @@ class RowFedClient(NumPyClient):
         meta = {**rowfed_meta(d.p, d.q, d.y), MOMENT_FLOOR: self.guards.moment_floor(d.p)}
         return registration_properties(d.site, d.n, self.index, d.x, self.features, **meta)
 
-    def fit(self, parameters, config):
-        task = config.get("task")
-        d = self.data
-        self._check_site(config)
-        if task == batch.TASK:
-            return batch.answer_fit(self, parameters, config)
-        f, _, _, _ = self._work(config)
-        if task == "admm":
-            theta, pull = parameters
-            rho_sigma = float(config["rho-sigma"])
-            new = admm_update(f, theta, pull, rho_sigma, str(config["local-solver"]))
-            return [new], d.n, {"task": task, "site": d.site, "loss": f.value(new)}
-        if task == "gradient":
-            (theta,) = parameters
-            metrics = {"task": task, "site": d.site, "loss": f.value(theta)}
-            if config.get("curvature"):
-                metrics["curvature"] = float(f.lipschitz())
-            return [f.grad(theta)], d.n, metrics
-        if task == "newton":
-            (theta,) = parameters
-            self.guards.check_moments(d.site, d.n, d.p, "X'X")
-            answer, loss = newton_answer(f, theta)
-            return [answer], d.n, {"task": task, "site": d.site, "loss": loss}
-        if task == "local":
-            if str(config.get("init", "ridge")) == "nonfed":
-                new = f.local_fit(_penalty(config), float(config["lam2"]), str(config["sparsity"]))
-            else:
-                new = initial_theta([f], method="ridge")[0]
-            return [new], d.n, {"task": task, "site": d.site, "loss": f.value(new)}
-        if task == "fedavg":
-            (theta,) = parameters
-            new = fedavg_local_steps(
-                f,
-                theta,
-                _penalty(config),
-                float(config["lam2"]),
-                str(config["sparsity"]),
-                int(config["fedavg-local-steps"]),
-                float(config.get("fedavg-lr", 0.0)),
-                float(config.get("proximal_mu", 0.0)),
-            )
-            return [new], d.n, {"task": task, "site": d.site, "loss": f.value(theta)}
-        if task == "ifca":  # the best of the k models, then FedAvg's local steps from it
-            (models,) = parameters
-            j, loss = best_model(f, models)
-            new = fedavg_local_steps(
-                f,
-                models[j],
-                _penalty(config),
-                float(config["lam2"]),
-                str(config["sparsity"]),
-                int(config["fedavg-local-steps"]),
-                float(config.get("fedavg-lr", 0.0)),
-            )
-            return [new], d.n, {"task": task, "site": d.site, "loss": loss, "cluster": j}
-        if task == "personalize":  # Ditto's model, fine-tuning, or IFCA's choice
-            (w,) = parameters
-            penalty, lam2, sparsity = _penalty(config), float(config["lam2"]), config["sparsity"]
-            metrics = {"task": task, "site": d.site}
-            if config["how"] == "ditto":
-                mu = float(config["ditto-mu"])
-                new = f.local_fit(penalty, lam2, str(sparsity), theta0=w, anchor=w, mu=mu)
-            elif config["how"] == "choose":
-                metrics["cluster"], _ = best_model(f, w)
-                new = w[metrics["cluster"]]
-            else:
-                new = fedavg_local_steps(
-                    f,
-                    w,
-                    penalty,
-                    lam2,
-                    str(sparsity),
-                    int(config["ft-steps"]),
-                    float(config.get("fedavg-lr", 0.0)),
-                )
-            return [new], d.n, {**metrics, "loss": f.value(new)}
-        raise ValueError(f"task: unknown task {task!r}")
+    # -- the hooks of strategies/client.py: SiteClient ------------------------------------
+    @property
+    def rows(self) -> int:
+        return self.data.n
+
+    @property
+    def n_features(self) -> int:
+        return self.data.p
+
+    def datafit(self, config) -> LocalLeastSquares:
+        return self._work(config)[0]
+
+    def loss_and_grad(self, f, x):
+        return f.value(x), f.grad(x)
+
+    def local_fit(self, f, config):
+        if str(config.get("init", "ridge")) == "nonfed":
+            return f.local_fit(_penalty(config), float(config["lam2"]), str(config["sparsity"]))
+        return initial_theta([f], method="ridge")[0]
+
+    def local_steps(self, f, start, steps, lr, proximal_mu, config):
+        lam2, sparsity = float(config["lam2"]), str(config["sparsity"])
+        return fedavg_local_steps(
+            f, start, _penalty(config), lam2, sparsity, steps, lr, proximal_mu
+        )
+
+    def personal_fit(self, f, w, mu, config):
+        lam2, sparsity = float(config["lam2"]), str(config["sparsity"])
+        return f.local_fit(_penalty(config), lam2, sparsity, theta0=w, anchor=w, mu=mu)
 
     def evaluate(self, parameters, config):
         """Prediction error of ``parameters[0]`` (working scale): ``mse_pred`` over all
