@@ -9,6 +9,7 @@ variable is read, i.e. before numpy is first imported, and is inherited by the F
 processes this project starts.
 """
 
+import contextlib
 import os
 
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -21,12 +22,33 @@ def single_threaded_blas(env=os.environ) -> None:
 
 def quiet_flower() -> None:
     """Flower's own log at WARNING and above (its INFO lines per message and round are
-    noise in a command's output, a study's workers and the tuning's pool)."""
+    noise in a command's output, a study's workers and the tuning's pool); for a block
+    only: :func:`flower_quieted`."""
     import logging
 
     from flwr.common.logger import FLOWER_LOGGER
 
     FLOWER_LOGGER.setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def flower_quieted(log_filter=None):
+    """Inside the block, Flower's log at WARNING and above (and through ``log_filter``, a
+    :class:`logging.Filter`, when given); its level and filters as they were after it."""
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    level = FLOWER_LOGGER.level
+    FLOWER_LOGGER.setLevel(max(level, logging.WARNING))
+    if log_filter is not None:
+        FLOWER_LOGGER.addFilter(log_filter)
+    try:
+        yield
+    finally:
+        if log_filter is not None:
+            FLOWER_LOGGER.removeFilter(log_filter)
+        FLOWER_LOGGER.setLevel(level)
 
 
 single_threaded_blas()

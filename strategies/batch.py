@@ -49,7 +49,7 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from . import lockstep
+from . import flower_quieted, lockstep
 from .registry import EMPTY, Registry, ask_properties
 from .workers import ModelWorkers
 
@@ -235,16 +235,8 @@ class _Once(logging.Filter):
 def _quiet():
     """The jobs' own INFO lines (each fit's set-up line) silenced, and each of their
     warnings said once: a batch has hundreds of jobs."""
-    logger = logging.getLogger("flwr")
-    level = logger.level
-    once = _Once()
-    logger.setLevel(max(level, logging.WARNING))
-    logger.addFilter(once)
-    try:
+    with flower_quieted(_Once()):
         yield
-    finally:
-        logger.removeFilter(once)
-        logger.setLevel(level)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from flwr.server.client_manager import SimpleClientManager
 
 from grauc_flower import federation as fed
@@ -60,3 +61,27 @@ def test_flower_history_is_kept_and_empty_rounds_are_silent(caplog):
     assert banners == [f"[ROUND {k}]" for k in range(1, server.rounds_run + 2)]
     assert "mean_auc" in history.metrics_distributed
     assert any("strategy finished after round" in r.getMessage() for r in caplog.records)
+
+
+def test_flower_is_quieted_inside_the_block_and_restored_after_it_also_on_error():
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from strategies import flower_quieted
+
+    class Drop(logging.Filter):
+        def filter(self, record):
+            return False
+
+    before = FLOWER_LOGGER.level
+    FLOWER_LOGGER.setLevel(logging.INFO)
+    try:
+        drop = Drop()
+        with pytest.raises(RuntimeError), flower_quieted(drop):
+            assert FLOWER_LOGGER.level == logging.WARNING and drop in FLOWER_LOGGER.filters
+            raise RuntimeError("a failing fit")
+        assert FLOWER_LOGGER.level == logging.INFO and drop not in FLOWER_LOGGER.filters
+        FLOWER_LOGGER.setLevel(logging.ERROR)  # never lowered
+        with flower_quieted():
+            assert FLOWER_LOGGER.level == logging.ERROR
+    finally:
+        FLOWER_LOGGER.setLevel(before)

@@ -18,6 +18,8 @@ from flwr.server import Server
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from .. import flower_quieted
+
 #: A round line of :func:`round_logger` in a log: method, round, limit, the rest.
 ROUND_LINE = re.compile(r"([\w-]+) round (\d+)(?:/(\d+))?: (objective .*)$")
 
@@ -87,13 +89,8 @@ def run_inprocess(strategy, clients, max_rounds: int) -> int:
         manager.register(InProcessClientProxy(str(k), c.to_client()))
     server = StoppingServer(client_manager=manager, strategy=strategy)
     server.set_max_workers(1)
-    logger = logging.getLogger("flwr")
-    level = logger.level
-    logger.setLevel(max(level, logging.WARNING))
-    try:
+    with flower_quieted():
         server.fit(max_rounds, timeout=None)
-    finally:
-        logger.setLevel(level)
     return server.rounds_run
 
 
