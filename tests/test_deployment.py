@@ -83,11 +83,15 @@ class Federation:
         )
         self.superlink = start(self.plan.superlink, self.home, "superlink.log")
         self.procs.append(self.superlink)
-        wait_for_port(self.port, self.superlink)
-        with open(os.path.join(self.home, "config.toml"), "wb") as fh:
-            tomli_w.dump(self.plan.flower_config, fh)
-        for cmd in self.plan.register:
-            self.flwr(*cmd[1:])
+        try:  # a failure here (a refused registration) still stops the SuperLink by its pid
+            wait_for_port(self.port, self.superlink)
+            with open(os.path.join(self.home, "config.toml"), "wb") as fh:
+                tomli_w.dump(self.plan.flower_config, fh)
+            for cmd in self.plan.register:
+                self.flwr(*cmd[1:])
+        except BaseException:
+            self.close()
+            raise
 
     def data_path(self, site: str) -> str:
         return os.path.join(self.root, f"{site}.csv")
