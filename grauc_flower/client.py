@@ -134,7 +134,7 @@ class GrAUCClient(SiteClient):
             return x
         return (x - center) / scale
 
-    def _datafit(self, config) -> PairwiseLogistic:
+    def datafit(self, config) -> PairwiseLogistic:
         weight = site_weight(config, self.data.y_train.shape[0])
         key = (config.get("center"), config.get("scale"), weight)
         if key not in self._cache:
@@ -172,9 +172,6 @@ class GrAUCClient(SiteClient):
     @property
     def n_features(self) -> int:
         return self.data.n_features
-
-    def datafit(self, config) -> PairwiseLogistic:
-        return self._datafit(config)
 
     def local_fit(self, f, config):
         return local_fit(f)
@@ -214,5 +211,5 @@ class GrAUCClient(SiteClient):
             d = self.data
             self.guards.check_moments(d.site, d.y_train.shape[0], d.n_features, "a covariance")
             at = unpack(config["sandwich-at"], self.data.n_features)
-            metrics.update(sandwich_metrics(self._datafit(config), at))
+            metrics.update(sandwich_metrics(self.datafit(config), at))
         return float(loss), int(y.shape[0]), metrics
