@@ -34,6 +34,9 @@ features`` and the packed per-feature sums ``sum_x, sum_x2`` (for standardizatio
 Every task may carry ``center``/``scale`` bytes: the site standardizes ``(x - center)/scale``.
 With inference = oracle the evaluation carries ``sandwich-at`` (the refitted coefficients) and
 the site adds the ``p x p`` covariance of its gradient there (:mod:`grauc_flower.inference`).
+After a tuning it carries the site's calibration ``cal-a``, ``cal-b``: the site adds its
+calibrated risks' Brier score, calibration error, intercept and slope and its reliability
+bands, each of at least its guards' floor of rows (:mod:`strategies.calibration`).
 """
 
 from __future__ import annotations
@@ -207,6 +210,15 @@ class GrAUCClient(SiteClient):
         }
         x_pos, x_neg = split_by_class(self._transform(x, config), y)
         loss = PairwiseLogistic(x_pos, x_neg).value(beta) if n_pos and n_neg else 0.0
+        if config.get("cal-a") is not None:  # a tuned fit's calibrated risks on these rows
+            from strategies.calibration import calibrated_evaluation
+
+            _, scale = self._scaling(config)
+            raw = x @ beta if scale is None else (x / scale) @ beta  # the score as written out
+            floor = max(self.guards.min_rows, self.guards.min_class_rows)
+            metrics.update(
+                calibrated_evaluation(raw, y, float(config["cal-a"]), float(config["cal-b"]), floor)
+            )
         if config.get("sandwich-at") is not None:  # inference = oracle, on the training data
             d = self.data
             self.guards.check_moments(d.site, d.y_train.shape[0], d.n_features, "a covariance")

@@ -361,7 +361,12 @@ def write_result(
             table = inference_table(fit, res.sites, features, cfg.level)
             table.to_csv(os.path.join(out_dir, "inference.csv"), index=False)
             inference.update(refit_rounds=fit.rounds, refit_objective=fit.objective)
-    aucs = {s: m for s, m in res.evaluation.items()}
+    # a site's reliability bands go to reliability.csv, not into metrics.json
+    aucs = {s: {k: v for k, v in m.items() if k != "reliability"}
+            for s, m in res.evaluation.items()}  # fmt: skip
+    bands = reliability_table(res.evaluation, res.sites)
+    if len(bands):
+        bands.to_csv(os.path.join(out_dir, "reliability.csv"), index=False)
     finite = [m["auc"] for m in aucs.values() if np.isfinite(m["auc"])]
     metrics = {
         "method": res.method,
@@ -387,6 +392,21 @@ def write_result(
     }
     with open(os.path.join(out_dir, "metrics.json"), "w") as fh:
         json.dump(metrics, fh, indent=2, default=float)
+
+
+RELIABILITY_COLUMNS = ["site", "lower", "upper", "rows", "mean_probability", "observed"]
+
+
+def reliability_table(evaluation: dict, order) -> pd.DataFrame:
+    """``reliability.csv``: each site's reliability bands of its calibrated risks on its
+    evaluation rows (:func:`strategies.calibration.reliability_bins`, as the site sent
+    them), sites in ``order``; empty when no site sent any."""
+    rows = []
+    for site in order:
+        text = evaluation.get(site, {}).get("reliability")
+        for band in json.loads(str(text)) if text else []:
+            rows.append(dict(zip(RELIABILITY_COLUMNS, [site, *band], strict=True)))
+    return pd.DataFrame(rows, columns=RELIABILITY_COLUMNS)
 
 
 def sites_table(sites) -> pd.DataFrame:
@@ -487,20 +507,32 @@ AUC_COLUMNS = ["site", "auc", "auc_se", "lower", "upper", "n_pos", "n_neg"]
 def auc_frame(metrics: dict, order, split: str = "test", level: float = 0.95) -> pd.DataFrame:
     """Each site's AUC evaluated on ``split`` rows (``test`` or ``train``) with its DeLong
     interval at ``level`` (columns :data:`AUC_COLUMNS`, sites in ``order``), from
-    ``metrics.json``'s per-site evaluation."""
+    ``metrics.json``'s per-site evaluation; after a tuning also each site's calibrated
+    risks' Brier score, calibration error, intercept and slope
+    (:data:`strategies.calibration.TEST_COLUMNS`)."""
+    from strategies.calibration import TEST_COLUMNS
+
     from .metrics import auc_interval
 
+    def number(v):
+        return np.nan if v is None else float(v)
+
     rows = []
+    calibrated = False
     for site in order:
         m = metrics["auc"].get(site, {})
         if m.get("split") != split:
             continue
-        a = np.nan if m["auc"] is None else float(m["auc"])
-        se = np.nan if m["auc_se"] is None else float(m["auc_se"])
+        a, se = number(m["auc"]), number(m["auc_se"])
         lower, upper = auc_interval(a, se, level)
         values = [site, a, se, lower, upper, m["n_pos"], m["n_neg"]]
-        rows.append(dict(zip(AUC_COLUMNS, values, strict=True)))
-    return pd.DataFrame(rows, columns=AUC_COLUMNS)
+        row = dict(zip(AUC_COLUMNS, values, strict=True))
+        if "brier" in m:
+            calibrated = True
+            row.update({c: number(m.get(c)) for c in TEST_COLUMNS})
+        rows.append(row)
+    columns = AUC_COLUMNS + (list(TEST_COLUMNS) if calibrated else [])
+    return pd.DataFrame(rows, columns=columns)
 
 
 def write_test_table(out_dir: str, metrics: dict, order, level: float = 0.95) -> dict:
@@ -509,12 +541,23 @@ def write_test_table(out_dir: str, metrics: dict, order, level: float = 0.95) ->
     table = auc_frame(metrics, order, "test", level)
     table.to_csv(os.path.join(out_dir, "test.csv"), index=False)
     finite = table["auc"][np.isfinite(table["auc"].astype(float))]
-    return {
+    out = {
         "mean_auc": float(finite.mean()) if len(finite) else None,
         "level": level,
         "sites": int(len(table)),
         "sites_without_test_auc": sorted(set(metrics["auc"]) - set(table["site"][finite.index])),
     }
+    if "brier" in table.columns:  # the calibrated risks: means over sites, and over rows
+        rows = (table["n_pos"] + table["n_neg"]).to_numpy(dtype=float)
+        brier = table["brier"].to_numpy(dtype=float)
+        ok = np.isfinite(brier)
+        some = bool(ok.any())
+        out["mean_brier"] = float(np.mean(brier[ok])) if some else None
+        out["brier_over_rows"] = float(np.average(brier[ok], weights=rows[ok])) if some else None
+        for c in ("ece", "cal_slope"):
+            v = table[c].to_numpy(dtype=float)
+            out[f"median_{c}"] = float(np.nanmedian(v)) if np.isfinite(v).any() else None
+    return out
 
 
 def history_rows(res: MethodResult) -> list[dict]:

@@ -699,8 +699,50 @@ def _calibration_block(out_dir: str) -> str:
     ax.legend(loc="best", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    body = note + report.image(fig)
-    return "<h3>Calibrated risks</h3>" + body + report.table(cal.round(4))
+    body = note + report.image(fig) + report.table(cal.round(4))
+    return "<h3>Calibrated risks</h3>" + body + _reliability_block(out_dir)
+
+
+def _reliability_block(out_dir: str) -> str:
+    """The reliability diagram of a tuned fit's calibrated risks on the sites' test rows
+    (reliability.csv): each site's bands (grey, area by rows) and all sites' rows pooled
+    into tenths of predicted risk (blue); ``""`` without the file."""
+    from strategies import report
+
+    bands = report.read_csv(out_dir, "reliability.csv")
+    if bands is None or bands.empty:
+        return ""
+    rows = bands["rows"].to_numpy(float)
+    prob = bands["mean_probability"].to_numpy(float)
+    seen = bands["observed"].to_numpy(float)
+    tenth = np.minimum((prob * 10).astype(int), 9)
+    pooled = [(np.average(prob[tenth == k], weights=rows[tenth == k]),
+               np.average(seen[tenth == k], weights=rows[tenth == k]), rows[tenth == k].sum())
+              for k in range(10) if (tenth == k).any()]  # fmt: skip
+    px, py, pn = (np.array(v) for v in zip(*pooled, strict=True))
+    plt = report.pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    ax.plot([0, 1], [0, 1], color="0.5", ls="--", lw=0.9, label="perfect calibration")
+    ax.scatter(prob, seen, s=4 + 60 * rows / rows.max(), color="0.55", alpha=0.45, lw=0,
+               label="a site's band")  # fmt: skip
+    ax.plot(px, py, "o-", color="#1f77b4", ms=5, mec="black", mew=0.5, label="all sites pooled")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("predicted risk (mean over the band)")
+    ax.set_ylabel("observed rate")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    note = report.text(
+        f"Reliability of the calibrated risks on the sites' test rows ({int(rows.sum())} rows): "
+        "each site groups its rows by predicted risk into bands of at least its guard's "
+        "floor of rows and sends each band's mean risk and observed rate (grey, area by "
+        "rows; reliability.csv); the blue line pools every site's bands by tenths of risk. "
+        "Brier score, calibration error, intercept and slope per site: the table above "
+        "(test.csv)."
+    )
+    table = pd.DataFrame({"predicted": px, "observed": py, "rows": pn.astype(int)}).round(4)
+    return "<h3>Reliability on the test rows</h3>" + note + report.image(fig) + report.table(table)
 
 
 def fit_report(out_dir: str) -> str:

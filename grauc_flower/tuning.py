@@ -549,17 +549,24 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
         }[opts.criterion]
         chosen, summary = tuning.choose(frame, params, score, maximize, opts.rule, SIMPLEST[method])
         i = next(j for j, s in enumerate(settings) if all(s[p] == chosen[p] for p in params))
+        cal = calibration_table(batch.pooled, i, order)
         batch.outputs = {"table": table, "summary": summary, "tuned": chosen, "score": score,
                          "maximize": maximize, "small_sites": small,
-                         "lam_path": not grid.lam,
-                         "calibration": calibration_table(batch.pooled, i, order)}  # fmt: skip
+                         "lam_path": not grid.lam, "calibration": cal}  # fmt: skip
+        # the refit's evaluation scores each site's calibrated risks on its test rows (a
+        # refit that ran beside the folds and was evaluated with them is asked once more)
+        shrunk = zip(cal["site"], cal["intercept"], cal["slope"], strict=True)
+        site_cal = {s: (a, b) for s, a, b in shrunk}
         if i not in full:
             full[i] = Job(
                 f"full/{i}",
                 strategy(cfg.replace(**settings[i]), registry),
                 {"ridge": settings[i]["ridge"]},
             )
+            full[i].strategy.calibrate(site_cal)
             yield Stage([full[i]], name="refit")
+        else:
+            full[i].strategy.calibrate(site_cal)
         return full[i].key
 
     return plan

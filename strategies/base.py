@@ -42,10 +42,32 @@ class EvaluatedOnce:
         """The method is done and its evaluation is in."""
         return self.done and self.evaluated
 
+    #: Each site's calibration of its score, ``{site: (intercept, slope)}``, once a tuning
+    #: has fitted it (:meth:`calibrate`); the final evaluation then carries the site's.
+    calibration: dict | None = None
+
     def evaluate_config(self, site: str | None = None) -> dict:
         """What the final evaluation asks of ``site`` (of every site when ``None``): its
-        working scale (``work_config``), and whatever else a method's evaluation needs."""
-        return self.work_config()
+        working scale (``work_config``), its calibration when there is one (``cal-a``,
+        ``cal-b``: the site adds its calibrated risks' metrics), and whatever else a
+        method's evaluation needs."""
+        config = self.work_config()
+        cal = (self.calibration or {}).get(site)
+        if cal is not None:
+            config["cal-a"], config["cal-b"] = float(cal[0]), float(cal[1])
+        return config
+
+    def calibrate(self, calibration: dict) -> None:
+        """Set each site's calibration (``{site: (intercept, slope)}``, finite values);
+        an evaluation already in is asked again, with it."""
+        self.calibration = {
+            s: (float(a), float(b))
+            for s, (a, b) in calibration.items()
+            if np.isfinite(a) and np.isfinite(b)
+        }
+        if self.evaluated:
+            self.evaluated = False
+            self.evaluation = {}
 
     def unanswered(self) -> list[str]:
         """The sites without a result at the end: not answering when the method ended, not

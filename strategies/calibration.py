@@ -13,6 +13,9 @@ is not a probability.  A site maps it to ``P(y = 1 | s) = expit(a_z + b_z s)``:
   calibration borrows from the others, a large one keeps its own.
 - :func:`calibration_metrics`: Brier score, expected calibration error (equal-count bins)
   and the calibration intercept and slope of probabilities against outcomes.
+- :func:`reliability_bins` and :func:`calibrated_evaluation`: what a site sends of its calibrated
+  risks on its test rows at the final evaluation: the four numbers above and the rows of a
+  reliability diagram (probability bands of at least a floor of rows each).
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ MAX_ITER = 100
 TOL = 1e-10
 #: Bins of the expected calibration error (equal counts).
 ECE_BINS = 10
+#: Probability bands of a reliability diagram (equal widths before merging).
+RELIABILITY_BANDS = 10
+#: The metrics a site's calibrated evaluation adds (:func:`calibrated_evaluation`).
+TEST_COLUMNS = ("brier", "ece", "cal_intercept", "cal_slope")
 
 
 def _design(score: np.ndarray) -> np.ndarray:
@@ -158,11 +165,61 @@ def calibration_metrics(prob, y, bins: int = ECE_BINS) -> dict:
             "cal_slope": fit["b"]}  # fmt: skip
 
 
+def reliability_bins(prob, y, floor: int, bands: int = RELIABILITY_BANDS) -> list[list[float]]:
+    """A site's reliability diagram: its rows grouped by predicted probability into
+    ``bands`` equal bands of ``[0, 1]``, each band with fewer than ``floor`` rows (at least
+    1) merged into the next (the last into the one before), so that no band sent describes
+    fewer rows than the site's floor.  Each band: ``[lower, upper, rows, mean probability,
+    observed rate]``; empty bands are left out."""
+    prob = np.asarray(prob, dtype=float).ravel()
+    y = np.asarray(y, dtype=float).ravel()
+    floor = max(int(floor), 1)
+    if len(prob) < floor:
+        return []
+    edges = np.linspace(0.0, 1.0, bands + 1)
+    band = np.clip(np.searchsorted(edges, prob, side="right") - 1, 0, bands - 1)
+    groups: list[list[int]] = []  # bands merged, as lists of band numbers
+    for k in range(bands):
+        if groups and np.sum(np.isin(band, groups[-1])) < floor:
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    if len(groups) > 1 and np.sum(np.isin(band, groups[-1])) < floor:
+        groups[-2].extend(groups.pop())
+    out = []
+    for g in groups:
+        rows = np.isin(band, g)
+        if rows.any():
+            lower, upper = round(float(edges[g[0]]), 9), round(float(edges[g[-1] + 1]), 9)
+            out.append([lower, upper, int(rows.sum()),
+                        float(prob[rows].mean()), float(y[rows].mean())])  # fmt: skip
+    return out
+
+
+def calibrated_evaluation(score, y, a: float, b: float, floor: int) -> dict:
+    """What a site reports of its calibrated risks ``expit(a + b score)`` on its test
+    rows: :func:`calibration_metrics` (``brier``, ``ece``, ``cal_intercept``,
+    ``cal_slope``; NaN without rows) and ``reliability``, its :func:`reliability_bins` as
+    a JSON string (a metric is a scalar)."""
+    import json
+
+    score = np.asarray(score, dtype=float).ravel()
+    y = np.asarray(y, dtype=float).ravel()
+    if not len(score):
+        return {**dict.fromkeys(TEST_COLUMNS, float("nan")), "reliability": "[]"}
+    prob = expit(a + b * score)
+    out = calibration_metrics(prob, y)
+    out["reliability"] = json.dumps(reliability_bins(prob, y, floor))
+    return out
+
+
 __all__ = [
     "calibration_frame",
     "calibration_mean",
     "calibration_metrics",
     "firth_loglik",
     "recalibrate",
+    "reliability_bins",
     "shrink",
+    "calibrated_evaluation",
 ]

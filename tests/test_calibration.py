@@ -180,3 +180,38 @@ def test_a_comparators_calibration_scores_each_row_by_a_model_that_did_not_see_i
         for k in range(folds):
             assert seen[k][z] == set(s.x_train[f != k, 0].tolist())  # outside fold k only
         np.testing.assert_array_equal(received[z], 100.0 * f + z)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_reliability_bands_hold_at_least_the_floor_and_every_row_once(seed):
+    """reliability_bins against a brute-force reading: the bands are consecutive unions of
+    the tenths of [0, 1], each with at least ``floor`` rows, together every row once, with
+    the mean risk and observed rate of exactly its rows; no tenth with ``floor`` rows or more
+    is merged into another unless the one before it was short."""
+    from strategies.calibration import reliability_bins
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 80))
+    prob = rng.beta(0.6, 2.0, n)  # most rows at small risks: the upper tenths are sparse
+    prob[: min(2, n)] = [0.1, 1.0][: min(2, n)]  # on a band's edge
+    y = (rng.random(n) < prob).astype(float)
+    floor = int(rng.integers(1, 6))
+    bands = reliability_bins(prob, y, floor)
+    if n < floor:
+        assert bands == []
+        return
+    assert sum(b[2] for b in bands) == n
+    assert bands[0][0] == 0.0 or not np.any(prob < bands[0][0])
+    for lo, hi, rows, mean_p, seen in bands:
+        inside = (prob >= lo) & ((prob < hi) | (hi == 1.0))
+        assert rows == inside.sum() >= floor
+        assert mean_p == pytest.approx(prob[inside].mean(), rel=1e-12)
+        assert seen == pytest.approx(y[inside].mean(), rel=1e-12)
+        assert round(lo * 10) == pytest.approx(lo * 10) and round(hi * 10) == pytest.approx(hi * 10)
+    # a band spanning several tenths: every tenth but its last was short of the floor alone
+    # (or it is the last band, merged backwards)
+    for k, (lo, hi, *_rest) in enumerate(bands[:-1]):
+        tenths = np.arange(round(lo * 10), round(hi * 10))
+        counts = [np.sum((prob >= t / 10) & (prob < (t + 1) / 10)) for t in tenths]
+        assert all(np.cumsum(counts)[:-1] < floor), (bands, k)
+    assert reliability_bins(prob, y, 10**6) == []

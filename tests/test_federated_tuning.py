@@ -121,6 +121,9 @@ def files(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("federated_cv"))
     sites = simulate(1, 4, 3, 36, 60, 0.4, 3, seed=4242)
     data, site_file = write_grauc_csv(root, sites)
+    test = [pd.DataFrame(s.x_test, columns=["f0", "f1", "f2"]).assign(y=s.y_test, site=s.site)
+            for s in sites]  # fmt: skip
+    pd.concat(test).to_csv(os.path.join(root, "test.csv"), index=False)  # the tuned runs'
     return sites, data, site_file, root
 
 
@@ -138,7 +141,8 @@ def tuned(files):
     def get(criterion: str) -> str:
         if criterion not in done:
             out = os.path.join(files[3], f"tuned-{criterion}")
-            extra = ("--tune", "cv", "--folds", K, "--data-seed", SEED, *GRID)
+            extra = ("--tune", "cv", "--folds", K, "--data-seed", SEED, *GRID,
+                     "--test-data", os.path.join(files[3], "test.csv"))  # fmt: skip
             _ok(*_fit_args(files, out, *extra, "--cv-criterion", criterion))
             done[criterion] = out
         return done[criterion]
@@ -272,6 +276,51 @@ def test_calibration_is_each_sites_recalibration_of_its_out_of_fold_scores(
     assert "Calibrated risks" in page and f"{cal['slope'].iloc[0]:.4f}".rstrip("0") in page
     with open(os.path.join(plain, "report.html")) as fh:
         assert "Calibrated risks" not in fh.read()
+
+
+def test_the_refits_evaluation_scores_each_sites_calibrated_risks(files, tuned):
+    """test.csv after a tuning: per site the Brier score, the expected calibration error
+    (equal-count bins, by hand), and the calibration intercept and slope (Firth's fit by a
+    derivative-free search) of expit(intercept + slope * score) on its test rows, with the
+    score from coefficients.csv and the calibration from calibration.csv; reliability.csv:
+    bands of the site's rows by probability, each of at least 3 rows (the default guard),
+    together every test row once; metrics.json keeps the means, not the bands."""
+    from scipy.special import expit, logit
+    from test_calibration import _firth_reference
+
+    sites = files[0]
+    out = tuned("folds")
+    test = _read(out, "test.csv").set_index("site")
+    cal = _read(out, "calibration.csv").set_index("site")
+    coef = _read(out, "coefficients.csv").set_index("site")
+    bands = _read(out, "reliability.csv")
+    briers = []
+    for s in sites:
+        score = s.x_test @ coef.loc[s.site].to_numpy()
+        prob = expit(cal.loc[s.site, "intercept"] + cal.loc[s.site, "slope"] * score)
+        y = s.y_test.astype(float)
+        row = test.loc[s.site]
+        briers.append(np.mean((prob - y) ** 2))
+        assert row["brier"] == pytest.approx(briers[-1], rel=1e-9)
+        order = np.argsort(prob, kind="stable")
+        ece = sum(len(b) * abs(y[b].mean() - prob[b].mean()) for b in np.array_split(order, 10))
+        assert row["ece"] == pytest.approx(ece / len(y), rel=1e-9)
+        want = _firth_reference(logit(prob), y)
+        np.testing.assert_allclose(row[["cal_intercept", "cal_slope"]].to_numpy(float), want,
+                                   rtol=1e-4, atol=1e-6)  # fmt: skip
+        mine = bands[bands["site"] == s.site]
+        assert (mine["rows"] >= 3).all() and mine["rows"].sum() == len(y)
+        assert (mine["lower"].to_numpy()[1:] == mine["upper"].to_numpy()[:-1]).all()
+        for _, b in mine.iterrows():
+            inside = (prob >= b["lower"]) & ((prob < b["upper"]) | (b["upper"] == 1.0))
+            assert inside.sum() == b["rows"]
+            assert b["mean_probability"] == pytest.approx(prob[inside].mean(), rel=1e-9)
+            assert b["observed"] == pytest.approx(y[inside].mean(), rel=1e-12)
+    m = _metrics(out)
+    assert m["test"]["mean_brier"] == pytest.approx(np.mean(briers), rel=1e-9)
+    assert all("reliability" not in v for v in m["auc"].values())
+    with open(os.path.join(out, "report.html")) as fh:
+        assert "Reliability" in fh.read()
 
 
 def test_repeats_draw_each_sites_folds_again(files):
