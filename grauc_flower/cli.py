@@ -16,12 +16,19 @@ import sys
 import time
 from dataclasses import replace
 
-from strategies.config import GRAUC_FUSED_METHODS, GRAUC_METHODS, GrAUCConfig, to_run_config
+from strategies.config import (
+    GRAUC_FUSED_METHODS,
+    GRAUC_METHODS,
+    CheckpointConfig,
+    GrAUCConfig,
+    to_run_config,
+)
 from strategies.errors import InputError
 from strategies.predict import add_predict_parser, cmd_predict, read_grauc_model
 from strategies.report import add_report_parser, cmd_report
 from strategies.runtime.cli import (
     Parser,
+    add_flags,
     add_run_parser,
     add_settings,
     add_test_arguments,
@@ -31,6 +38,7 @@ from strategies.runtime.cli import (
     cmd_run,
     cv_options,
     fit_summary,
+    from_flags,
     project_dir,
     run_main,
     settings_from_args,
@@ -42,6 +50,7 @@ from strategies.runtime.cli import (
 from strategies.tuning import size_powers
 
 from . import tuning
+from .sources import DataSpec
 
 D = GrAUCConfig()
 
@@ -59,46 +68,7 @@ def _fit_parser(sub) -> None:
     p.add_argument("--data", default="", help="CSV: site, y (0/1), features (or the CDC file)")
     p.add_argument("--sites", default="", help="CSV: site, lat, lon (source csv)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument(
-        "--counties",
-        default="",
-        help="cdc: comma-separated county FIPS codes (default: the largest)",
-    )
-    p.add_argument(
-        "--num-counties", type=int, default=18, help="cdc: the largest N counties (default: 18)"
-    )
-    p.add_argument(
-        "--train-fraction",
-        type=float,
-        default=0.0,
-        help="cdc/crime: training share of each class per site (default cdc 0.2, crime 0.5)",
-    )
-    p.add_argument(
-        "--min-per-class",
-        type=int,
-        default=0,
-        help="cdc/crime: a site needs this many of each class (default: cdc 15, crime 5)",
-    )
-    p.add_argument(
-        "--max-per-class",
-        type=int,
-        default=5000,
-        help="cdc/crime: at most this many rows per class and site; 0 = all (default: 5000)",
-    )
-    p.add_argument(
-        "--missing-levels",
-        default="level",
-        choices=("level", "drop"),
-        help="cdc: Missing/Unknown covariates as a level of their own, or drop the rows "
-        "(default: level)",
-    )
-    p.add_argument(
-        "--data-seed",
-        type=int,
-        default=0,
-        help="the train/test split (cdc, crime, --holdout), the simulation and the folds "
-        "(default: 0)",
-    )
+    add_flags(p, DataSpec)  # --data-seed and the real sources' options
     p.add_argument(
         "--method", default="grauc", choices=GRAUC_METHODS, help="the method (default: grauc)"
     )
@@ -138,14 +108,7 @@ def _fit_parser(sub) -> None:
         help="cv: size-power values of grauc and mean-fusion, each in [0, 1] (default: 0,1 "
         "when the sites differ in size, else the --size-power value)",
     )
-    p.add_argument(
-        "--checkpoint",
-        default="",
-        metavar="FILE",
-        help="write the server's ADMM state to FILE (.npz) every K rounds",
-    )
-    p.add_argument("--checkpoint-every", type=int, default=10, metavar="K", help="(default: 10)")
-    p.add_argument("--resume", default="", metavar="FILE", help="start from a checkpoint")
+    add_flags(p, CheckpointConfig)  # --checkpoint, --checkpoint-every, --resume
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument(
         "--verbose",
@@ -250,8 +213,6 @@ def _line_to_stderr(line: str) -> None:
 def _data_spec(a):
     """The fit command's data as a :class:`~grauc_flower.sources.DataSpec` (what the Flower
     engine's ClientApps load); checks which files each source needs."""
-    from .sources import DataSpec
-
     if a.source == "csv":
         for key in ("data", "sites"):
             if not getattr(a, key):
@@ -269,25 +230,25 @@ def _data_spec(a):
         raise InputError("data: --source cdc needs --data (the CDC COVID-19 case file)")
     if a.source in ("cdc", "crime") and a.sites:
         raise InputError(f"sites: --source {a.source} places sites at the shipped centroids")
-    if a.source in ("cdc", "crime"):
-        if a.train_fraction and not 0 < a.train_fraction < 1:
-            raise InputError(f"train-fraction: must be in (0, 1), got {a.train_fraction!r}")
-        if a.max_per_class < 0:
-            raise InputError(f"max-per-class: must be >= 0, got {a.max_per_class!r}")
-    return DataSpec(
+    return from_flags(
+        DataSpec,
+        a,
         source=a.source,
         data_path=os.path.abspath(a.data) if a.data else "",
         sites_path=os.path.abspath(a.sites) if a.sites else "",
         allow_missing_class=a.missing_class == "borrow",
-        data_seed=a.data_seed,
-        counties=a.counties,
-        num_counties=a.num_counties,
-        train_fraction=a.train_fraction,
-        min_per_class=a.min_per_class,
-        max_per_class=a.max_per_class,
-        missing_levels=a.missing_levels,
         test_path=os.path.abspath(a.test_data) if a.test_data else "",
         holdout=a.holdout,
+    )
+
+
+def _checkpoint(a) -> CheckpointConfig:
+    """The checkpoint options, their paths made absolute."""
+    return from_flags(
+        CheckpointConfig,
+        a,
+        path=os.path.abspath(a.checkpoint) if a.checkpoint else "",
+        resume=os.path.abspath(a.resume) if a.resume else "",
     )
 
 
@@ -413,13 +374,7 @@ def cmd_fit(a) -> int:
             progress = RoundProgress(a.method, limit, a.quiet)
             if federated:
                 progress = None if a.quiet else _line_to_stderr
-            ckpt = fed.checkpoint_settings(
-                {
-                    "checkpoint.path": os.path.abspath(a.checkpoint) if a.checkpoint else "",
-                    "checkpoint.every": a.checkpoint_every,
-                    "checkpoint.resume": os.path.abspath(a.resume) if a.resume else "",
-                }
-            )
+            ckpt = _checkpoint(a).strategy_kwargs()
             if ckpt["resume"] and not os.path.isfile(ckpt["resume"]):
                 raise InputError(f"resume: file not found: {a.resume}")
             if federated and (ckpt["checkpoint"] or ckpt["resume"]):
@@ -441,9 +396,7 @@ def cmd_fit(a) -> int:
                 "out-dir": tmp,
                 **spec.to_run_config(),
                 "data.num-sites": len(sites),
-                "checkpoint.path": os.path.abspath(a.checkpoint) if a.checkpoint else "",
-                "checkpoint.every": a.checkpoint_every,
-                "checkpoint.resume": os.path.abspath(a.resume) if a.resume else "",
+                **to_run_config(_checkpoint(a), "checkpoint"),
             }
             if federated:
                 grids = {"lam-grid": grid.lam, "w-dist-grid": grid.w_dist}

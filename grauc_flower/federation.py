@@ -11,7 +11,14 @@ import numpy as np
 import pandas as pd
 
 from strategies import admm
-from strategies.config import FEDAVG_FAMILY, GRAUC_FUSED_METHODS, GRAUC_METHODS, GrAUCConfig
+from strategies.config import (
+    FEDAVG_FAMILY,
+    GRAUC_FUSED_METHODS,
+    GRAUC_METHODS,
+    CheckpointConfig,
+    GrAUCConfig,
+    from_run_config,
+)
 from strategies.errors import InputError
 from strategies.fedavg import comparator_class, round_limit
 from strategies.grauc import (
@@ -106,24 +113,9 @@ def _standardize_from_data(registry: Registry, sites) -> None:
 
 
 def checkpoint_settings(rc: dict) -> dict:
-    """``checkpoint.path``, ``checkpoint.every``, ``checkpoint.resume`` from a run config."""
-    out = {
-        "checkpoint": str(rc.get("checkpoint.path", "")),
-        "checkpoint_every": int(rc.get("checkpoint.every", 10)),
-        "resume": str(rc.get("checkpoint.resume", "")),
-    }
-    for key in ("checkpoint", "resume"):
-        if out[key] and not os.path.isabs(out[key]):
-            raise InputError(
-                f"checkpoint.{'path' if key == 'checkpoint' else key}: must be an "
-                f"absolute path, got {out[key]!r}"
-            )
-    path = out["checkpoint"]
-    if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(path))):
-        raise InputError(f"checkpoint.path: must be a file in an existing directory, got {path!r}")
-    if out["checkpoint_every"] < 1:
-        raise InputError(f"checkpoint.every: must be >= 1, got {out['checkpoint_every']}")
-    return out
+    """The strategy's checkpoint arguments from a run config's ``checkpoint.*`` keys
+    (:class:`strategies.config.CheckpointConfig`)."""
+    return from_run_config(CheckpointConfig, rc, "checkpoint").strategy_kwargs()
 
 
 def max_rounds_for(method: str, cfg: GrAUCConfig, tuned: bool = False) -> int:

@@ -4,90 +4,110 @@ this in every message's process)."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config, parse_methods
+from strategies.config import (
+    GRAUC_METHODS,
+    GrAUCConfig,
+    check_fields,
+    from_run_config,
+    parse_methods,
+    setting,
+    to_run_config,
+)
 from strategies.errors import InputError
 
 from .data import SiteData, add_test_data, hold_out, load_csv, simulate
 
+#: Where a GrAUC-PFL federation's rows can come from (``data.source``).
+SOURCES = ("simulated", "csv", "cdc", "crime")
+
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Where a federation's data come from (run-config keys ``data.*``)."""
+    """Where a federation's data come from (run-config keys ``data.*``; the ``fit`` options
+    named by ``flag``): one declaration for the keys, the options, their defaults and their
+    checks (:func:`strategies.config.setting`)."""
 
-    source: str = "simulated"  # simulated | csv | cdc | crime
-    simulation: int = 1
-    n_sites: int = 20
-    n_features: int = 10
-    n_train: int = 50
-    n_test: int = 200
-    prevalence: float = 0.3
-    level: int = 3
-    data_seed: int = 0
-    data_path: str = ""
-    sites_path: str = ""
-    allow_missing_class: bool = False
-    # real data (cdc: the CDC COVID-19 file at data_path; crime: the shipped Communities and
-    # Crime copy, or data_path); see grauc_flower.realdata
-    counties: str = ""  # cdc: comma-separated FIPS codes; empty = the largest num_counties
-    num_counties: int = 18
-    train_fraction: float = 0.0  # per class and institution; 0 = the source's (cdc 0.2)
-    min_per_class: int = 0  # institutions need this many of each class; 0 = the source's
-    max_per_class: int = 5000  # at most this many rows per class and institution; 0 = all
-    missing_levels: str = "level"  # cdc: Missing/Unknown covariates a level, or drop
-    # csv: a test set, from a file with the data's columns or held out of each site
-    test_path: str = ""
-    holdout: float = 0.0  # share of each class of each site held out (seeded by data_seed)
+    key_prefix = "data."
+
+    source: str = setting(
+        "simulated",
+        "simulated (the main job), csv (data.path, data.sites-path), cdc (the CDC COVID-19 "
+        "case file at data.path), crime (Communities and Crime)",
+        SOURCES,
+    )
+    simulation: int = setting(1, "simulated: the paper's simulation 1-4", at_least=1, at_most=4)
+    n_sites: int = setting(20, "simulated: sites >= 1", at_least=1, key="num-sites")
+    n_features: int = setting(10, "simulated: features >= 1", at_least=1, key="num-features")
+    n_train: int = setting(50, "simulated: training rows per site >= 1", at_least=1)
+    n_test: int = setting(200, "simulated: test rows per site >= 0", at_least=0)
+    prevalence: float = setting(0.3, "simulated: share of positives, in (0, 1)", above=0, below=1)
+    level: int = setting(
+        3, "simulated: how far the two mean groups differ, 0 (not) to 3", at_least=0, at_most=3
+    )
+    data_seed: int = setting(
+        0,
+        "the train/test split (cdc, crime, --holdout), the simulation and the folds",
+        key="seed",
+        flag="data-seed",
+    )
+    data_path: str = setting("", "csv: the rows; cdc: the case file; crime: a copy", key="path")
+    sites_path: str = setting("", "csv: site, lat, lon", key="sites-path")
+    allow_missing_class: bool = setting(
+        False, "a site may lack a class (grauc.missing-class = borrow)", key=False
+    )
+    counties: str = setting(
+        "", "cdc: comma-separated county FIPS codes (empty: the largest)", flag="counties"
+    )
+    num_counties: int = setting(
+        18, "cdc: the largest N counties, >= 1", at_least=1, flag="num-counties"
+    )
+    train_fraction: float = setting(
+        0.0,
+        "cdc/crime: training share of each class per site, in [0, 1); 0: the source's "
+        "(cdc 0.2, crime 0.5)",
+        at_least=0,
+        below=1,
+        flag="train-fraction",
+    )
+    min_per_class: int = setting(
+        0,
+        "cdc/crime: a site needs this many rows of each class; 0: the source's (cdc 15, crime 5)",
+        at_least=0,
+        flag="min-per-class",
+    )
+    max_per_class: int = setting(
+        5000,
+        "cdc/crime: at most this many rows per class and site; 0 = all",
+        at_least=0,
+        flag="max-per-class",
+    )
+    missing_levels: str = setting(
+        "level",
+        "cdc: Missing/Unknown covariates as a level of their own, or drop the rows",
+        ("level", "drop"),
+        flag="missing-levels",
+    )
+    test_path: str = setting("", "csv: a test file with the data's columns")
+    holdout: float = setting(
+        0.0, "csv: share of each class of each site held out for testing, in [0, 1)",
+        at_least=0, below=1,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     @classmethod
     def from_run_config(cls, rc: dict) -> DataSpec:
         """The spec from a run config's ``data.*`` keys (and ``grauc.missing-class``); an
-        unknown ``data.*`` key or a value of the wrong type is an error naming the key."""
-        kinds = {f.name: f.type for f in fields(cls)}
-        kwargs = {}
-        for key, value in rc.items():
-            if not key.startswith("data."):
-                continue
-            if key not in DATA_KEYS:
-                raise InputError(f"{key}: unknown setting")
-            name = DATA_KEYS[key]
-            kind = {"int": int, "float": float, "str": str}[kinds[name]]
-            try:
-                if kind is int and isinstance(value, float) and not value.is_integer():
-                    raise ValueError
-                kwargs[name] = kind(value)
-            except (TypeError, ValueError):
-                raise InputError(f"{key}: expected {kinds[name]}, got {value!r}") from None
-        kwargs["allow_missing_class"] = str(rc.get("grauc.missing-class", "error")) == "borrow"
-        return cls(**kwargs)
+        unknown ``data.*`` key, a value of the wrong type or out of range is an error naming
+        the key."""
+        borrow = str(rc.get("grauc.missing-class", "error")) == "borrow"
+        return from_run_config(cls, rc, "data", allow_missing_class=borrow)
 
     def to_run_config(self) -> dict:
-        return {key: getattr(self, name) for key, name in DATA_KEYS.items()}
-
-
-#: Run-config key -> :class:`DataSpec` field.
-DATA_KEYS = {
-    "data.source": "source",
-    "data.simulation": "simulation",
-    "data.num-sites": "n_sites",
-    "data.num-features": "n_features",
-    "data.n-train": "n_train",
-    "data.n-test": "n_test",
-    "data.prevalence": "prevalence",
-    "data.level": "level",
-    "data.seed": "data_seed",
-    "data.path": "data_path",
-    "data.sites-path": "sites_path",
-    "data.counties": "counties",
-    "data.num-counties": "num_counties",
-    "data.train-fraction": "train_fraction",
-    "data.min-per-class": "min_per_class",
-    "data.max-per-class": "max_per_class",
-    "data.missing-levels": "missing_levels",
-    "data.test-path": "test_path",
-    "data.holdout": "holdout",
-}
+        return to_run_config(self, "data")
 
 
 @functools.lru_cache(maxsize=4)
@@ -113,7 +133,7 @@ def load_sites(spec: DataSpec) -> tuple[tuple[SiteData, ...], tuple[str, ...]]:
     if spec.source in ("cdc", "crime"):
         sites, table = load_real_spec(spec)
         return tuple(sites), table.features
-    raise InputError(f"data.source: must be simulated, csv, cdc or crime, got {spec.source!r}")
+    raise AssertionError(spec.source)  # DataSpec checks its source
 
 
 def with_test_set(sites, spec: DataSpec) -> list[SiteData]:

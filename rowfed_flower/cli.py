@@ -31,6 +31,7 @@ from strategies.predict import add_predict_parser, cmd_predict, read_rowfed_mode
 from strategies.report import add_report_parser, cmd_report
 from strategies.runtime.cli import (
     Parser,
+    add_flags,
     add_run_parser,
     add_settings,
     add_test_arguments,
@@ -40,6 +41,7 @@ from strategies.runtime.cli import (
     cmd_run,
     cv_options,
     fit_summary,
+    from_flags,
     project_dir,
     run_main,
     settings_from_args,
@@ -52,6 +54,7 @@ from strategies.tuning import KNOBS, parse_grid
 
 from . import tuning as grid_search
 from .federation import FUSED_METHODS
+from .sources import RowFedDataSpec
 
 DEFAULT_LAM1_GRID = ",".join(f"{v:g}" for v in grid_search.DEFAULT_LAM1_GRID)
 DEFAULT_LAM2_GRID = ",".join(f"{v:g}" for v in grid_search.DEFAULT_LAM2_GRID)
@@ -77,11 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="inprocess",
         help="inprocess: Flower's server in this process; flower: flwr run (default: inprocess)",
     )
-    fit.add_argument("--client-column", default="client", help="(default: client)")
     add_test_arguments(fit)
-    fit.add_argument(
-        "--data-seed", type=int, default=0, help="the --holdout draw and the folds (default: 0)"
-    )
+    add_flags(fit, RowFedDataSpec)  # --client-column, --data-seed
     add_tuning_arguments(fit, ("gic", "cv"))
     fit.add_argument("--lam1-grid", help=f"gic/cv: lam1 values (default: {DEFAULT_LAM1_GRID})")
     fit.add_argument("--lam2-grid", help=f"gic/cv: lam2 values (default: {DEFAULT_LAM2_GRID})")
@@ -128,19 +128,22 @@ def _run_flower(cfg: RowFedConfig, args, data, tmp: str, tune: dict | None = Non
     this file as the data (``rowfed-data.source = csv``); outputs land in ``tmp``."""
     from strategies.runtime.simulation import flwr_run
 
+    spec = from_flags(
+        RowFedDataSpec,
+        args,
+        source="csv",
+        path=os.path.abspath(args.data),
+        responses=",".join(data.responses),
+        num_clients=len(data.clients),
+        test_path=os.path.abspath(args.test_data) if args.test_data else "",
+        holdout=args.holdout,
+    )
     rc = {
         **rowfed_run_config(cfg),
         "task": "rowfed",
         "method": args.method,
         "out-dir": tmp,
-        "rowfed-data.source": "csv",
-        "rowfed-data.path": os.path.abspath(args.data),
-        "rowfed-data.responses": ",".join(data.responses),
-        "rowfed-data.client-column": args.client_column,
-        "rowfed-data.num-clients": len(data.clients),
-        "rowfed-data.test-path": os.path.abspath(args.test_data) if args.test_data else "",
-        "rowfed-data.holdout": args.holdout,
-        "rowfed-data.seed": args.data_seed,
+        **spec.to_run_config(),
         **(tune or {}),
     }
     from strategies.runtime.launch import stream_echo

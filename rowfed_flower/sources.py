@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from strategies.config import check_fields, from_run_config, setting, to_run_config
 from strategies.datasets.tables import read_table, stripped_ids
 from strategies.errors import InputError, bad_cell
 
@@ -20,9 +21,15 @@ from .data import N_CLUSTERS, simulate
 DATA_PREFIX = "rowfed-data"
 
 
+#: Where a RowFed federation's rows can come from (``rowfed-data.source``).
+SOURCES = ("simulated", "csv", "deployment")
+
+
 @dataclass(frozen=True)
 class RowFedDataSpec:
-    """Where a RowFed federation's data come from (run-config keys ``rowfed-data.*``).
+    """Where a RowFed federation's data come from (run-config keys ``rowfed-data.*``; the
+    ``fit`` options named by ``flag``): one declaration for the keys, the options, their
+    defaults and their checks (:func:`strategies.config.setting`).
 
     ``simulated``: docs/methods.md 2.8 with ``M = num-clients``, ``n_m = n-train`` (and
     ``n-test`` test rows per client), ``p = num-features``, ``q = num-responses``.
@@ -30,59 +37,41 @@ class RowFedDataSpec:
     ``client-column``).
     """
 
-    source: str = "simulated"  # [rowfed-data.source] simulated | csv | deployment
-    num_clients: int = 10  # [rowfed-data.num-clients]
-    n_train: int = 100  # [rowfed-data.n-train]
-    n_test: int = 100  # [rowfed-data.n-test]
-    num_features: int = 20  # [rowfed-data.num-features]
-    num_responses: int = 20  # [rowfed-data.num-responses]
-    seed: int = 0  # [rowfed-data.seed]
-    path: str = ""  # [rowfed-data.path]
-    responses: str = ""  # [rowfed-data.responses]
-    client_column: str = "client"  # [rowfed-data.client-column]
-    test_path: str = ""  # [rowfed-data.test-path] csv: a test file with the data's columns
-    holdout: float = 0.0  # [rowfed-data.holdout] csv: share of each client's rows held out
+    key_prefix = DATA_PREFIX + "."
+
+    source: str = setting(
+        "simulated",
+        "simulated (docs/methods.md 2.8), csv (path, responses, client-column) or "
+        "deployment (each SuperNode's own file)",
+        SOURCES,
+    )
+    num_clients: int = setting(10, "simulated: clients >= 1", at_least=1)
+    n_train: int = setting(100, "simulated: training rows per client >= 1", at_least=1)
+    n_test: int = setting(100, "simulated: test rows per client >= 0", at_least=0)
+    num_features: int = setting(20, "simulated: predictors >= 1", at_least=1)
+    num_responses: int = setting(20, "simulated: responses >= 1", at_least=1)
+    seed: int = setting(0, "the simulation, the --holdout draw and the folds", flag="data-seed")
+    path: str = setting("", "csv: the rows")
+    responses: str = setting("", "csv: the response columns, comma-separated")
+    client_column: str = setting("client", "csv: the column naming each row's client",
+                                 flag="client-column")  # fmt: skip
+    test_path: str = setting("", "csv: a test file with the data's columns")
+    holdout: float = setting(
+        0.0, "csv: share of each client's rows held out for testing, in [0, 1)",
+        at_least=0, below=1,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     @classmethod
     def from_run_config(cls, rc: dict) -> RowFedDataSpec:
-        kinds = {
-            "source": str,
-            "path": str,
-            "responses": str,
-            "client_column": str,
-            "test_path": str,
-            "holdout": float,
-        }
-        kwargs = {}
-        for key, value in rc.items():
-            if not key.startswith(DATA_PREFIX + "."):
-                continue
-            name = key[len(DATA_PREFIX) + 1 :].replace("-", "_")
-            if name not in cls.__dataclass_fields__:
-                raise InputError(f"{key}: unknown setting")
-            kind = kinds.get(name, int)
-            try:
-                kwargs[name] = kind(value)
-            except (TypeError, ValueError):
-                raise InputError(f"{key}: expected {kind.__name__}, got {value!r}") from None
-        spec = cls(**kwargs)
-        if spec.source not in ("simulated", "csv", "deployment"):
-            raise InputError(
-                f"{DATA_PREFIX}.source: must be simulated, csv or deployment, got {spec.source!r}"
-            )
-        if not 0 <= spec.holdout < 1:
-            raise InputError(f"{DATA_PREFIX}.holdout: must be in [0, 1), got {spec.holdout!r}")
-        for name in ("num_clients", "n_train", "num_features", "num_responses"):
-            if getattr(spec, name) < 1:
-                key = f"{DATA_PREFIX}.{name.replace('_', '-')}"
-                raise InputError(f"{key}: must be >= 1, got {getattr(spec, name)!r}")
-        return spec
+        """The spec from a run config's ``rowfed-data.*`` keys; an unknown key, a value of
+        the wrong type or out of range is an error naming the key."""
+        return from_run_config(cls, rc, DATA_PREFIX)
 
     def to_run_config(self) -> dict:
-        return {
-            f"{DATA_PREFIX}.{name.replace('_', '-')}": getattr(self, name)
-            for name in self.__dataclass_fields__
-        }
+        return to_run_config(self, DATA_PREFIX)
 
 
 @dataclass(frozen=True)

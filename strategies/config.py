@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field, fields
 
 from .errors import InputError
@@ -50,13 +51,32 @@ def setting(
     above: float | None = None,
     at_most: float | None = None,
     below: float | None = None,
+    key: str | bool | None = None,
+    top: bool = False,
+    flag: str | None = None,
 ):
     """A settings field: its default, a one-line help, for a choice the values allowed, and
     for a number its range (``at_least``/``above`` a lower bound, closed/open;
     ``at_most``/``below`` an upper bound, closed/open).  The run config, the command line
-    and validation are derived from these."""
+    and validation are derived from these.
+
+    ``key``: its run-config name after the class's prefix when that is not the field's
+    name with dashes (``False``: no run-config key); ``top``: the key has no prefix (the
+    run's ``seed``); ``flag``: for a class whose fields are not all command-line options
+    (the data specs), the ``fit`` option that sets it (``--flag``)."""
     bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
-    return field(default=default, metadata={"help": help, "choices": choices, **bounds})
+    names = {"key": key, "top": top, "flag": flag}
+    return field(default=default, metadata={"help": help, "choices": choices, **bounds, **names})
+
+
+def config_key(f, prefix: str = "") -> str | None:
+    """The run-config key of settings field ``f`` under ``prefix`` (``"grauc"``: keys
+    ``grauc.<name>``), or ``None`` for a field that has none (:func:`setting`)."""
+    key = f.metadata.get("key")
+    if key is False:
+        return None
+    short = key or f.name.replace("_", "-")
+    return short if f.metadata.get("top") or not prefix else f"{prefix}.{short}"
 
 
 def _range(meta) -> tuple[object, str] | None:
@@ -90,12 +110,12 @@ def _check(cond: bool, key: str, msg: str, value) -> None:
         raise InputError(f"{key}: {msg}, got {value!r}")
 
 
-def _check_fields(settings) -> None:
+def check_fields(settings) -> None:
     """Every ``float`` setting is a finite number (``inf`` or ``nan`` would run and mislead),
     every choice one of its values and every number in its declared range."""
     for f in fields(settings):
         value = getattr(settings, f.name)
-        key = getattr(settings, "key_prefix", "") + f.name.replace("_", "-")
+        key = getattr(settings, "key_prefix", "") + (config_key(f) or f.name.replace("_", "-"))
         if f.type == "float":
             _check(math.isfinite(value), key, "must be a finite number", value)
         choices = f.metadata.get("choices")
@@ -235,7 +255,7 @@ class GrAUCConfig(ComparatorSettings):
     fedavg_local_steps: int
     fedavg_lr: float
     fedavg_rounds, fedavg_local_steps, fedavg_lr = fedavg_settings("gradient", "1/mu_z per site")
-    seed: int = setting(0, "random seed (initial coefficients, participation draws)")
+    seed: int = setting(0, "random seed (initial coefficients, participation draws)", top=True)
     inference: str
     level: float
     inference, level = inference_settings(
@@ -244,7 +264,7 @@ class GrAUCConfig(ComparatorSettings):
     )
 
     def __post_init__(self) -> None:
-        _check_fields(self)
+        check_fields(self)
         _check(
             self.curvature != "exact" or self.algorithm == "pqn",
             "curvature",
@@ -276,7 +296,7 @@ class RegistrationConfig:
     sites: str = setting("", "the site ids expected, comma-separated (empty: any)")
 
     def __post_init__(self) -> None:
-        _check_fields(self)
+        check_fields(self)
         ids = self.expected()
         if len(set(ids)) != len(ids):
             _check(False, "registration.sites", "names a site twice", self.sites)
@@ -292,6 +312,8 @@ class TuneConfig:
     3.12): ``by = "cv"`` runs the whole cross-validation of a fused method as one batched
     Flower run before its fit.  Grids are comma-separated numbers; an empty ``lam-grid``
     is the automatic path below ``lam_max``."""
+
+    key_prefix = "tune."
 
     by: str = setting(
         "", "tune inside the federation: cv, or gic (RowFed; empty: no tuning)", ("", "cv", "gic")
@@ -319,7 +341,39 @@ class TuneConfig:
     lam2_grid: str = setting("", "RowFed lam2 values (empty: 0.1, 0.05, 0.02, 0.01, 0.005)")
 
     def __post_init__(self) -> None:
-        _check_fields(self)
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """A GrAUC-PFL server's checkpoints (run-config keys ``checkpoint.<name>``; the ``fit``
+    options ``--checkpoint``, ``--checkpoint-every``, ``--resume``).  Paths are absolute
+    (a ServerApp's working directory is Flower's; the command line makes a relative one
+    absolute first)."""
+
+    key_prefix = "checkpoint."
+
+    path: str = setting(
+        "", "the .npz file the server's state is written to every K rounds", flag="checkpoint"
+    )
+    every: int = setting(10, "rounds between checkpoints, >= 1", at_least=1,
+                         flag="checkpoint-every")  # fmt: skip
+    resume: str = setting("", "a checkpoint (.npz) to start from", flag="resume")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        for name in ("path", "resume"):
+            value = getattr(self, name)
+            _check(not value or os.path.isabs(value), f"checkpoint.{name}",
+                   "must be an absolute path", value)  # fmt: skip
+        path = self.path
+        fine = not path or (not os.path.isdir(path) and os.path.isdir(os.path.dirname(path)))
+        _check(fine, "checkpoint.path", "must be a file in an existing directory", path)
+
+    def strategy_kwargs(self) -> dict:
+        """What :class:`strategies.grauc.GrAUCStrategy` takes: ``checkpoint``,
+        ``checkpoint_every``, ``resume``."""
+        return {"checkpoint": self.path, "checkpoint_every": self.every, "resume": self.resume}
 
 
 def tune_config(run_config: dict) -> TuneConfig:
@@ -332,10 +386,11 @@ def registration_config(run_config: dict) -> RegistrationConfig:
     return from_run_config(RegistrationConfig, run_config, "registration")
 
 
-def _coerce(cls, key: str, value):
-    """Coerce a run-config value to the field's type, naming the key on failure."""
+def _coerce(cls, key: str, value, name: str | None = None):
+    """Coerce a run-config value to the type of field ``name`` (default: ``key`` with
+    underscores), naming the key on failure."""
     types = {f.name: f.type for f in fields(cls)}
-    name = key.replace("-", "_")
+    name = name or key.replace("-", "_")
     kind = types[name]
     try:
         if kind == "float":
@@ -359,18 +414,18 @@ def _coerce(cls, key: str, value):
     return value
 
 
-def from_run_config(cls, run_config: dict, prefix: str):
-    """Build ``cls`` from a Flower run config (keys ``prefix.<name-with-dashes>``)."""
-    kwargs = {}
-    names = {f.name for f in fields(cls)}
+def from_run_config(cls, run_config: dict, prefix: str, **fixed):
+    """Build ``cls`` from a Flower run config (each field's :func:`config_key` under
+    ``prefix``; ``fixed``: fields set from elsewhere); a key under ``prefix`` that names no
+    field is an error naming it."""
+    at = {config_key(f, prefix): f.name for f in fields(cls)}
+    at.pop(None, None)
+    kwargs = dict(fixed)
     for key, value in run_config.items():
-        if key == "seed" and "seed" in names:
-            kwargs["seed"] = _coerce(cls, "seed", value)
+        if key in at:
+            kwargs[at[key]] = _coerce(cls, key, value, at[key])
         elif key.startswith(prefix + "."):
-            short = key[len(prefix) + 1 :]
-            if short.replace("-", "_") not in names:
-                raise InputError(f"{key}: unknown setting")
-            kwargs[short.replace("-", "_")] = _coerce(cls, short, value)
+            raise InputError(f"{key}: unknown setting")
     return cls(**kwargs)
 
 
@@ -378,8 +433,9 @@ def to_run_config(cfg, prefix: str) -> dict:
     """The inverse of :func:`from_run_config` (for ``flwr run --run-config``)."""
     out = {}
     for f in fields(cfg):
-        key = "seed" if f.name == "seed" else f"{prefix}.{f.name.replace('_', '-')}"
-        out[key] = getattr(cfg, f.name)
+        key = config_key(f, prefix)
+        if key is not None:
+            out[key] = getattr(cfg, f.name)
     return out
 
 
@@ -452,7 +508,7 @@ class RowFedConfig(ComparatorSettings):
     fedavg_rounds, fedavg_local_steps, fedavg_lr = fedavg_settings(
         "prox-gradient", "1/L_m per client"
     )
-    seed: int = setting(0, "participation draws")
+    seed: int = setting(0, "participation draws", top=True)
     inference: str
     level: float
     inference, level = inference_settings(
@@ -460,7 +516,7 @@ class RowFedConfig(ComparatorSettings):
     )
 
     def __post_init__(self) -> None:
-        _check_fields(self)
+        check_fields(self)
         _check(
             isinstance(self.graph, str) and self.graph != "",
             "graph",

@@ -13,10 +13,12 @@ from grauc_flower.sources import DataSpec
 from rowfed_flower.cli import build_parser as rowfed_parser
 from rowfed_flower.sources import RowFedDataSpec
 from strategies.config import (
+    CheckpointConfig,
     GrAUCConfig,
     RegistrationConfig,
     RowFedConfig,
     TuneConfig,
+    config_key,
     from_run_config,
     rowfed_run_config,
     to_run_config,
@@ -29,9 +31,6 @@ APP_KEYS = {
     "method": "grauc,fedavg,individual",
     "out-dir": "",
     "round-timeout": 0.0,
-    "checkpoint.path": "",
-    "checkpoint.every": 10,
-    "checkpoint.resume": "",
 }
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,6 +65,7 @@ def test_every_pyproject_key_is_a_setting_with_its_default():
         **RowFedDataSpec().to_run_config(),
         **to_run_config(RegistrationConfig(), "registration"),
         **to_run_config(TuneConfig(), "tune"),
+        **to_run_config(CheckpointConfig(), "checkpoint"),
     }
     assert set(app) == set(expected), set(app) ^ set(expected)
     for key, value in expected.items():
@@ -133,3 +133,119 @@ def test_run_config_round_trip():
 def test_bad_values_name_the_key(key, value, field):
     with pytest.raises(InputError, match=field):
         from_run_config(GrAUCConfig, {key: value}, "grauc")
+
+
+# ---------------------------------------------------------------------------------------
+# Data, checkpoint and tuning settings: keys, options and checks from one declaration
+# ---------------------------------------------------------------------------------------
+#: The settings classes read from a run config's keys under a prefix, and which ``fit``
+#: command carries their flagged fields as options.
+DECLARED = [
+    (DataSpec, "data", "grauc"),
+    (CheckpointConfig, "checkpoint", "grauc"),
+    (RowFedDataSpec, "rowfed-data", "rowfed"),
+    (TuneConfig, "tune", None),
+    (RegistrationConfig, "registration", None),
+]
+
+
+def _bad_values(f):
+    """Values outside a field's declared choices or range (from its declaration alone)."""
+    meta = f.metadata
+    out = []
+    if meta.get("choices"):
+        out.append("not-one-of-them")
+    step = 1 if f.type == "int" else 0.5
+    if meta.get("at_least") is not None:
+        out.append(meta["at_least"] - step)
+    if meta.get("above") is not None:
+        out.append(meta["above"])
+    if meta.get("at_most") is not None:
+        out.append(meta["at_most"] + step)
+    if meta.get("below") is not None:
+        out.append(meta["below"])
+    return out
+
+
+CASES = [
+    (cls, prefix, command, f, value)
+    for cls, prefix, command in DECLARED
+    for f in fields(cls)
+    for value in _bad_values(f)
+]
+
+
+def test_every_checked_declaration_has_a_case():
+    """The data specs declare what they check: each has fields with a range or choices."""
+    for cls in (DataSpec, RowFedDataSpec, CheckpointConfig):
+        assert any(c[0] is cls for c in CASES), cls
+
+
+@pytest.mark.parametrize(
+    ("cls", "prefix", "f", "value"),
+    [(c, p, f, v) for c, p, _, f, v in CASES],
+    ids=[f"{c.__name__}.{f.name}={v}" for c, _, _, f, v in CASES],
+)
+def test_a_run_config_value_out_of_its_declaration_names_the_key(cls, prefix, f, value):
+    key = config_key(f, prefix)
+    with pytest.raises(InputError, match=rf"^{key}: must be"):
+        from_run_config(cls, {key: value}, prefix)
+    default = getattr(cls(), f.name)
+    assert from_run_config(cls, {key: default}, prefix) == cls()  # the default passes
+
+
+FLAGGED = [c for c in CASES if c[2] and c[3].metadata.get("flag")]
+
+
+@pytest.mark.parametrize(
+    ("command", "f", "value"),
+    [(cmd, f, v) for _, _, cmd, f, v in FLAGGED],
+    ids=[f"{cmd}:--{f.metadata['flag']}={v}" for _, _, cmd, f, v in FLAGGED],
+)
+def test_a_fit_option_out_of_its_declaration_is_one_line_naming_the_option(
+    command, f, value, tmp_path, capsys
+):
+    """Every flagged field is a ``fit`` option whose bad value ends the command before any
+    data is read or written: one line ``error: <option>...``, exit 2, nothing written."""
+    from grauc_flower.cli import main as grauc_main
+    from rowfed_flower.cli import main as rowfed_main
+
+    out = tmp_path / "out"
+    flag = f.metadata["flag"]
+    if command == "grauc":
+        args = ["fit", "--source", "simulated", "--out", str(out), "--quiet"]
+        main = grauc_main
+    else:
+        data = tmp_path / "d.csv"
+        data.write_text("client,x,y\na,1,2\na,2,3\nb,1,1\nb,3,2\n")
+        args = ["fit", "--data", str(data), "--responses", "y", "--out", str(out)]
+        main = rowfed_main
+    capsys.readouterr()
+    try:
+        code = main([*args, f"--{flag}", str(value)])
+    except SystemExit as stop:  # argparse's own refusals
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith((f"error: {flag}: ", f"error: argument --{flag}:")), lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("cls", "parser"), [(DataSpec, grauc_parser), (CheckpointConfig,
+                         grauc_parser), (RowFedDataSpec, rowfed_parser)])  # fmt: skip
+def test_fit_options_of_a_declaration_carry_its_default_and_help(cls, parser):
+    fit = parser()._subparsers._group_actions[0].choices["fit"]
+    actions = {a.option_strings[0]: a for a in fit._actions if a.option_strings}
+    defaults = cls()
+    flagged = [f for f in fields(cls) if f.metadata.get("flag")]
+    assert flagged
+    for f in flagged:
+        action = actions["--" + f.metadata["flag"]]
+        assert action.default == getattr(defaults, f.name)
+        assert action.help.startswith(f.metadata["help"])
+        if getattr(defaults, f.name) != "":
+            assert "(default: " in action.help
+        if f.metadata.get("choices"):
+            assert tuple(action.choices) == f.metadata["choices"]

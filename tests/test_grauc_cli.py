@@ -166,7 +166,7 @@ def test_bad_input_is_rejected(small_federation, tmp_path, capsys, case, words):
         ("--graph", "ring", "graph"),
         ("--lam", "inf", "lam: must be a finite number"),
         ("--ridge", "nan", "ridge: must be a finite number"),
-        ("--checkpoint", "/no/such/dir/state.npz", "checkpoint.path"),
+        ("--checkpoint", "/no/such/dir/state.npz", "checkpoint: must be a file in an existing"),
         ("--participation", "0", "participation: must be in (0, 1]"),
         ("--participation", "1.5", "participation: must be in (0, 1]"),
     ],

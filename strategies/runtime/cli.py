@@ -49,6 +49,47 @@ def add_settings(parser: argparse.ArgumentParser, cls) -> None:
         parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
 
 
+def add_flags(parser: argparse.ArgumentParser, cls) -> None:
+    """One option per field of ``cls`` that declares a ``flag`` (a data spec, of whose
+    fields only some are ``fit`` options; :func:`strategies.config.setting`), with its
+    help, choices and the declared default."""
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        flag = f.metadata.get("flag")
+        if not flag:
+            continue
+        default = getattr(defaults, f.name)
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        kwargs = {
+            "dest": flag.replace("-", "_"),
+            "default": default,
+            "type": {"float": float, "int": int, "str": str}[f.type],
+            # an empty default is explained by the help itself ("empty: ...")
+            "help": f.metadata.get("help", "") + (f" (default: {shown})" if shown else ""),
+        }
+        if f.metadata.get("choices"):
+            kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument("--" + flag, **kwargs)
+
+
+def from_flags(cls, args: argparse.Namespace, **fixed):
+    """``cls`` from its :func:`add_flags` options and the ``fixed`` fields; a value out of
+    range is an error naming the option (``train-fraction: ...``), not the run-config key."""
+    from ..config import config_key
+
+    flagged = [f for f in dataclasses.fields(cls) if f.metadata.get("flag")]
+    try:
+        given = {f.name: getattr(args, f.metadata["flag"].replace("-", "_")) for f in flagged}
+        return cls(**{**given, **fixed})
+    except InputError as exc:
+        text = str(exc)
+        for f in flagged:
+            key = getattr(cls, "key_prefix", "") + config_key(f)
+            if text.startswith(key + ":"):
+                raise InputError(f.metadata["flag"] + text[len(key) :]) from None
+        raise
+
+
 def settings_from_args(cls, args: argparse.Namespace):
     """``cls`` with the options given on the command line (the rest: its defaults)."""
     given = {
