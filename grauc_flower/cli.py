@@ -396,7 +396,7 @@ def cmd_fit(a) -> int:
                 "out-dir": tmp,
                 **spec.to_run_config(),
                 "data.num-sites": len(sites),
-                **to_run_config(_checkpoint(a), "checkpoint"),
+                **_checkpoint(a).to_run_config(),
             }
             if federated:
                 grids = {"lam-grid": grid.lam, "w-dist-grid": grid.w_dist}

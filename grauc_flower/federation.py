@@ -17,7 +17,6 @@ from strategies.config import (
     GRAUC_METHODS,
     CheckpointConfig,
     GrAUCConfig,
-    from_run_config,
 )
 from strategies.errors import InputError
 from strategies.fedavg import comparator_class, round_limit
@@ -115,7 +114,7 @@ def _standardize_from_data(registry: Registry, sites) -> None:
 def checkpoint_settings(rc: dict) -> dict:
     """The strategy's checkpoint arguments from a run config's ``checkpoint.*`` keys
     (:class:`strategies.config.CheckpointConfig`)."""
-    return from_run_config(CheckpointConfig, rc, "checkpoint").strategy_kwargs()
+    return CheckpointConfig.from_run_config(rc).strategy_kwargs()
 
 
 def max_rounds_for(method: str, cfg: GrAUCConfig, tuned: bool = False) -> int:

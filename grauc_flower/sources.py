@@ -9,11 +9,10 @@ from dataclasses import dataclass
 from strategies.config import (
     GRAUC_METHODS,
     GrAUCConfig,
-    check_fields,
+    Section,
     from_run_config,
     parse_methods,
     setting,
-    to_run_config,
 )
 from strategies.errors import InputError
 
@@ -24,12 +23,12 @@ SOURCES = ("simulated", "csv", "cdc", "crime")
 
 
 @dataclass(frozen=True)
-class DataSpec:
+class DataSpec(Section):
     """Where a federation's data come from (run-config keys ``data.*``; the ``fit`` options
     named by ``flag``): one declaration for the keys, the options, their defaults and their
     checks (:func:`strategies.config.setting`)."""
 
-    key_prefix = "data."
+    prefix = "data"
 
     source: str = setting(
         "simulated",
@@ -95,19 +94,11 @@ class DataSpec:
         at_least=0, below=1,
     )  # fmt: skip
 
-    def __post_init__(self) -> None:
-        check_fields(self)
-
     @classmethod
-    def from_run_config(cls, rc: dict) -> DataSpec:
-        """The spec from a run config's ``data.*`` keys (and ``grauc.missing-class``); an
-        unknown ``data.*`` key, a value of the wrong type or out of range is an error naming
-        the key."""
-        borrow = str(rc.get("grauc.missing-class", "error")) == "borrow"
-        return from_run_config(cls, rc, "data", allow_missing_class=borrow)
-
-    def to_run_config(self) -> dict:
-        return to_run_config(self, "data")
+    def from_run_config(cls, run_config: dict, **fixed) -> DataSpec:
+        """The spec from a run config's ``data.*`` keys and ``grauc.missing-class``."""
+        borrow = str(run_config.get("grauc.missing-class", "error")) == "borrow"
+        return super().from_run_config(run_config, allow_missing_class=borrow, **fixed)
 
 
 @functools.lru_cache(maxsize=4)

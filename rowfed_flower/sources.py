@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from strategies.config import check_fields, from_run_config, setting, to_run_config
+from strategies.config import Section, setting
 from strategies.datasets.tables import read_table, stripped_ids
 from strategies.errors import InputError, bad_cell
 
@@ -26,7 +26,7 @@ SOURCES = ("simulated", "csv", "deployment")
 
 
 @dataclass(frozen=True)
-class RowFedDataSpec:
+class RowFedDataSpec(Section):
     """Where a RowFed federation's data come from (run-config keys ``rowfed-data.*``; the
     ``fit`` options named by ``flag``): one declaration for the keys, the options, their
     defaults and their checks (:func:`strategies.config.setting`).
@@ -37,7 +37,7 @@ class RowFedDataSpec:
     ``client-column``).
     """
 
-    key_prefix = DATA_PREFIX + "."
+    prefix = DATA_PREFIX
 
     source: str = setting(
         "simulated",
@@ -60,18 +60,6 @@ class RowFedDataSpec:
         0.0, "csv: share of each client's rows held out for testing, in [0, 1)",
         at_least=0, below=1,
     )  # fmt: skip
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-    @classmethod
-    def from_run_config(cls, rc: dict) -> RowFedDataSpec:
-        """The spec from a run config's ``rowfed-data.*`` keys; an unknown key, a value of
-        the wrong type or out of range is an error naming the key."""
-        return from_run_config(cls, rc, DATA_PREFIX)
-
-    def to_run_config(self) -> dict:
-        return to_run_config(self, DATA_PREFIX)
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,30 @@ def check_fields(settings) -> None:
             _check(test(value), key, message, value)
 
 
+class Section:
+    """A settings dataclass read from the run-config keys under its ``prefix``
+    (``data``: keys ``data.<name>``), checked on construction (:func:`check_fields`)."""
+
+    prefix = ""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.key_prefix = cls.prefix + "."
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @classmethod
+    def from_run_config(cls, run_config: dict, **fixed):
+        """The settings of a run config's keys under the prefix (``fixed``: fields set
+        from elsewhere); an unknown key, a wrong type or a value out of its declared range
+        is an error naming the key."""
+        return from_run_config(cls, run_config, cls.prefix, **fixed)
+
+    def to_run_config(self) -> dict:
+        return to_run_config(self, self.prefix)
+
+
 def fedavg_settings(step: str, default_lr: str) -> tuple:
     """The FedAvg comparator's three settings, the same for both methods: rounds, local
     steps per round and their step size (0: the site's own ``default_lr``)."""
@@ -345,13 +369,13 @@ class TuneConfig:
 
 
 @dataclass(frozen=True)
-class CheckpointConfig:
+class CheckpointConfig(Section):
     """A GrAUC-PFL server's checkpoints (run-config keys ``checkpoint.<name>``; the ``fit``
     options ``--checkpoint``, ``--checkpoint-every``, ``--resume``).  Paths are absolute
     (a ServerApp's working directory is Flower's; the command line makes a relative one
     absolute first)."""
 
-    key_prefix = "checkpoint."
+    prefix = "checkpoint"
 
     path: str = setting(
         "", "the .npz file the server's state is written to every K rounds", flag="checkpoint"
@@ -361,7 +385,7 @@ class CheckpointConfig:
     resume: str = setting("", "a checkpoint (.npz) to start from", flag="resume")
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        super().__post_init__()
         for name in ("path", "resume"):
             value = getattr(self, name)
             _check(not value or os.path.isabs(value), f"checkpoint.{name}",
