@@ -300,7 +300,7 @@ def dispatch(args) -> int:
         from .study import cmd_study, load
 
         study, st = load(args.config)
-        if st["coverage"] is not None:
+        if st.coverage is not None:
             from .coverage import run as run_coverage
 
             return run_coverage(args, study, st)

@@ -39,7 +39,7 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
 
     st = parse_settings(settings, tuple(cell))
     data = simulated_federation(st, cell, seed)
-    cfg = st["cfg"].replace(seed=seed)
+    cfg = st.cfg.replace(seed=seed)
     res = fed.run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"]
     fit = res.extra.get("inference")
     if fit is None:
@@ -54,7 +54,7 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
 
 def run(a, study, st) -> int:
     """The ``study`` command on a coverage config."""
-    return run_coverage(a, study, TASK, st["coverage"], SIZE_KEY)
+    return run_coverage(a, study, TASK, st.coverage, SIZE_KEY)
 
 
 __all__ = ["TASK", "run", "run_task"]

@@ -54,6 +54,7 @@ refitted.  It exists to study the GIC's choice (see the study's report), not as 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -104,10 +105,25 @@ def _grid(value, key: str) -> tuple[float, ...]:
     return tuple(sorted({float(v) for v in value}, reverse=True))
 
 
-def parse_settings(settings: dict, keys=REQUIRED) -> dict:
-    """Check the tables of a RowFed study config; returns ``methods``, ``n_test``,
-    ``grids`` (method -> (lam1 grid, lam2 grid)), ``criterion``, ``fedavg_lam2``, ``cfg``
-    and ``figure_cell``."""
+@dataclass(frozen=True)
+class Settings:
+    """The parsed non-design part of a RowFed study config."""
+
+    methods: tuple[str, ...]
+    n_test: int  # simulations: test rows per client
+    real: dict | None  # [data] of a real source (None: simulated)
+    grids: dict  # method -> (lam1 grid, lam2 grid), each descending
+    criterion: str  # gic | gic-nq
+    fedavg_lam2: float | str  # FedAvg's lam2: a number, or "nonfed" (NonFed's tuned one)
+    comparators: bool  # [tuning] comparators: tune each comparator's own setting too
+    cfg: RowFedConfig
+    figure_cell: dict | None
+    clusters: tuple[int, ...]  # simulations: the client clusters of each non-zero row
+    coverage: float | None = None  # [coverage] level: a coverage study at fixed lam1, lam2
+
+
+def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
+    """Check and parse the tables of a RowFed study config (everything but ``[design]``)."""
     coverage = coverage_setting(settings, "rowfed", COVERAGE_FIXED)
     methods = study_methods(settings, ROWFED_METHODS, ("rowfed", "nonfed", "fedavg", "perfl-lsma"))
     data = settings.get("data", {})
@@ -176,19 +192,19 @@ def parse_settings(settings: dict, keys=REQUIRED) -> dict:
     if coverage is not None:
         cfg = cfg.replace(inference="oracle", level=coverage)
     cell = figure_cell_setting(settings, keys)
-    return {
-        "methods": tuple(methods),
-        "n_test": n_test,
-        "real": real,
-        "grids": grids,
-        "criterion": criterion,
-        "fedavg_lam2": fedavg_lam2,
-        "comparators": comparators,
-        "cfg": cfg,
-        "figure_cell": cell,
-        "clusters": clusters,
-        "coverage": coverage,
-    }
+    return Settings(
+        methods=tuple(methods),
+        n_test=n_test,
+        real=real,
+        grids=grids,
+        criterion=criterion,
+        fedavg_lam2=fedavg_lam2,
+        comparators=comparators,
+        cfg=cfg,
+        figure_cell=cell,
+        clusters=clusters,
+        coverage=coverage,
+    )
 
 
 def _source(data) -> str:
@@ -280,7 +296,7 @@ def check_cell(cell: dict) -> None:
             raise InputError(f"design.{key}: must be >= {low} (cell {label})")
 
 
-def load(path: str) -> tuple[Study, dict]:
+def load(path: str) -> tuple[Study, Settings]:
     raw = read_config(path)
     coverage_setting(raw, "rowfed", COVERAGE_FIXED)  # before the design's keys are checked
     if _source(raw.get("data", {})) == "simulated":
@@ -289,10 +305,10 @@ def load(path: str) -> tuple[Study, dict]:
         study = load_study(path, "rowfed", REAL_DESIGN_TYPES, REAL_REQUIRED, SECTIONS)
     settings = parse_settings(study.settings, study.keys)
     for cell in study.cells:
-        if settings["real"] is None:
+        if settings.real is None:
             check_cell(cell)
         else:
-            check_real_cell(cell, settings["real"])
+            check_real_cell(cell, settings.real)
     return study, settings
 
 
@@ -308,8 +324,8 @@ def gic_nq(table: pd.DataFrame, n_total: int, p: int, q: int, m: int) -> np.ndar
     )
 
 
-def fit_methods(st: dict, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
-    """Every method of ``st["methods"]`` on ``data``: the tuned ones by GIC over their
+def fit_methods(st: Settings, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
+    """Every method of ``st.methods`` on ``data``: the tuned ones by GIC over their
     grids (``gic-nq``: picked from the same table and refitted), FedAvg with NonFed's
     ``lam2`` (or ``tuning.fedavg_lam2``).  Returns the fits and the GIC tables."""
     from . import federation as fed
@@ -318,13 +334,13 @@ def fit_methods(st: dict, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
     n_total = sum(c.n for c in data.clients)
     p, q = len(data.features), len(data.responses)
     fits, tables = {}, []
-    for method in st["methods"]:
+    for method in st.methods:
         if method not in TUNED:
             continue
-        lam1s, lam2s = st["grids"][method]
+        lam1s, lam2s = st.grids[method]
         res, table = grid_search.tune_gic(cfg, data, method, lam1s, lam2s)
         table = table.assign(method=method)
-        if st["criterion"] == "gic-nq":
+        if st.criterion == "gic-nq":
             crit = gic_nq(table, n_total, p, q, m_clients)
             best = int(np.nanargmin(crit))
             table["gic_nq"] = crit
@@ -334,15 +350,15 @@ def fit_methods(st: dict, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
                 res, _ = grid_search.tune_gic(cfg, data, method, [lam1], [lam2])
         fits[method] = res
         tables.append(table)
-    shared = [m for m in st["methods"] if m in FEDAVG_FAMILY]
+    shared = [m for m in st.methods if m in FEDAVG_FAMILY]
     if shared:
-        lam2 = st["fedavg_lam2"]
+        lam2 = st.fedavg_lam2
         if lam2 == "nonfed":
             lam2 = fits["nonfed"].lam2 if "nonfed" in fits else cfg.lam2
         point = cfg.replace(lam2=float(lam2))
         for method in shared:
             own = point
-            if st.get("comparators") and method in KNOBS:  # its own setting, by CV
+            if st.comparators and method in KNOBS:  # its own setting, by CV
                 opts = CVOptions(folds=5, jobs=1, seed=int(cfg.seed), quiet=True)
                 own, _, _ = grid_search.tune_cv(point, data, method, [], [point.lam2], opts)
             fits.update(fed.run_methods_inprocess(own, data, [method]))
@@ -375,18 +391,18 @@ def response_mse(res, data) -> np.ndarray:
     return out
 
 
-def simulated_federation(st: dict, cell: dict, seed: int):
+def simulated_federation(st: Settings, cell: dict, seed: int):
     """The §2.8 federation of a simulated cell (``[data] n_test`` and ``clusters``)."""
 
     spec = rsources.RowFedDataSpec(
         num_clients=cell["M"],
         n_train=cell["n_m"],
-        n_test=st["n_test"],
+        n_test=st.n_test,
         num_features=cell["p"],
         num_responses=cell["q"],
         seed=seed,
     )
-    return rsources.simulated_data(spec, st["clusters"])
+    return rsources.simulated_data(spec, st.clusters)
 
 
 def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
@@ -402,16 +418,16 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
     from .metrics import mean_rand_index, mse_est
 
     st = parse_settings(settings, tuple(cell))
-    if st["real"] is None:
+    if st.real is None:
         data = simulated_federation(st, cell, seed)
     else:
-        data = real_federation(st["real"], cell, seed)
-    cfg = st["cfg"].replace(seed=seed)
+        data = real_federation(st.real, cell, seed)
+    cfg = st.cfg.replace(seed=seed)
     fits, tables = fit_methods(st, data, cfg)
     rows = []
-    for method in st["methods"]:
+    for method in st.methods:
         res = fits[method]
-        if st["real"] is None:
+        if st.real is None:
             rows.append(
                 {
                     **cell,
@@ -443,7 +459,7 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
                 }
             )
     features = list(data.features)
-    parts = [(m, fits[m].clusters) for m in st["methods"]]
+    parts = [(m, fits[m].clusters) for m in st.methods]
     if data.partitions_true is not None:
         parts.insert(0, ("truth", data.partitions_true))
     clusters = []
@@ -474,14 +490,15 @@ def cmd_study(a, study, st) -> int:
     coverage study is :func:`rowfed_flower.coverage.run`'s)."""
     from .figures import make_figures
 
-    if st["real"] is None:
+    if st.real is None:
         metrics = ("mse_est", "mse_pred", "ri")
     else:  # no true Theta: prediction error only (overall and per response)
-        metrics = ("mse_pred", *(f"mse_{r}" for r in st["real"]["responses"]))
+        metrics = ("mse_pred", *(f"mse_{r}" for r in st.real["responses"]))
     return run_study_args(a, study, TASK, metrics, make_figures)
 
 
 __all__ = [
+    "Settings",
     "cmd_study",
     "fit_methods",
     "gic_nq",

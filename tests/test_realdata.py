@@ -587,4 +587,4 @@ def test_shipped_configs_parse(name):
         assert st.folds == 3 and st.data["source"] in ("crime", "cdc")  # docs/methods.md 1.7
     else:
         st = rowfed_settings(raw, tuple(raw["design"]))
-        assert len(st["real"]["responses"]) == 5
+        assert len(st.real["responses"]) == 5

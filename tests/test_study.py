@@ -625,7 +625,7 @@ def test_rowfed_study_tunes_the_comparators_own_setting(tmp_path, capsys):
     ).replace("lam2 = [0.1]", "lam2 = [0.1]\ncomparators = true")
     cfg = _config(tmp_path, text)
     study, settings = rs.load(cfg)
-    assert settings["comparators"] is True
+    assert settings.comparators is True
     out = str(tmp_path / "out")
     code, err = _run(rowfed_main, capsys, "--config", cfg, "--out", out, "--only", "p=6")
     assert code == 0, err
