@@ -28,6 +28,7 @@ from strategies.predict import add_predict_parser, cmd_predict, read_grauc_model
 from strategies.report import add_report_parser, cmd_report
 from strategies.runtime.cli import (
     Parser,
+    RoundProgress,
     add_flags,
     add_run_parser,
     add_settings,
@@ -39,6 +40,7 @@ from strategies.runtime.cli import (
     cv_options,
     fit_summary,
     from_flags,
+    line_to_stderr,
     project_dir,
     run_main,
     settings_from_args,
@@ -186,28 +188,6 @@ def build_parser() -> Parser:
 
 def config_from_args(a) -> GrAUCConfig:
     return settings_from_args(GrAUCConfig, a)
-
-
-class RoundProgress:
-    """Progress lines on stderr: round, objective, residuals, elapsed, at most every 2 s."""
-
-    def __init__(self, method: str, max_rounds: int, quiet: bool) -> None:
-        self.method, self.max_rounds, self.quiet = method, max_rounds, quiet
-        self.last = 0.0
-
-    def __call__(self, rnd, objective, res, elapsed) -> None:
-        if self.quiet or time.perf_counter() - self.last < 2.0:
-            return
-        self.last = time.perf_counter()
-        resid = "" if res is None else f"  {res.describe()}"
-        sys.stderr.write(
-            f"{self.method}: round {rnd}/{self.max_rounds}  objective "
-            f"{objective:.8g}{resid}  {elapsed:.1f} s\n"
-        )
-
-
-def _line_to_stderr(line: str) -> None:
-    sys.stderr.write(line + "\n")
 
 
 def _data_spec(a):
@@ -373,7 +353,7 @@ def cmd_fit(a) -> int:
             limit = fed.round_limit(a.method, cfg)
             progress = RoundProgress(a.method, limit, a.quiet)
             if federated:
-                progress = None if a.quiet else _line_to_stderr
+                progress = None if a.quiet else line_to_stderr
             ckpt = _checkpoint(a).strategy_kwargs()
             if ckpt["resume"] and not os.path.isfile(ckpt["resume"]):
                 raise InputError(f"resume: file not found: {a.resume}")

@@ -27,10 +27,12 @@ import pandas as pd
 
 from strategies.config import FEDAVG_FAMILY, ROWFED_METHODS, RowFedConfig, rowfed_run_config
 from strategies.errors import InputError
+from strategies.fedavg import round_limit
 from strategies.predict import add_predict_parser, cmd_predict, read_rowfed_model
 from strategies.report import add_report_parser, cmd_report
 from strategies.runtime.cli import (
     Parser,
+    RoundProgress,
     add_flags,
     add_run_parser,
     add_settings,
@@ -42,6 +44,7 @@ from strategies.runtime.cli import (
     cv_options,
     fit_summary,
     from_flags,
+    line_to_stderr,
     project_dir,
     run_main,
     settings_from_args,
@@ -83,8 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_test_arguments(fit)
     add_flags(fit, RowFedDataSpec)  # --client-column, --data-seed
     add_tuning_arguments(fit, ("gic", "cv"))
-    fit.add_argument("--lam1-grid", help=f"gic/cv: lam1 values (default: {DEFAULT_LAM1_GRID})")
-    fit.add_argument("--lam2-grid", help=f"gic/cv: lam2 values (default: {DEFAULT_LAM2_GRID})")
+    fit.add_argument(
+        "--lam1-grid", metavar="LIST", help=f"gic/cv: lam1 values (default: {DEFAULT_LAM1_GRID})"
+    )
+    fit.add_argument(
+        "--lam2-grid", metavar="LIST", help=f"gic/cv: lam2 values (default: {DEFAULT_LAM2_GRID})"
+    )
     fit.add_argument(
         "--size-power-grid",
         metavar="LIST",
@@ -92,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the clients differ in size, else the --size-power value)",
     )
     add_settings(fit, RowFedConfig)
+    fit.add_argument("--quiet", action="store_true", help="no progress lines")
     fit.add_argument(
         "--verbose",
         action="store_true",
@@ -117,10 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config(args) -> RowFedConfig:
     return settings_from_args(RowFedConfig, args)
-
-
-def _line_to_stderr(line: str) -> None:
-    print(line, file=sys.stderr)
 
 
 def _run_flower(cfg: RowFedConfig, args, data, tmp: str, tune: dict | None = None) -> None:
@@ -246,7 +250,9 @@ def fit(args) -> int:
             tune = None
             if federated:
                 tune = (args.tune, (opts, lam1_grid, lam2_grid, args.size_power_grid))
-            progress = _line_to_stderr if federated else None
+            progress = RoundProgress(args.method, round_limit(args.method, cfg), args.quiet)
+            if federated:
+                progress = None if args.quiet else line_to_stderr
             if tune is not None:
                 from .tuning import run_tuned_inprocess
 

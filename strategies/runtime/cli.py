@@ -10,6 +10,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 
 from ..errors import InputError, plain
 
@@ -47,6 +48,29 @@ def add_settings(parser: argparse.ArgumentParser, cls) -> None:
             else:
                 kwargs["metavar"] = f.name.upper()
         parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+
+
+class RoundProgress:
+    """Progress lines on stderr: round, objective, residuals, elapsed, at most every 2 s."""
+
+    def __init__(self, method: str, max_rounds: int, quiet: bool) -> None:
+        self.method, self.max_rounds, self.quiet = method, max_rounds, quiet
+        self.last = 0.0
+
+    def __call__(self, rnd, objective, res, elapsed) -> None:
+        if self.quiet or time.perf_counter() - self.last < 2.0:
+            return
+        self.last = time.perf_counter()
+        resid = "" if res is None else f"  {res.describe()}"
+        sys.stderr.write(
+            f"{self.method}: round {rnd}/{self.max_rounds}  objective "
+            f"{objective:.8g}{resid}  {elapsed:.1f} s\n"
+        )
+
+
+def line_to_stderr(line: str) -> None:
+    """A progress line (a federated tuning's) on stderr."""
+    sys.stderr.write(line + "\n")
 
 
 def add_flags(parser: argparse.ArgumentParser, cls) -> None:
