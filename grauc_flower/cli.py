@@ -38,7 +38,8 @@ from strategies.runtime.cli import (
     check_test_arguments,
     cmd_run,
     cv_options,
-    fit_summary,
+    end_fit,
+    finish_outputs,
     from_flags,
     line_to_stderr,
     project_dir,
@@ -46,8 +47,6 @@ from strategies.runtime.cli import (
     settings_from_args,
     tune_run_config,
     tuning_metrics,
-    warn_grid_edge,
-    warn_no_intervals,
 )
 from strategies.tuning import size_powers
 
@@ -384,18 +383,17 @@ def cmd_fit(a) -> int:
                 rc.update(tune_run_config("cv", opts, grids))
             flwr_run(project_dir(), rc, len(sites), echo=stream_echo(a.quiet, a.verbose))
             os.remove(os.path.join(tmp, "auc.csv"))
-        path = os.path.join(tmp, "metrics.json")
-        with open(path) as fh:
-            metrics = json.load(fh)
+        with open(os.path.join(tmp, "metrics.json")) as fh:
+            run = json.load(fh)
         if federated and not a.quiet:
-            chosen = ", ".join(f"{k} = {v:g}" for k, v in metrics["tuned"].items())
-            t = metrics["tuning"]
+            chosen = ", ".join(f"{k} = {v:g}" for k, v in run["tuned"].items())
+            t = run["tuning"]
             sys.stderr.write(
-                f"cv: chose {chosen} (criterion {opts.criterion}, {metrics['cv']['score']} "
-                f"{metrics['cv']['mean']:.4f}); tuning and refit took {t['rounds']} rounds "
+                f"cv: chose {chosen} (criterion {opts.criterion}, {run['cv']['score']} "
+                f"{run['cv']['mean']:.4f}); tuning and refit took {t['rounds']} rounds "
                 f"for {t['fits']} fits\n"
             )
-        metrics.update(
+        updates = dict(
             engine=a.engine,
             features=list(features),
             n_sites=len(sites),
@@ -406,7 +404,7 @@ def cmd_fit(a) -> int:
             **extra,
         )
         n_test = sum(len(s.y_test) for s in sites)
-        metrics["split"] = {
+        split = {
             "test": "none"
             if not n_test
             else ("file" if a.test_data else "holdout" if a.holdout else "source"),
@@ -416,17 +414,17 @@ def cmd_fit(a) -> int:
             "n_train": sum(len(s.y_train) for s in sites),
             "n_test": n_test,
         }
-        if n_test:
-            metrics["test"] = fed.write_test_table(tmp, metrics, [s.site for s in sites])
-        with open(path, "w") as fh:
-            json.dump(metrics, fh, indent=2)
-        fed.sites_table(sites).to_csv(os.path.join(tmp, "sites.csv"), index=False)
-        fit_report(tmp)
+        metrics = finish_outputs(
+            tmp,
+            updates,
+            split,
+            lambda m: fed.write_test_table(tmp, m, [s.site for s in sites]),
+            lambda d: fed.sites_table(sites).to_csv(os.path.join(d, "sites.csv"), index=False),
+            fit_report,
+        )
     what = "test" if n_test else "in-sample"
     scores = f"mean {what} AUC {metrics['mean_auc']:.4f}"
-    print(fit_summary(a.method, metrics, tuning.used_levels(a.method), scores, a.out))
-    warn_no_intervals(metrics)
-    warn_grid_edge(metrics)
+    end_fit(a.method, metrics, tuning.used_levels(a.method), scores, a.out)
     return 0
 
 

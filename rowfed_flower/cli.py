@@ -18,7 +18,6 @@ Defaults of the model settings come from :class:`strategies.config.RowFedConfig`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -42,7 +41,8 @@ from strategies.runtime.cli import (
     check_test_arguments,
     cmd_run,
     cv_options,
-    fit_summary,
+    end_fit,
+    finish_outputs,
     from_flags,
     line_to_stderr,
     project_dir,
@@ -50,8 +50,6 @@ from strategies.runtime.cli import (
     settings_from_args,
     tune_run_config,
     tuning_metrics,
-    warn_grid_edge,
-    warn_no_intervals,
 )
 from strategies.tuning import KNOBS, parse_grid
 
@@ -260,30 +258,32 @@ def fit(args) -> int:
             else:
                 res = fed.run_methods_inprocess(cfg, data, [args.method], progress)[args.method]
             fed.write_result(tmp, res, data, cfg)
-        path = os.path.join(tmp, "metrics.json")
-        with open(path) as fh:
-            metrics = json.load(fh)
-        metrics.update(extra, seconds=round(time.perf_counter() - t0, 3))
         n_test = sum(c.x_test.shape[0] for c in data.clients)
-        metrics["split"] = {
+        split = {
             "test": "none" if not n_test else ("file" if args.test_data else "holdout"),
             "holdout": args.holdout or None,
             "n_train": sum(c.n for c in data.clients),
             "n_test": n_test,
         }
-        if n_test:
-            metrics["test"] = fed.write_test_table(tmp, metrics, data.responses)
-        with open(path, "w") as fh:
-            json.dump(metrics, fh, indent=2)
-        if edges is not None:
-            pd.DataFrame(
-                {
-                    "client_u": [data.sites[u] for u in edges[:, 0]],
-                    "client_v": [data.sites[v] for v in edges[:, 1]],
-                    "weight": weights if weights is not None else 1.0,
-                }
-            ).to_csv(os.path.join(tmp, "edges.csv"), index=False)
-        fit_report(tmp)
+
+        def own_files(where: str) -> None:
+            if edges is not None:
+                pd.DataFrame(
+                    {
+                        "client_u": [data.sites[u] for u in edges[:, 0]],
+                        "client_v": [data.sites[v] for v in edges[:, 1]],
+                        "weight": weights if weights is not None else 1.0,
+                    }
+                ).to_csv(os.path.join(where, "edges.csv"), index=False)
+
+        metrics = finish_outputs(
+            tmp,
+            {**extra, "seconds": round(time.perf_counter() - t0, 3)},
+            split,
+            lambda m: fed.write_test_table(tmp, m, data.responses),
+            own_files,
+            fit_report,
+        )
 
     tuned = ""
     if metrics.get("tuning", {}).get("criterion") == "gic":
@@ -293,11 +293,7 @@ def fit(args) -> int:
     if "test" in metrics and metrics["test"]["mse"] is not None:
         tuned += f"; test MSE {metrics['test']['mse']:.6g}"
     method, out = metrics["method"], os.path.abspath(args.out)
-    print(fit_summary(method, metrics, grid_search.used_levels(method), tuned.lstrip("; "), out))
-    warn_no_intervals(metrics)
-    warn_grid_edge(metrics)
-    if not metrics["converged"]:
-        print("warning: stopped at the round limit; see history.csv", file=sys.stderr)
+    end_fit(method, metrics, grid_search.used_levels(method), tuned.lstrip("; "), out)
     return 0
 
 

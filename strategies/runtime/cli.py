@@ -396,6 +396,41 @@ def warn_no_intervals(metrics: dict) -> None:
         print(f"warning: no confidence intervals: {info['error']}", file=sys.stderr)
 
 
+def finish_outputs(tmp: str, updates: dict, split: dict, write_test, own_files, report) -> dict:
+    """The last steps of both ``fit`` commands, in the fit's output directory ``tmp``:
+    ``metrics.json`` as the run wrote it, with ``updates`` and the ``split``; with test rows
+    (``split["n_test"]``) ``test.csv`` by ``write_test(metrics)``, which returns
+    ``metrics.json``'s ``test``; the method's own files (``own_files(tmp)``); then
+    ``report.html`` (``report(tmp)``).  Returns the metrics."""
+    import json
+
+    path = os.path.join(tmp, "metrics.json")
+    with open(path) as fh:
+        metrics = json.load(fh)
+    metrics.update(updates)
+    metrics["split"] = split
+    if split["n_test"]:
+        metrics["test"] = write_test(metrics)
+    with open(path, "w") as fh:
+        json.dump(metrics, fh, indent=2)
+    own_files(tmp)
+    report(tmp)
+    return metrics
+
+
+def end_fit(method: str, metrics: dict, levels, scores: str, out: str) -> None:
+    """What both ``fit`` commands print at the end: :func:`fit_summary`'s line, and the
+    warnings of a fit without its intervals, of a tuned level at its grid's edge and of a
+    fit that stopped at its round limit (a FedAvg-family method runs a fixed count)."""
+    from ..config import FEDAVG_FAMILY
+
+    print(fit_summary(method, metrics, levels, scores, out))
+    warn_no_intervals(metrics)
+    warn_grid_edge(metrics)
+    if not metrics.get("converged", True) and method not in FEDAVG_FAMILY:
+        print("warning: stopped at the round limit; see history.csv", file=sys.stderr)
+
+
 def fit_summary(method: str, metrics: dict, levels, scores: str, out: str) -> str:
     """The one line a fit prints, both methods: how it ended (a FedAvg-family method runs
     a fixed count of rounds; the others converge or stop at the round limit), its objective
