@@ -385,18 +385,21 @@ def write_result(
         json.dump(metrics, fh, indent=2, default=float)
 
 
-RELIABILITY_COLUMNS = ["site", "lower", "upper", "rows", "mean_probability", "observed"]
+RELIABILITY_COLUMNS = ["site", "split", "lower", "upper", "rows", "mean_probability", "observed"]
 
 
 def reliability_table(evaluation: dict, order) -> pd.DataFrame:
     """``reliability.csv``: each site's reliability bands of its calibrated risks on its
     evaluation rows (:func:`strategies.calibration.reliability_bins`, as the site sent
-    them), sites in ``order``; empty when no site sent any."""
+    them; ``split``: its test rows, or its training rows when it has none), sites in
+    ``order``; empty when no site sent any."""
     rows = []
     for site in order:
-        text = evaluation.get(site, {}).get("reliability")
+        m = evaluation.get(site, {})
+        text = m.get("reliability")
         for band in json.loads(str(text)) if text else []:
-            rows.append(dict(zip(RELIABILITY_COLUMNS, [site, *band], strict=True)))
+            values = [site, m.get("split", "test"), *band]
+            rows.append(dict(zip(RELIABILITY_COLUMNS, values, strict=True)))
     return pd.DataFrame(rows, columns=RELIABILITY_COLUMNS)
 
 

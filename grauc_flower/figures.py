@@ -704,8 +704,8 @@ def _calibration_block(out_dir: str) -> str:
 
 
 def _reliability_block(out_dir: str) -> str:
-    """The reliability diagram of a tuned fit's calibrated risks on the sites' test rows
-    (reliability.csv): each site's bands (grey, area by rows) and all sites' rows pooled
+    """The reliability diagram of a tuned fit's calibrated risks on the sites' evaluation
+    rows (reliability.csv): each site's bands (grey, area by rows) and all sites' rows pooled
     into tenths of predicted risk (blue); ``""`` without the file."""
     from strategies import report
 
@@ -733,8 +733,16 @@ def _reliability_block(out_dir: str) -> str:
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    in_sample = sorted(set(bands.loc[bands["split"] != "test", "site"].astype(str)))
+    where = "the sites' test rows" + (
+        f" (training rows at {len(in_sample)} site(s) without test rows: "
+        + ", ".join(in_sample)
+        + ")"
+        if in_sample
+        else ""
+    )
     note = report.text(
-        f"Reliability of the calibrated risks on the sites' test rows ({int(rows.sum())} rows): "
+        f"Reliability of the calibrated risks on {where} ({int(rows.sum())} rows): "
         "each site groups its rows by predicted risk into bands of at least its guard's "
         "floor of rows and sends each band's mean risk and observed rate (grey, area by "
         "rows; reliability.csv); the blue line pools every site's bands by tenths of risk. "

@@ -294,6 +294,7 @@ def test_the_refits_evaluation_scores_each_sites_calibrated_risks(files, tuned):
     cal = _read(out, "calibration.csv").set_index("site")
     coef = _read(out, "coefficients.csv").set_index("site")
     bands = _read(out, "reliability.csv")
+    assert (bands["split"] == "test").all()  # every site has test rows here
     briers = []
     for s in sites:
         score = s.x_test @ coef.loc[s.site].to_numpy()
