@@ -50,6 +50,7 @@ class DataSpec(Section):
         "the train/test split (cdc, crime, --holdout), the simulation and the folds",
         key="seed",
         flag="data-seed",
+        metavar="SEED",
     )
     data_path: str = setting("", "csv: the rows; cdc: the case file; crime: a copy", key="path")
     sites_path: str = setting("", "csv: site, lat, lon", key="sites-path")
@@ -57,10 +58,11 @@ class DataSpec(Section):
         False, "a site may lack a class (grauc.missing-class = borrow)", key=False
     )
     counties: str = setting(
-        "", "cdc: comma-separated county FIPS codes (empty: the largest)", flag="counties"
-    )
+        "", "cdc: comma-separated county FIPS codes (empty: the largest)", flag="counties",
+        metavar="LIST",
+    )  # fmt: skip
     num_counties: int = setting(
-        18, "cdc: the largest N counties, >= 1", at_least=1, flag="num-counties"
+        18, "cdc: the largest N counties, >= 1", at_least=1, flag="num-counties", metavar="N"
     )
     train_fraction: float = setting(
         0.0,
@@ -69,18 +71,21 @@ class DataSpec(Section):
         at_least=0,
         below=1,
         flag="train-fraction",
+        metavar="F",
     )
     min_per_class: int = setting(
         0,
         "cdc/crime: a site needs this many rows of each class; 0: the source's (cdc 15, crime 5)",
         at_least=0,
         flag="min-per-class",
+        metavar="N",
     )
     max_per_class: int = setting(
         5000,
         "cdc/crime: at most this many rows per class and site; 0 = all",
         at_least=0,
         flag="max-per-class",
+        metavar="N",
     )
     missing_levels: str = setting(
         "level",

@@ -50,11 +50,13 @@ class RowFedDataSpec(Section):
     n_test: int = setting(100, "simulated: test rows per client >= 0", at_least=0)
     num_features: int = setting(20, "simulated: predictors >= 1", at_least=1)
     num_responses: int = setting(20, "simulated: responses >= 1", at_least=1)
-    seed: int = setting(0, "the simulation, the --holdout draw and the folds", flag="data-seed")
+    seed: int = setting(
+        0, "the simulation, the --holdout draw and the folds", flag="data-seed", metavar="SEED"
+    )
     path: str = setting("", "csv: the rows")
     responses: str = setting("", "csv: the response columns, comma-separated")
     client_column: str = setting("client", "csv: the column naming each row's client",
-                                 flag="client-column")  # fmt: skip
+                                 flag="client-column", metavar="NAME")  # fmt: skip
     test_path: str = setting("", "csv: a test file with the data's columns")
     holdout: float = setting(
         0.0, "csv: share of each client's rows held out for testing, in [0, 1)",

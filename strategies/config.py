@@ -54,6 +54,7 @@ def setting(
     key: str | bool | None = None,
     top: bool = False,
     flag: str | None = None,
+    metavar: str | None = None,
 ):
     """A settings field: its default, a one-line help, for a choice the values allowed, and
     for a number its range (``at_least``/``above`` a lower bound, closed/open;
@@ -63,9 +64,9 @@ def setting(
     ``key``: its run-config name after the class's prefix when that is not the field's
     name with dashes (``False``: no run-config key); ``top``: the key has no prefix (the
     run's ``seed``); ``flag``: for a class whose fields are not all command-line options
-    (the data specs), the ``fit`` option that sets it (``--flag``)."""
+    (the data specs), the ``fit`` option that sets it (``--flag``), shown with ``metavar``."""
     bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
-    names = {"key": key, "top": top, "flag": flag}
+    names = {"key": key, "top": top, "flag": flag, "metavar": metavar}
     return field(default=default, metadata={"help": help, "choices": choices, **bounds, **names})
 
 
@@ -378,11 +379,13 @@ class CheckpointConfig(Section):
     prefix = "checkpoint"
 
     path: str = setting(
-        "", "the .npz file the server's state is written to every K rounds", flag="checkpoint"
-    )
+        "", "the .npz file the server's state is written to every K rounds",
+        flag="checkpoint", metavar="FILE",
+    )  # fmt: skip
     every: int = setting(10, "rounds between checkpoints, >= 1", at_least=1,
-                         flag="checkpoint-every")  # fmt: skip
-    resume: str = setting("", "a checkpoint (.npz) to start from", flag="resume")
+                         flag="checkpoint-every", metavar="K")  # fmt: skip
+    resume: str = setting("", "a checkpoint (.npz) to start from", flag="resume",
+                          metavar="FILE")  # fmt: skip
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -93,6 +93,8 @@ def add_flags(parser: argparse.ArgumentParser, cls) -> None:
         }
         if f.metadata.get("choices"):
             kwargs["choices"] = f.metadata["choices"]
+        elif f.metadata.get("metavar"):
+            kwargs["metavar"] = f.metadata["metavar"]
         parser.add_argument("--" + flag, **kwargs)
 
 
