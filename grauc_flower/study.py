@@ -58,7 +58,14 @@ import numpy as np
 import pandas as pd
 
 from strategies import quiet_flower
-from strategies.config import GRAUC_METHODS, GrAUCConfig, from_run_config
+from strategies.config import (
+    GRAUC_METHODS,
+    GrAUCConfig,
+    check_fields,
+    from_run_config,
+    from_table,
+    setting,
+)
 from strategies.errors import InputError
 from strategies.experiments.coverage import coverage_setting
 from strategies.experiments.design import (
@@ -109,18 +116,27 @@ REAL_DATA_DEFAULTS = {
     "num_counties": 18,
     "missing_levels": "level",
 }
-TUNING_KEYS = (
-    "folds",
-    "lam",
-    "w_dist",
-    "ridge",
-    "rule",
-    "cv_tol",
-    "cv_max_rounds",
-    "comparators",
-    "size_power",
-)
+#: The lists and tables of ``[tuning]`` read by hand (the rest: :class:`StudyTuning`).
+GRIDS = ("lam", "w_dist", "ridge", "size_power")
 TASK = "grauc_flower.study:run_task"
+
+
+@dataclass(frozen=True)
+class StudyTuning:
+    """``[tuning]`` of a GrAUC-PFL study, its scalar settings (the grids ``lam``,
+    ``w_dist``, ``ridge``, ``size_power`` are lists or tables, read by hand)."""
+
+    key_prefix = "tuning."
+    table_keys = True
+
+    folds: int = setting(5, "folds within each site, >= 2", at_least=2)
+    rule: str = setting("best", "the best mean score, or the simplest within 1 SE", RULES)
+    cv_tol: float = setting(1e-3, "the cross-validation fits' tolerance, > 0", above=0)
+    cv_max_rounds: int = setting(100, "the cross-validation fits' round limit, >= 1", at_least=1)
+    comparators: bool = setting(False, "tune each comparator's own setting by the same folds")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -184,23 +200,9 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     methods = study_methods(settings, GRAUC_METHODS, ("grauc", "individual", "fedavg"))
     data = parse_data(settings.get("data", {}))
     tuning = settings.get("tuning", {})
-    for key in tuning:
-        if key not in TUNING_KEYS:
-            raise InputError(f"tuning.{key}: unknown setting (allowed: {', '.join(TUNING_KEYS)})")
-    folds = tuning.get("folds", 5)
-    if not isinstance(folds, int) or isinstance(folds, bool) or folds < 2:
-        raise InputError(f"tuning.folds: must be an integer >= 2, got {folds!r}")
+    declared = from_table(StudyTuning, tuning, GRIDS)
     lams = lam_grid(tuning.get("lam", {"max": 3.0, "min": 0.01, "num": 6}))
     w_dist = tuple(dict.fromkeys(_number_list(tuning.get("w_dist", [0.0, 2.0]), "tuning.w_dist")))
-    rule = tuning.get("rule", "best")
-    if rule not in RULES:
-        raise InputError(f"tuning.rule: must be one of {', '.join(RULES)}, got {rule!r}")
-    cv_tol = tuning.get("cv_tol", 1e-3)
-    if isinstance(cv_tol, bool) or not isinstance(cv_tol, (int, float)) or not cv_tol > 0:
-        raise InputError(f"tuning.cv_tol: must be > 0, got {cv_tol!r}")
-    cv_rounds = tuning.get("cv_max_rounds", 100)
-    if not isinstance(cv_rounds, int) or isinstance(cv_rounds, bool) or cv_rounds < 1:
-        raise InputError(f"tuning.cv_max_rounds: must be an integer >= 1, got {cv_rounds!r}")
     rc = {f"grauc.{k}": v for k, v in settings.get("grauc", {}).items()}
     chosen = (
         ("grauc.seed",) if coverage is not None else ("grauc.lam", "grauc.w-dist", "grauc.seed")
@@ -228,24 +230,21 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     for a in powers:
         if a > 1:
             raise InputError(f"tuning.size_power: values must be in [0, 1], got {a!r}")
-    comparators = tuning.get("comparators", False)
-    if not isinstance(comparators, bool):
-        raise InputError(f"tuning.comparators: must be true or false, got {comparators!r}")
     cell = figure_cell_setting(settings, keys)
     return Settings(
         tuple(methods),
         data,
-        folds,
+        declared.folds,
         lams,
         w_dist,
         tuple(dict.fromkeys(ridges)),
-        rule,
-        float(cv_tol),
-        cv_rounds,
+        declared.rule,
+        declared.cv_tol,
+        declared.cv_max_rounds,
         cfg,
         cell,
         coverage,
-        comparators,
+        declared.comparators,
         tuple(dict.fromkeys(powers)),
     )
 

@@ -60,7 +60,15 @@ import numpy as np
 import pandas as pd
 
 from strategies import quiet_flower
-from strategies.config import FEDAVG_FAMILY, ROWFED_METHODS, RowFedConfig, from_run_config
+from strategies.config import (
+    FEDAVG_FAMILY,
+    ROWFED_METHODS,
+    RowFedConfig,
+    check_fields,
+    from_run_config,
+    from_table,
+    setting,
+)
 from strategies.errors import InputError
 from strategies.experiments.coverage import coverage_setting
 from strategies.experiments.design import (
@@ -106,6 +114,24 @@ def _grid(value, key: str) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True)
+class StudyTuning:
+    """``[tuning]`` of a RowFed study, its scalar settings (the grids ``lam1``, ``lam2``,
+    each tuned method's own table and ``fedavg_lam2``, a number or ``"nonfed"``, are read
+    by hand)."""
+
+    key_prefix = "tuning."
+    table_keys = True
+
+    criterion: str = setting(
+        "gic", "gic (the paper's) or gic-nq (its df penalty over N q)", CRITERIA
+    )
+    comparators: bool = setting(False, "tune each comparator's own setting by cross-validation")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
 class Settings:
     """The parsed non-design part of a RowFed study config."""
 
@@ -146,10 +172,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     else:
         real = parse_real_data(data)
     tuning = dict(settings.get("tuning", {}))
-    allowed = {"lam1", "lam2", "criterion", "fedavg_lam2", "comparators", *TUNED}
-    for key in tuning:
-        if key not in allowed:
-            raise InputError(f"tuning.{key}: unknown setting (allowed: {', '.join(allowed)})")
+    declared = from_table(StudyTuning, tuning, ("lam1", "lam2", "fedavg_lam2", *TUNED))
     lam1 = _grid(tuning.get("lam1", list(DEFAULT_LAM1)), "tuning.lam1")
     lam2 = _grid(tuning.get("lam2", list(DEFAULT_LAM2)), "tuning.lam2")
     grids = {}
@@ -164,11 +187,6 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
             _grid(own["lam1"], f"tuning.{m}.lam1") if "lam1" in own else lam1,
             _grid(own["lam2"], f"tuning.{m}.lam2") if "lam2" in own else lam2,
         )
-    criterion = tuning.get("criterion", "gic")
-    if criterion not in CRITERIA:
-        raise InputError(
-            f"tuning.criterion: must be one of {', '.join(CRITERIA)}, got {criterion!r}"
-        )
     fedavg_lam2 = tuning.get("fedavg_lam2", "nonfed")
     if fedavg_lam2 != "nonfed" and (
         isinstance(fedavg_lam2, bool)
@@ -176,9 +194,6 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
         or fedavg_lam2 < 0
     ):
         raise InputError(f"tuning.fedavg_lam2: 'nonfed' or a number >= 0, got {fedavg_lam2!r}")
-    comparators = tuning.get("comparators", False)
-    if not isinstance(comparators, bool):
-        raise InputError(f"tuning.comparators: must be true or false, got {comparators!r}")
     rc = {f"rowfed.{k}": v for k, v in settings.get("rowfed", {}).items()}
     for key in ("rowfed.lam1", "rowfed.lam2"):
         if key in rc and coverage is None:
@@ -197,9 +212,9 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
         n_test=n_test,
         real=real,
         grids=grids,
-        criterion=criterion,
+        criterion=declared.criterion,
         fedavg_lam2=fedavg_lam2,
-        comparators=comparators,
+        comparators=declared.comparators,
         cfg=cfg,
         figure_cell=cell,
         clusters=clusters,

@@ -111,12 +111,21 @@ def _check(cond: bool, key: str, msg: str, value) -> None:
         raise InputError(f"{key}: {msg}, got {value!r}")
 
 
+def _field_key(settings, f) -> str:
+    """How an error names field ``f`` of ``settings``: its run-config key under the class's
+    ``key_prefix``, or, for a table of a study config (``table_keys``), its name as the TOML
+    writes it."""
+    if getattr(settings, "table_keys", False):
+        return settings.key_prefix + f.name
+    return getattr(settings, "key_prefix", "") + (config_key(f) or f.name.replace("_", "-"))
+
+
 def check_fields(settings) -> None:
     """Every ``float`` setting is a finite number (``inf`` or ``nan`` would run and mislead),
     every choice one of its values and every number in its declared range."""
     for f in fields(settings):
         value = getattr(settings, f.name)
-        key = getattr(settings, "key_prefix", "") + (config_key(f) or f.name.replace("_", "-"))
+        key = _field_key(settings, f)
         if f.type == "float":
             _check(math.isfinite(value), key, "must be a finite number", value)
         choices = f.metadata.get("choices")
@@ -150,6 +159,39 @@ class Section:
 
     def to_run_config(self) -> dict:
         return to_run_config(self, self.prefix)
+
+
+#: What a TOML value of each field type must be, and how an error says it.
+_TOML_TYPES = {
+    "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"),
+    "bool": ((bool,), "true or false"),
+    "str": ((str,), "a string"),
+}
+
+
+def from_table(cls, table, by_hand: tuple[str, ...] = ()):
+    """``cls`` (a settings dataclass of one table of a study config, ``table_keys = True``,
+    ``key_prefix = "<table>."``) from the TOML ``table``: each key a field of ``cls`` with a
+    value of its type (no bool for a number), or one of ``by_hand`` (lists and tables its
+    caller reads); anything else is an error naming ``<table>.<key>``, as is a value out
+    of its declared range."""
+    section = cls.key_prefix.rstrip(".")
+    if not isinstance(table, dict):
+        raise InputError(f"{section}: expected a table")
+    declared = {f.name: f for f in fields(cls)}
+    values = {}
+    for key, value in table.items():
+        if key in by_hand:
+            continue
+        if key not in declared:
+            allowed = ", ".join([*declared, *by_hand])
+            raise InputError(f"{section}.{key}: unknown setting (allowed: {allowed})")
+        kinds, what = _TOML_TYPES[declared[key].type]
+        if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
+            raise InputError(f"{section}.{key}: expected {what}, got {value!r}")
+        values[key] = float(value) if declared[key].type == "float" else value
+    return cls(**values)
 
 
 def fedavg_settings(step: str, default_lr: str) -> tuple:

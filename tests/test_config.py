@@ -249,3 +249,39 @@ def test_fit_options_of_a_declaration_carry_its_default_and_help(cls, parser):
             assert "(default: " in action.help
         if f.metadata.get("choices"):
             assert tuple(action.choices) == f.metadata["choices"]
+
+
+# ---------------------------------------------------------------------------------------
+# A study config's [tuning] table: its scalar settings declared the same way
+# ---------------------------------------------------------------------------------------
+def _study_tunings():
+    from grauc_flower.study import GRIDS
+    from grauc_flower.study import StudyTuning as GrAUCTuning
+    from rowfed_flower.study import TUNED
+    from rowfed_flower.study import StudyTuning as RowFedTuning
+
+    return [(GrAUCTuning, GRIDS), (RowFedTuning, ("lam1", "lam2", "fedavg_lam2", *TUNED))]
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["grauc", "rowfed"])
+def test_a_study_tuning_table_is_read_from_its_declaration(which):
+    """Out of the declared range or choices, of the wrong TOML type (a bool for a number,
+    text for a number, a number for true/false) or an unknown key: one error naming
+    ``tuning.<key>``; the defaults and the keys read by hand pass."""
+    from strategies.config import from_table
+
+    cls, by_hand = _study_tunings()[which]
+    assert from_table(cls, {}, by_hand) == cls()
+    assert from_table(cls, dict.fromkeys(by_hand, [1.0]), by_hand) == cls()
+    for f in fields(cls):
+        for value in _bad_values(f):
+            with pytest.raises(InputError, match=rf"^tuning\.{f.name}: must be"):
+                from_table(cls, {f.name: value}, by_hand)
+        wrong = {"int": [True, "3", 2.5], "float": [True, "x"], "bool": [1, "yes"], "str": [3]}
+        for value in wrong[f.type]:
+            with pytest.raises(InputError, match=rf"^tuning\.{f.name}: expected "):
+                from_table(cls, {f.name: value}, by_hand)
+    with pytest.raises(InputError, match=r"^tuning\.bogus: unknown setting"):
+        from_table(cls, {"bogus": 1}, by_hand)
+    with pytest.raises(InputError, match=r"^tuning: expected a table"):
+        from_table(cls, [1], by_hand)
