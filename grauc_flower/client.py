@@ -105,9 +105,7 @@ class GrAUCClient(SiteClient):
         so the centering of standardized features would shift each fold's scores by its own
         constant and mix them when the folds are ranked together."""
         (beta,) = parameters
-        _, scale = self._scaling(config)
-        x = self.data.x_test if scale is None else self.data.x_test / scale
-        return x @ beta, self.data.y_test
+        return self._input_score(self.data.x_test, beta, config), self.data.y_test
 
     @staticmethod
     def pool(parts) -> dict:
@@ -130,6 +128,12 @@ class GrAUCClient(SiteClient):
     def _scaling(self, config) -> tuple[np.ndarray | None, np.ndarray | None]:
         p = self.data.n_features
         return unpack(config.get("center"), p), unpack(config.get("scale"), p)
+
+    def _input_score(self, x: np.ndarray, beta: np.ndarray, config) -> np.ndarray:
+        """``x'beta`` with the working-scale ``beta`` as written out (on the input scale,
+        without the centring's constant): the score ``predict`` and a calibration use."""
+        _, scale = self._scaling(config)
+        return x @ beta if scale is None else (x / scale) @ beta
 
     def _transform(self, x: np.ndarray, config) -> np.ndarray:
         center, scale = self._scaling(config)
@@ -213,8 +217,7 @@ class GrAUCClient(SiteClient):
         if config.get("cal-a") is not None:  # a tuned fit's calibrated risks on these rows
             from strategies.calibration import calibrated_evaluation
 
-            _, scale = self._scaling(config)
-            raw = x @ beta if scale is None else (x / scale) @ beta  # the score as written out
+            raw = self._input_score(x, beta, config)
             floor = max(self.guards.min_rows, self.guards.min_class_rows)
             metrics.update(
                 calibrated_evaluation(raw, y, float(config["cal-a"]), float(config["cal-b"]), floor)

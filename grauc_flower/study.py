@@ -61,9 +61,8 @@ from strategies import quiet_flower
 from strategies.config import (
     GRAUC_METHODS,
     GrAUCConfig,
-    check_fields,
+    Table,
     from_run_config,
-    from_table,
     setting,
 )
 from strategies.errors import InputError
@@ -122,21 +121,17 @@ TASK = "grauc_flower.study:run_task"
 
 
 @dataclass(frozen=True)
-class StudyTuning:
+class StudyTuning(Table):
     """``[tuning]`` of a GrAUC-PFL study, its scalar settings (the grids ``lam``,
     ``w_dist``, ``ridge``, ``size_power`` are lists or tables, read by hand)."""
 
-    key_prefix = "tuning."
-    table_keys = True
+    prefix = "tuning"
 
     folds: int = setting(5, "folds within each site, >= 2", at_least=2)
     rule: str = setting("best", "the best mean score, or the simplest within 1 SE", RULES)
     cv_tol: float = setting(1e-3, "the cross-validation fits' tolerance, > 0", above=0)
     cv_max_rounds: int = setting(100, "the cross-validation fits' round limit, >= 1", at_least=1)
     comparators: bool = setting(False, "tune each comparator's own setting by the same folds")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -200,7 +195,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     methods = study_methods(settings, GRAUC_METHODS, ("grauc", "individual", "fedavg"))
     data = parse_data(settings.get("data", {}))
     tuning = settings.get("tuning", {})
-    declared = from_table(StudyTuning, tuning, GRIDS)
+    declared = StudyTuning.from_table(tuning, GRIDS)
     lams = lam_grid(tuning.get("lam", {"max": 3.0, "min": 0.01, "num": 6}))
     w_dist = tuple(dict.fromkeys(_number_list(tuning.get("w_dist", [0.0, 2.0]), "tuning.w_dist")))
     rc = {f"grauc.{k}": v for k, v in settings.get("grauc", {}).items()}

@@ -557,16 +557,16 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
         # refit that ran beside the folds and was evaluated with them is asked once more)
         shrunk = zip(cal["site"], cal["intercept"], cal["slope"], strict=True)
         site_cal = {s: (a, b) for s, a, b in shrunk}
-        if i not in full:
+        refit = i not in full
+        if refit:
             full[i] = Job(
                 f"full/{i}",
                 strategy(cfg.replace(**settings[i]), registry),
                 {"ridge": settings[i]["ridge"]},
             )
-            full[i].strategy.calibrate(site_cal)
+        full[i].strategy.calibrate(site_cal)
+        if refit:
             yield Stage([full[i]], name="refit")
-        else:
-            full[i].strategy.calibrate(site_cal)
         return full[i].key
 
     return plan

@@ -64,9 +64,8 @@ from strategies.config import (
     FEDAVG_FAMILY,
     ROWFED_METHODS,
     RowFedConfig,
-    check_fields,
+    Table,
     from_run_config,
-    from_table,
     setting,
 )
 from strategies.errors import InputError
@@ -114,21 +113,17 @@ def _grid(value, key: str) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True)
-class StudyTuning:
+class StudyTuning(Table):
     """``[tuning]`` of a RowFed study, its scalar settings (the grids ``lam1``, ``lam2``,
     each tuned method's own table and ``fedavg_lam2``, a number or ``"nonfed"``, are read
     by hand)."""
 
-    key_prefix = "tuning."
-    table_keys = True
+    prefix = "tuning"
 
     criterion: str = setting(
         "gic", "gic (the paper's) or gic-nq (its df penalty over N q)", CRITERIA
     )
     comparators: bool = setting(False, "tune each comparator's own setting by cross-validation")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -172,7 +167,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     else:
         real = parse_real_data(data)
     tuning = dict(settings.get("tuning", {}))
-    declared = from_table(StudyTuning, tuning, ("lam1", "lam2", "fedavg_lam2", *TUNED))
+    declared = StudyTuning.from_table(tuning, ("lam1", "lam2", "fedavg_lam2", *TUNED))
     lam1 = _grid(tuning.get("lam1", list(DEFAULT_LAM1)), "tuning.lam1")
     lam2 = _grid(tuning.get("lam2", list(DEFAULT_LAM2)), "tuning.lam2")
     grids = {}

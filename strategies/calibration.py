@@ -178,20 +178,18 @@ def reliability_bins(prob, y, floor: int, bands: int = RELIABILITY_BANDS) -> lis
         return []
     edges = np.linspace(0.0, 1.0, bands + 1)
     band = np.clip(np.searchsorted(edges, prob, side="right") - 1, 0, bands - 1)
-    groups: list[list[int]] = []  # bands merged, as lists of band numbers
-    for k in range(bands):
-        if groups and np.sum(np.isin(band, groups[-1])) < floor:
-            groups[-1].append(k)
-        else:
-            groups.append([k])
-    if len(groups) > 1 and np.sum(np.isin(band, groups[-1])) < floor:
-        groups[-2].extend(groups.pop())
+    count = np.bincount(band, minlength=bands)
+    starts = [0]  # the first band of each merged group
+    for k in range(1, bands):
+        if count[starts[-1] : k].sum() >= floor:
+            starts.append(k)
+    if len(starts) > 1 and count[starts[-1] :].sum() < floor:
+        starts.pop()  # the last group joins the one before
     out = []
-    for g in groups:
-        rows = np.isin(band, g)
+    for lo, hi in zip(starts, [*starts[1:], bands], strict=True):
+        rows = (band >= lo) & (band < hi)
         if rows.any():
-            lower, upper = round(float(edges[g[0]]), 9), round(float(edges[g[-1] + 1]), 9)
-            out.append([lower, upper, int(rows.sum()),
+            out.append([round(float(edges[lo]), 9), round(float(edges[hi]), 9), int(rows.sum()),
                         float(prob[rows].mean()), float(y[rows].mean())])  # fmt: skip
     return out
 
@@ -214,6 +212,7 @@ def calibrated_evaluation(score, y, a: float, b: float, floor: int) -> dict:
 
 
 __all__ = [
+    "calibrated_evaluation",
     "calibration_frame",
     "calibration_mean",
     "calibration_metrics",
@@ -221,5 +220,4 @@ __all__ = [
     "recalibrate",
     "reliability_bins",
     "shrink",
-    "calibrated_evaluation",
 ]

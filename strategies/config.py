@@ -113,9 +113,9 @@ def _check(cond: bool, key: str, msg: str, value) -> None:
 
 def _field_key(settings, f) -> str:
     """How an error names field ``f`` of ``settings``: its run-config key under the class's
-    ``key_prefix``, or, for a table of a study config (``table_keys``), its name as the TOML
-    writes it."""
-    if getattr(settings, "table_keys", False):
+    ``key_prefix``, or, for a table of a study config (:class:`Table`), its name as the
+    TOML writes it."""
+    if isinstance(settings, Table):
         return settings.key_prefix + f.name
     return getattr(settings, "key_prefix", "") + (config_key(f) or f.name.replace("_", "-"))
 
@@ -137,9 +137,9 @@ def check_fields(settings) -> None:
             _check(test(value), key, message, value)
 
 
-class Section:
-    """A settings dataclass read from the run-config keys under its ``prefix``
-    (``data``: keys ``data.<name>``), checked on construction (:func:`check_fields`)."""
+class Declared:
+    """A settings dataclass whose keys sit under its ``prefix`` (errors name
+    ``<prefix>.<key>``), checked on construction (:func:`check_fields`)."""
 
     prefix = ""
 
@@ -149,6 +149,11 @@ class Section:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+class Section(Declared):
+    """A settings dataclass read from the run-config keys under its ``prefix``
+    (``data``: keys ``data.<name>``)."""
 
     @classmethod
     def from_run_config(cls, run_config: dict, **fixed):
@@ -170,28 +175,31 @@ _TOML_TYPES = {
 }
 
 
-def from_table(cls, table, by_hand: tuple[str, ...] = ()):
-    """``cls`` (a settings dataclass of one table of a study config, ``table_keys = True``,
-    ``key_prefix = "<table>."``) from the TOML ``table``: each key a field of ``cls`` with a
-    value of its type (no bool for a number), or one of ``by_hand`` (lists and tables its
-    caller reads); anything else is an error naming ``<table>.<key>``, as is a value out
-    of its declared range."""
-    section = cls.key_prefix.rstrip(".")
-    if not isinstance(table, dict):
-        raise InputError(f"{section}: expected a table")
-    declared = {f.name: f for f in fields(cls)}
-    values = {}
-    for key, value in table.items():
-        if key in by_hand:
-            continue
-        if key not in declared:
-            allowed = ", ".join([*declared, *by_hand])
-            raise InputError(f"{section}.{key}: unknown setting (allowed: {allowed})")
-        kinds, what = _TOML_TYPES[declared[key].type]
-        if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
-            raise InputError(f"{section}.{key}: expected {what}, got {value!r}")
-        values[key] = float(value) if declared[key].type == "float" else value
-    return cls(**values)
+class Table(Declared):
+    """A settings dataclass of one table of a study config (``prefix``: the table; keys as
+    the TOML writes them, with underscores)."""
+
+    @classmethod
+    def from_table(cls, table, by_hand: tuple[str, ...] = ()):
+        """The settings of the TOML ``table``: each key a field with a value of its type
+        (no bool for a number), or one of ``by_hand`` (lists and tables the caller reads);
+        anything else is an error naming ``<table>.<key>``, as is a value out of its
+        declared range."""
+        if not isinstance(table, dict):
+            raise InputError(f"{cls.prefix}: expected a table")
+        declared = {f.name: f for f in fields(cls)}
+        values = {}
+        for key, value in table.items():
+            if key in by_hand:
+                continue
+            if key not in declared:
+                allowed = ", ".join([*declared, *by_hand])
+                raise InputError(f"{cls.prefix}.{key}: unknown setting (allowed: {allowed})")
+            kinds, what = _TOML_TYPES[declared[key].type]
+            if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
+                raise InputError(f"{cls.prefix}.{key}: expected {what}, got {value!r}")
+            values[key] = float(value) if declared[key].type == "float" else value
+        return cls(**values)
 
 
 def fedavg_settings(step: str, default_lr: str) -> tuple:

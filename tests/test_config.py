@@ -268,20 +268,19 @@ def test_a_study_tuning_table_is_read_from_its_declaration(which):
     """Out of the declared range or choices, of the wrong TOML type (a bool for a number,
     text for a number, a number for true/false) or an unknown key: one error naming
     ``tuning.<key>``; the defaults and the keys read by hand pass."""
-    from strategies.config import from_table
-
     cls, by_hand = _study_tunings()[which]
-    assert from_table(cls, {}, by_hand) == cls()
-    assert from_table(cls, dict.fromkeys(by_hand, [1.0]), by_hand) == cls()
+    from_table = cls.from_table
+    assert from_table({}, by_hand) == cls()
+    assert from_table(dict.fromkeys(by_hand, [1.0]), by_hand) == cls()
     for f in fields(cls):
         for value in _bad_values(f):
             with pytest.raises(InputError, match=rf"^tuning\.{f.name}: must be"):
-                from_table(cls, {f.name: value}, by_hand)
+                from_table({f.name: value}, by_hand)
         wrong = {"int": [True, "3", 2.5], "float": [True, "x"], "bool": [1, "yes"], "str": [3]}
         for value in wrong[f.type]:
             with pytest.raises(InputError, match=rf"^tuning\.{f.name}: expected "):
-                from_table(cls, {f.name: value}, by_hand)
+                from_table({f.name: value}, by_hand)
     with pytest.raises(InputError, match=r"^tuning\.bogus: unknown setting"):
-        from_table(cls, {"bogus": 1}, by_hand)
+        from_table({"bogus": 1}, by_hand)
     with pytest.raises(InputError, match=r"^tuning: expected a table"):
-        from_table(cls, [1], by_hand)
+        from_table([1], by_hand)

@@ -34,20 +34,25 @@ def add_settings(parser: argparse.ArgumentParser, cls) -> None:
     for f in ordered:
         default = getattr(defaults, f.name)
         shown = f"{default:g}" if isinstance(default, float) else str(default).lower()
-        kwargs = {
-            "dest": f.name,
-            "default": None,
-            "help": f"{f.metadata.get('help', '')} (default: {shown})",
-        }
-        if f.type == "bool":
-            kwargs["action"] = argparse.BooleanOptionalAction
-        else:
-            kwargs["type"] = {"float": float, "int": int, "str": str}[f.type]
-            if f.metadata.get("choices"):
-                kwargs["choices"] = f.metadata["choices"]
-            else:
-                kwargs["metavar"] = f.name.upper()
-        parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"), **_option(f, f.name, None, f" (default: {shown})")
+        )
+
+
+def _option(f, dest: str, default, shown: str) -> dict:
+    """``add_argument``'s keywords for settings field ``f``: its type (a bool a
+    ``--x/--no-x`` pair), choices or placeholder (declared, else the name), and its help
+    followed by ``shown`` (the default as the help shows it)."""
+    kwargs = {"dest": dest, "default": default, "help": f.metadata.get("help", "") + shown}
+    if f.type == "bool":
+        kwargs["action"] = argparse.BooleanOptionalAction
+        return kwargs
+    kwargs["type"] = {"float": float, "int": int, "str": str}[f.type]
+    if f.metadata.get("choices"):
+        kwargs["choices"] = f.metadata["choices"]
+    else:
+        kwargs["metavar"] = f.metadata.get("metavar") or dest.upper()
+    return kwargs
 
 
 class RoundProgress:
@@ -84,18 +89,9 @@ def add_flags(parser: argparse.ArgumentParser, cls) -> None:
             continue
         default = getattr(defaults, f.name)
         shown = f"{default:g}" if isinstance(default, float) else str(default)
-        kwargs = {
-            "dest": flag.replace("-", "_"),
-            "default": default,
-            "type": {"float": float, "int": int, "str": str}[f.type],
-            # an empty default is explained by the help itself ("empty: ...")
-            "help": f.metadata.get("help", "") + (f" (default: {shown})" if shown else ""),
-        }
-        if f.metadata.get("choices"):
-            kwargs["choices"] = f.metadata["choices"]
-        elif f.metadata.get("metavar"):
-            kwargs["metavar"] = f.metadata["metavar"]
-        parser.add_argument("--" + flag, **kwargs)
+        # an empty default is explained by the help itself ("empty: ...")
+        shown = f" (default: {shown})" if shown else ""
+        parser.add_argument("--" + flag, **_option(f, flag.replace("-", "_"), default, shown))
 
 
 def from_flags(cls, args: argparse.Namespace, **fixed):
