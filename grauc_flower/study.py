@@ -52,7 +52,7 @@ rest is the test set), and a replication is a new random split (the task's seed)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -63,6 +63,7 @@ from strategies.config import (
     GrAUCConfig,
     Table,
     from_run_config,
+    listing,
     setting,
 )
 from strategies.errors import InputError
@@ -96,8 +97,7 @@ REQUIRED = ("simulation", "n_train", "prevalence", "level")
 #: The tuning values a coverage study fixes in the method's table.
 COVERAGE_FIXED = ("lam", "w-dist")
 SECTIONS = ("data", "tuning", "grauc", "figures", "coverage")
-DATA_DEFAULTS = {"n_sites": 20, "n_features": 10, "n_test": 200}
-#: Real data (``[data] source``): design keys, and the ``[data]`` settings with defaults.
+#: Real data (``[data] source``): design keys.
 REAL_SOURCES = ("crime", "cdc")
 REAL_DESIGN_TYPES = {
     "train_fraction": float,
@@ -106,32 +106,71 @@ REAL_DESIGN_TYPES = {
     "num_counties": int,
 }
 REAL_REQUIRED = ("train_fraction",)
-REAL_DATA_DEFAULTS = {
-    "source": "crime",
-    "path": "",
-    "min_per_class": 0,
-    "max_per_class": 5000,
-    "counties": [],
-    "num_counties": 18,
-    "missing_levels": "level",
-}
-#: The lists and tables of ``[tuning]`` read by hand (the rest: :class:`StudyTuning`).
-GRIDS = ("lam", "w_dist", "ridge", "size_power")
 TASK = "grauc_flower.study:run_task"
 
 
 @dataclass(frozen=True)
 class StudyTuning(Table):
-    """``[tuning]`` of a GrAUC-PFL study, its scalar settings (the grids ``lam``,
-    ``w_dist``, ``ridge``, ``size_power`` are lists or tables, read by hand)."""
+    """``[tuning]`` of a GrAUC-PFL study."""
 
     prefix = "tuning"
 
     folds: int = setting(5, "folds within each site, >= 2", at_least=2)
+    lam: tuple[float, ...] = listing(
+        tuple(float(v) for v in np.geomspace(3.0, 0.01, 6)),
+        "the lam grid: a list, {max, min, num} (log-spaced) or auto (from lam_max)",
+        at_least=0, descending=True, spaced=True, words=("auto",),
+    )  # fmt: skip
+    w_dist: tuple[float, ...] = listing((0.0, 2.0), "the w_dist grid", at_least=0)
+    ridge: tuple[float, ...] = listing((), "the ridge grid (default: [grauc]'s ridge)", at_least=0)
+    size_power: tuple[float, ...] = listing(
+        (), "the site weighting grid (default: [grauc]'s size-power)", at_least=0, at_most=1
+    )
     rule: str = setting("best", "the best mean score, or the simplest within 1 SE", RULES)
     cv_tol: float = setting(1e-3, "the cross-validation fits' tolerance, > 0", above=0)
     cv_max_rounds: int = setting(100, "the cross-validation fits' round limit, >= 1", at_least=1)
     comparators: bool = setting(False, "tune each comparator's own setting by the same folds")
+
+
+@dataclass(frozen=True)
+class SimulatedData(Table):
+    """``[data]`` of a simulation study: the sizes the design does not vary."""
+
+    prefix = "data"
+
+    source: str = setting("simulated", "where the sites come from", ("simulated",))
+    n_sites: int = setting(20, "institutions", at_least=1)
+    n_features: int = setting(10, "features", at_least=1)
+    n_test: int = setting(200, "test rows per institution", at_least=1)
+
+
+@dataclass(frozen=True)
+class RealData(Table):
+    """``[data]`` of a real-data study (:mod:`grauc_flower.realdata`)."""
+
+    prefix = "data"
+
+    source: str = setting("crime", "the real data set", REAL_SOURCES)
+    path: str = setting("", "the CSV (cdc: required; crime: empty = the shipped copy)")
+    min_per_class: int = setting(0, "rows of each class an institution needs (0: the default)",
+                                 at_least=0)  # fmt: skip
+    max_per_class: int = setting(5000, "rows drawn per class and institution (0: all)", at_least=0)
+    counties: tuple[str, ...] = listing(
+        (), "cdc: FIPS codes (empty: the num_counties largest)", "code", nonempty=False
+    )
+    num_counties: int = setting(18, "cdc: the largest counties taken", at_least=1)
+    missing_levels: str = setting(
+        "level", "cdc: Missing/Unknown covariate values as a level, or drop", ("level", "drop")
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.counties and self.source != "cdc":
+            raise InputError("data.counties: only for source 'cdc'")
+        if self.source == "cdc" and not self.path:
+            raise InputError(
+                "data.path: source 'cdc' needs the CDC file (COVID-19 Case Surveillance)"
+            )
 
 
 @dataclass(frozen=True)
@@ -154,50 +193,12 @@ class Settings:
     size_power_grid: tuple[float, ...] = ()  # [tuning] size_power (empty: the config's)
 
 
-def _number_list(value, key: str, minimum: float = 0.0) -> tuple[float, ...]:
-    if not isinstance(value, list):
-        value = [value]
-    if not value:
-        raise InputError(f"{key}: give one or more values")
-    out = []
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-            raise InputError(f"{key}: expected numbers, got {v!r}")
-        if v < minimum:
-            raise InputError(f"{key}: values must be >= {minimum:g}, got {v!r}")
-        out.append(float(v))
-    return tuple(out)
-
-
-def lam_grid(value) -> tuple[float, ...]:
-    """``[tuning] lam``: a list, ``{max, min, num}`` (log-spaced) or ``"auto"`` (from
-    ``lam_max``: returned empty); returned descending."""
-    if value == "auto":
-        return ()
-    if isinstance(value, dict):
-        unknown = set(value) - {"max", "min", "num"}
-        if unknown or set(value) != {"max", "min", "num"}:
-            raise InputError("tuning.lam: a table needs exactly max, min and num")
-        hi, lo = _number_list([value["max"], value["min"]], "tuning.lam")
-        num = value["num"]
-        if not isinstance(num, int) or isinstance(num, bool) or num < 1:
-            raise InputError(f"tuning.lam.num: must be an integer >= 1, got {num!r}")
-        if not 0 < lo <= hi:
-            raise InputError(f"tuning.lam: need 0 < min <= max, got min {lo}, max {hi}")
-        grid = np.geomspace(hi, lo, num) if num > 1 else np.array([hi])
-        return tuple(float(v) for v in grid)
-    return tuple(sorted(set(_number_list(value, "tuning.lam")), reverse=True))
-
-
 def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     """Check and parse the tables of a study config (everything but ``[design]``)."""
     coverage = coverage_setting(settings, "grauc", COVERAGE_FIXED)
     methods = study_methods(settings, GRAUC_METHODS, ("grauc", "individual", "fedavg"))
     data = parse_data(settings.get("data", {}))
-    tuning = settings.get("tuning", {})
-    declared = StudyTuning.from_table(tuning, GRIDS)
-    lams = lam_grid(tuning.get("lam", {"max": 3.0, "min": 0.01, "num": 6}))
-    w_dist = tuple(dict.fromkeys(_number_list(tuning.get("w_dist", [0.0, 2.0]), "tuning.w_dist")))
+    tuning = StudyTuning.from_table(settings.get("tuning", {}))
     rc = {f"grauc.{k}": v for k, v in settings.get("grauc", {}).items()}
     chosen = (
         ("grauc.seed",) if coverage is not None else ("grauc.lam", "grauc.w-dist", "grauc.seed")
@@ -216,35 +217,37 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
                 "grauc.standardize: a coverage study's truth is on the input scale; use none"
             )
         cfg = cfg.replace(inference="oracle", level=coverage, standardize="none")
-    if "ridge" in tuning and "grauc.ridge" in rc:
-        raise InputError("grauc.ridge: tuned by [tuning] ridge; set one or the other")
-    ridges = _number_list(tuning.get("ridge", [cfg.ridge]), "tuning.ridge")
-    if "size_power" in tuning and "grauc.size-power" in rc:
-        raise InputError("grauc.size-power: tuned by [tuning] size_power; set one or the other")
-    powers = _number_list(tuning.get("size_power", [cfg.size_power]), "tuning.size_power")
-    for a in powers:
-        if a > 1:
-            raise InputError(f"tuning.size_power: values must be in [0, 1], got {a!r}")
+    for grid, key in (("ridge", "grauc.ridge"), ("size_power", "grauc.size-power")):
+        if grid in settings.get("tuning", {}) and key in rc:
+            raise InputError(f"{key}: tuned by [tuning] {grid}; set one or the other")
     cell = figure_cell_setting(settings, keys)
     return Settings(
         tuple(methods),
         data,
-        declared.folds,
-        lams,
-        w_dist,
-        tuple(dict.fromkeys(ridges)),
-        declared.rule,
-        declared.cv_tol,
-        declared.cv_max_rounds,
+        tuning.folds,
+        tuning.lam,
+        tuning.w_dist,
+        tuning.ridge or (cfg.ridge,),
+        tuning.rule,
+        tuning.cv_tol,
+        tuning.cv_max_rounds,
         cfg,
         cell,
         coverage,
-        declared.comparators,
-        tuple(dict.fromkeys(powers)),
+        tuning.comparators,
+        tuning.size_power or (cfg.size_power,),
     )
 
 
-def _source(data: dict) -> str:
+def parse_data(table: dict) -> dict:
+    """``[data]``: the simulation's sizes, or a real source's settings (with defaults)."""
+    if not isinstance(table, dict):
+        raise InputError("data: expected a table")
+    kind = SimulatedData if _source(table) == "simulated" else RealData
+    return asdict(kind.from_table(table))
+
+
+def _source(data) -> str:
     source = data.get("source", "simulated") if isinstance(data, dict) else "simulated"
     if source not in ("simulated", *REAL_SOURCES):
         raise InputError(
@@ -253,59 +256,12 @@ def _source(data: dict) -> str:
     return source
 
 
-def parse_data(table: dict) -> dict:
-    """``[data]``: the simulation's sizes, or a real source's settings (with defaults)."""
-    if not isinstance(table, dict):
-        raise InputError("data: expected a table")
-    source = _source(table)
-    if source == "simulated":
-        data = {"source": "simulated", **DATA_DEFAULTS}
-        for key, value in table.items():
-            if key == "source":
-                continue
-            if key not in DATA_DEFAULTS:
-                allowed = ", ".join(["source", *DATA_DEFAULTS])
-                raise InputError(f"data.{key}: unknown setting (allowed: {allowed})")
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"data.{key}: must be an integer >= 1, got {value!r}")
-            data[key] = value
-        return data
-    data = dict(REAL_DATA_DEFAULTS)
-    for key, value in table.items():
-        if key not in REAL_DATA_DEFAULTS:
-            allowed = ", ".join(REAL_DATA_DEFAULTS)
-            raise InputError(f"data.{key}: unknown setting for source {source!r} ({allowed})")
-        data[key] = value
-    for key in ("path", "missing_levels"):
-        if not isinstance(data[key], str):
-            raise InputError(f"data.{key}: expected a string, got {data[key]!r}")
-    for key, low in (("min_per_class", 0), ("max_per_class", 0), ("num_counties", 1)):
-        v = data[key]
-        if not isinstance(v, int) or isinstance(v, bool) or v < low:
-            raise InputError(f"data.{key}: must be an integer >= {low}, got {v!r}")
-    counties = data["counties"]
-    if isinstance(counties, str):
-        counties = [c.strip() for c in counties.split(",") if c.strip()]
-    if not isinstance(counties, list) or not all(isinstance(c, (str, int)) for c in counties):
-        raise InputError("data.counties: expected a list of county FIPS codes")
-    if counties and source != "cdc":
-        raise InputError("data.counties: only for source 'cdc'")
-    data["counties"] = [str(c) for c in counties]
-    if data["missing_levels"] not in ("level", "drop"):
-        raise InputError(
-            f"data.missing_levels: must be level or drop, got {data['missing_levels']!r}"
-        )
-    if source == "cdc" and not data["path"]:
-        raise InputError("data.path: source 'cdc' needs the CDC file (COVID-19 Case Surveillance)")
-    return data
-
-
 def real_data(data: dict, cell: dict, seed: int):
     """A real source's sites for one task: the design cell's values override ``[data]``;
     ``seed`` draws the train/test split.  Returns ``(sites, table)``."""
     from .realdata import load_real
 
-    d = {**data, **{k: v for k, v in cell.items() if k in REAL_DATA_DEFAULTS}}
+    d = {**data, **{k: v for k, v in cell.items() if k in data}}
     return load_real(
         d["source"],
         d["path"],
@@ -531,7 +487,6 @@ __all__ = [
     "choose",
     "cmd_study",
     "cross_validate",
-    "lam_grid",
     "load",
     "parse_settings",
     "run_task",

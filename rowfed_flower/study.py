@@ -54,7 +54,7 @@ refitted.  It exists to study the GIC's choice (see the study's report), not as 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -66,6 +66,7 @@ from strategies.config import (
     RowFedConfig,
     Table,
     from_run_config,
+    listing,
     setting,
 )
 from strategies.errors import InputError
@@ -92,38 +93,78 @@ SECTIONS = ("data", "tuning", "rowfed", "figures", "coverage")
 TUNED = ("rowfed", "perfl-lsma", "mean-fusion", "nonfed")
 CRITERIA = ("gic", "gic-nq")
 TASK = "rowfed_flower.study:run_task"
-DEFAULT_LAM1 = (0.5, 0.3, 0.2, 0.1)
-DEFAULT_LAM2 = (0.3, 0.2, 0.1, 0.05)
 #: Real data (``[data] source``): design keys and the ``[data]`` settings with defaults.
 REAL_SOURCES = ("crime",)
 REAL_DESIGN_TYPES = {"train_fraction": float, "min_rows": int}
 REAL_REQUIRED = ("train_fraction",)
-REAL_DATA_DEFAULTS = {"source": "crime", "path": "", "responses": [], "exclude": [], "min_rows": 3}
 
 
-def _grid(value, key: str) -> tuple[float, ...]:
-    if not isinstance(value, list):
-        value = [value]
-    if not value:
-        raise InputError(f"{key}: give one or more values")
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-            raise InputError(f"{key}: expected numbers >= 0, got {v!r}")
-    return tuple(sorted({float(v) for v in value}, reverse=True))
+@dataclass(frozen=True)
+class MethodGrids(Table):
+    """``[tuning.<method>]``: a tuned method's own grids (empty: the study's)."""
+
+    prefix = "tuning.<method>"
+
+    lam1: tuple[float, ...] = listing((), "the method's lam1 grid", at_least=0, descending=True)
+    lam2: tuple[float, ...] = listing((), "the method's lam2 grid", at_least=0, descending=True)
 
 
 @dataclass(frozen=True)
 class StudyTuning(Table):
-    """``[tuning]`` of a RowFed study, its scalar settings (the grids ``lam1``, ``lam2``,
-    each tuned method's own table and ``fedavg_lam2``, a number or ``"nonfed"``, are read
-    by hand)."""
+    """``[tuning]`` of a RowFed study (each tuned method's own table: :class:`MethodGrids`)."""
 
     prefix = "tuning"
 
+    lam1: tuple[float, ...] = listing(
+        (0.5, 0.3, 0.2, 0.1), "the lam1 (fusion) grid", at_least=0, descending=True
+    )
+    lam2: tuple[float, ...] = listing(
+        (0.3, 0.2, 0.1, 0.05), "the lam2 (sparsity) grid", at_least=0, descending=True
+    )
     criterion: str = setting(
         "gic", "gic (the paper's) or gic-nq (its df penalty over N q)", CRITERIA
     )
+    fedavg_lam2: float | str = setting(
+        "nonfed", "FedAvg's lam2: a number, or nonfed (NonFed's tuned one)", at_least=0,
+        words=("nonfed",),
+    )  # fmt: skip
     comparators: bool = setting(False, "tune each comparator's own setting by cross-validation")
+
+
+@dataclass(frozen=True)
+class SimulatedData(Table):
+    """``[data]`` of a simulation study."""
+
+    prefix = "data"
+
+    source: str = setting("simulated", "where the clients come from", ("simulated",))
+    n_test: int = setting(100, "test rows per client", at_least=1)
+    clusters: tuple[int, ...] = listing(
+        N_CLUSTERS, "the client clusters of each non-zero row", "int", at_least=1, repeats=True
+    )
+
+
+@dataclass(frozen=True)
+class RealData(Table):
+    """``[data]`` of a real-data study (:func:`rowfed_flower.realdata.load_crime`)."""
+
+    prefix = "data"
+
+    source: str = setting("crime", "the real data set", REAL_SOURCES)
+    path: str = setting("", "the CSV (empty: the shipped copy)")
+    responses: tuple[str, ...] = listing((), "the q response columns", "str")
+    exclude: tuple[str, ...] = listing(
+        (), "columns left out of the predictors", "str", nonempty=False
+    )
+    min_rows: int = setting(3, "rows a state needs (2 training rows and 1 test row)", at_least=3)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.responses:
+            raise InputError("data.responses: give one or more response columns")
+        both = set(self.responses) & set(self.exclude)
+        if both:
+            raise InputError(f"data.exclude: {sorted(both)[0]!r} is also a response")
 
 
 @dataclass(frozen=True)
@@ -149,46 +190,17 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     methods = study_methods(settings, ROWFED_METHODS, ("rowfed", "nonfed", "fedavg", "perfl-lsma"))
     data = settings.get("data", {})
     real = None
-    n_test = 100
-    clusters = N_CLUSTERS
+    sim = SimulatedData()
     if _source(data) == "simulated":
-        for key in data:
-            if key not in ("n_test", "source", "clusters"):
-                raise InputError(f"data.{key}: unknown setting (allowed: source, n_test, clusters)")
-        n_test = data.get("n_test", 100)
-        if not isinstance(n_test, int) or isinstance(n_test, bool) or n_test < 1:
-            raise InputError(f"data.n_test: must be an integer >= 1, got {n_test!r}")
-        clusters = data.get("clusters", list(N_CLUSTERS))
-        if not isinstance(clusters, list) or not all(
-            isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in clusters
-        ):
-            raise InputError(f"data.clusters: expected a list of integers >= 1, got {clusters!r}")
-        clusters = tuple(clusters)
+        sim = SimulatedData.from_table(data)
     else:
-        real = parse_real_data(data)
-    tuning = dict(settings.get("tuning", {}))
-    declared = StudyTuning.from_table(tuning, ("lam1", "lam2", "fedavg_lam2", *TUNED))
-    lam1 = _grid(tuning.get("lam1", list(DEFAULT_LAM1)), "tuning.lam1")
-    lam2 = _grid(tuning.get("lam2", list(DEFAULT_LAM2)), "tuning.lam2")
+        real = asdict(RealData.from_table(data))
+    table = settings.get("tuning", {})
+    tuning = StudyTuning.from_table(table, TUNED)
     grids = {}
     for m in TUNED:
-        own = tuning.get(m, {})
-        if not isinstance(own, dict):
-            raise InputError(f"tuning.{m}: expected a table with lam1 and/or lam2")
-        for key in own:
-            if key not in ("lam1", "lam2"):
-                raise InputError(f"tuning.{m}.{key}: unknown setting (allowed: lam1, lam2)")
-        grids[m] = (
-            _grid(own["lam1"], f"tuning.{m}.lam1") if "lam1" in own else lam1,
-            _grid(own["lam2"], f"tuning.{m}.lam2") if "lam2" in own else lam2,
-        )
-    fedavg_lam2 = tuning.get("fedavg_lam2", "nonfed")
-    if fedavg_lam2 != "nonfed" and (
-        isinstance(fedavg_lam2, bool)
-        or not isinstance(fedavg_lam2, (int, float))
-        or fedavg_lam2 < 0
-    ):
-        raise InputError(f"tuning.fedavg_lam2: 'nonfed' or a number >= 0, got {fedavg_lam2!r}")
+        own = MethodGrids.from_table(table.get(m, {}), prefix=f"tuning.{m}")
+        grids[m] = (own.lam1 or tuning.lam1, own.lam2 or tuning.lam2)
     rc = {f"rowfed.{k}": v for k, v in settings.get("rowfed", {}).items()}
     for key in ("rowfed.lam1", "rowfed.lam2"):
         if key in rc and coverage is None:
@@ -204,15 +216,15 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     cell = figure_cell_setting(settings, keys)
     return Settings(
         methods=tuple(methods),
-        n_test=n_test,
+        n_test=sim.n_test,
         real=real,
         grids=grids,
-        criterion=declared.criterion,
-        fedavg_lam2=fedavg_lam2,
-        comparators=declared.comparators,
+        criterion=tuning.criterion,
+        fedavg_lam2=tuning.fedavg_lam2,
+        comparators=tuning.comparators,
         cfg=cfg,
         figure_cell=cell,
-        clusters=clusters,
+        clusters=sim.clusters,
         coverage=coverage,
     )
 
@@ -224,42 +236,6 @@ def _source(data) -> str:
             f"data.source: must be simulated or {', '.join(REAL_SOURCES)}, got {source!r}"
         )
     return source
-
-
-def _names(value, key: str) -> list[str]:
-    if isinstance(value, str):
-        value = [v.strip() for v in value.split(",") if v.strip()]
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise InputError(f"{key}: expected a list of column names, got {value!r}")
-    if len(set(value)) != len(value):
-        raise InputError(f"{key}: a column is named twice")
-    return list(value)
-
-
-def parse_real_data(table: dict) -> dict:
-    """``[data]`` of a real-data study: ``source``, ``path``, ``responses``, ``exclude``,
-    ``min_rows`` (with defaults)."""
-    data = dict(REAL_DATA_DEFAULTS)
-    for key, value in table.items():
-        if key not in REAL_DATA_DEFAULTS:
-            allowed = ", ".join(REAL_DATA_DEFAULTS)
-            raise InputError(f"data.{key}: unknown setting for a real source ({allowed})")
-        data[key] = value
-    if not isinstance(data["path"], str):
-        raise InputError(f"data.path: expected a string, got {data['path']!r}")
-    data["responses"] = _names(data["responses"], "data.responses")
-    if not data["responses"]:
-        raise InputError("data.responses: give one or more response columns")
-    data["exclude"] = _names(data["exclude"], "data.exclude")
-    both = set(data["responses"]) & set(data["exclude"])
-    if both:
-        raise InputError(f"data.exclude: {sorted(both)[0]!r} is also a response")
-    m = data["min_rows"]
-    if not isinstance(m, int) or isinstance(m, bool) or m < 3:
-        raise InputError(
-            f"data.min_rows: must be an integer >= 3 (2 training rows and 1 test row), got {m!r}"
-        )
-    return data
 
 
 @functools.lru_cache(maxsize=2)
@@ -279,7 +255,7 @@ def real_federation(real: dict, cell: dict, seed: int):
     from .realdata import split_clients
     from .sources import FederatedData
 
-    d = {**real, **{k: v for k, v in cell.items() if k in REAL_DATA_DEFAULTS}}
+    d = {**real, **{k: v for k, v in cell.items() if k in real}}
     crime = _crime(d["path"], tuple(d["responses"]), d["min_rows"], tuple(d["exclude"]))
     codes = state_centroids().set_index("state_fips")["state"]
     parts = split_clients(crime, cell["train_fraction"], seed)

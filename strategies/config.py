@@ -12,6 +12,8 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 
+import numpy as np
+
 from .errors import InputError
 from .inference import INFERENCE_CHOICES
 from .penalties import DEFAULT_CONCAVITY, KINDS, Penalty
@@ -55,6 +57,8 @@ def setting(
     top: bool = False,
     flag: str | None = None,
     metavar: str | None = None,
+    words: tuple[str, ...] = (),
+    **extra,
 ):
     """A settings field: its default, a one-line help, for a choice the values allowed, and
     for a number its range (``at_least``/``above`` a lower bound, closed/open;
@@ -64,10 +68,40 @@ def setting(
     ``key``: its run-config name after the class's prefix when that is not the field's
     name with dashes (``False``: no run-config key); ``top``: the key has no prefix (the
     run's ``seed``); ``flag``: for a class whose fields are not all command-line options
-    (the data specs), the ``fit`` option that sets it (``--flag``), shown with ``metavar``."""
+    (the data specs), the ``fit`` option that sets it (``--flag``), shown with ``metavar``;
+    ``words``: strings a number setting of a study table may also be (``"nonfed"``).
+    ``extra``: :func:`listing`'s metadata."""
     bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
-    names = {"key": key, "top": top, "flag": flag, "metavar": metavar}
+    names = {"key": key, "top": top, "flag": flag, "metavar": metavar, "words": words, **extra}
     return field(default=default, metadata={"help": help, "choices": choices, **bounds, **names})
+
+
+def listing(
+    default: tuple,
+    help: str,
+    items: str = "float",
+    choices: tuple[str, ...] | None = None,
+    *,
+    at_least: float | None = None,
+    at_most: float | None = None,
+    nonempty: bool = True,
+    descending: bool = False,
+    spaced: bool = False,
+    words: tuple[str, ...] = (),
+    repeats: bool = False,
+):
+    """A list setting of a study config's table (a grid, a list of names): a tuple of
+    ``items`` (``float``, ``int``, ``str``, or ``code``: text or an integer, kept as text),
+    each in its declared range or choices.  The TOML value is a list, or one value for a
+    list of one (``str``: also a comma-separated string); ``nonempty``: an empty list is an
+    error; numbers are kept once each (``descending``: sorted so), names must be distinct,
+    unless the values may ``repeat`` (a list of counts, kept as given);
+    ``spaced``: also ``{max, min, num}``, ``num`` log-spaced values; ``words``: strings that
+    stand for the empty tuple (decided elsewhere, e.g. ``"auto"``)."""
+    extra = {"items": items, "nonempty": nonempty, "descending": descending, "spaced": spaced,
+             "repeats": repeats}  # fmt: skip
+    return setting(default, help, choices, at_least=at_least, at_most=at_most, words=words,
+                   **extra)  # fmt: skip
 
 
 def config_key(f, prefix: str = "") -> str | None:
@@ -126,15 +160,23 @@ def check_fields(settings) -> None:
     for f in fields(settings):
         value = getattr(settings, f.name)
         key = _field_key(settings, f)
-        if f.type == "float":
-            _check(math.isfinite(value), key, "must be a finite number", value)
-        choices = f.metadata.get("choices")
-        if choices:
-            _check(value in choices, key, f"must be one of {', '.join(choices)}", value)
-        declared = _range(f.metadata)
-        if declared is not None:
-            test, message = declared
-            _check(test(value), key, message, value)
+        kind = f.metadata.get("items")
+        for v in value if kind else (value,):  # a list setting: each of its values
+            _check_value(f, kind or f.type, key, v)
+
+
+def _check_value(f, kind: str, key: str, value) -> None:
+    if isinstance(value, str) and value in f.metadata.get("words", ()):
+        return
+    if kind.startswith("float"):
+        _check(math.isfinite(value), key, "must be a finite number", value)
+    choices = f.metadata.get("choices")
+    if choices:
+        _check(value in choices, key, f"must be one of {', '.join(choices)}", value)
+    declared = _range(f.metadata)
+    if declared is not None:
+        test, message = declared
+        _check(test(value), key, message, value)
 
 
 class Declared:
@@ -166,13 +208,75 @@ class Section(Declared):
         return to_run_config(self, self.prefix)
 
 
-#: What a TOML value of each field type must be, and how an error says it.
+#: What a TOML value of each field type must be, and how an error says it (one, several).
 _TOML_TYPES = {
-    "int": ((int,), "an integer"),
-    "float": ((int, float), "a number"),
-    "bool": ((bool,), "true or false"),
-    "str": ((str,), "a string"),
+    "int": ((int,), "an integer", "integers"),
+    "float": ((int, float), "a number", "numbers"),
+    "bool": ((bool,), "true or false", "true or false"),
+    "str": ((str,), "a string", "strings"),
+    "code": ((str, int), "a code", "codes (text or integers)"),
 }
+
+
+def _of_kind(value, kind: str) -> bool:
+    kinds = _TOML_TYPES[kind][0]
+    return isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
+
+
+def _spaced(table: dict, key: str) -> list[float]:
+    """``{max, min, num}``: ``num`` log-spaced values from ``max`` down to ``min``."""
+    if set(table) != {"max", "min", "num"}:
+        raise InputError(f"{key}: a table needs exactly max, min and num")
+    hi, lo, num = table["max"], table["min"], table["num"]
+    for name, v in (("max", hi), ("min", lo)):
+        if not _of_kind(v, "float") or not math.isfinite(v):
+            raise InputError(f"{key}.{name}: expected a number, got {v!r}")
+    if not _of_kind(num, "int") or num < 1:
+        raise InputError(f"{key}.num: must be an integer >= 1, got {num!r}")
+    if not 0 < lo <= hi:
+        raise InputError(f"{key}: need 0 < min <= max, got min {lo}, max {hi}")
+    return [float(v) for v in (np.geomspace(hi, lo, num) if num > 1 else [hi])]
+
+
+def _table_list(f, value, key: str) -> tuple:
+    """A :func:`listing` setting's TOML value as its tuple (before the range checks)."""
+    meta, kind = f.metadata, f.metadata["items"]
+    if isinstance(value, dict) and meta["spaced"]:
+        value = _spaced(value, key)
+    elif isinstance(value, str) and kind in ("str", "code"):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    elif not isinstance(value, list):
+        value = [value]
+    if not value and meta["nonempty"]:
+        raise InputError(f"{key}: give one or more values")
+    for v in value:
+        if not _of_kind(v, kind):
+            raise InputError(f"{key}: expected {_TOML_TYPES[kind][2]}, got {v!r}")
+    if meta["repeats"]:
+        return tuple(float(v) if kind == "float" else v for v in value)
+    if kind in ("str", "code"):
+        value = [str(v) for v in value]
+        twice = [v for i, v in enumerate(value) if v in value[:i]]
+        if twice:
+            raise InputError(f"{key}: {twice[0]!r} is given twice")
+        return tuple(value)
+    value = list(dict.fromkeys(float(v) if kind == "float" else v for v in value))
+    return tuple(sorted(value, reverse=True) if meta["descending"] else value)
+
+
+def table_value(f, value, key: str):
+    """The TOML ``value`` of a study table's field ``f`` as the field holds it; a value of
+    the wrong type is an error naming ``key`` (the range checks follow on construction)."""
+    words = f.metadata.get("words", ())
+    if isinstance(value, str) and value in words:
+        return () if f.metadata.get("items") else value
+    if f.metadata.get("items"):
+        return _table_list(f, value, key)
+    kind = f.type.split(" |")[0]
+    if not _of_kind(value, kind):
+        what = " or ".join([_TOML_TYPES[kind][1], *(repr(w) for w in words)])
+        raise InputError(f"{key}: expected {what}, got {value!r}")
+    return float(value) if kind == "float" else value
 
 
 class Table(Declared):
@@ -180,13 +284,15 @@ class Table(Declared):
     the TOML writes them, with underscores)."""
 
     @classmethod
-    def from_table(cls, table, by_hand: tuple[str, ...] = ()):
+    def from_table(cls, table, by_hand: tuple[str, ...] = (), prefix: str | None = None):
         """The settings of the TOML ``table``: each key a field with a value of its type
-        (no bool for a number), or one of ``by_hand`` (lists and tables the caller reads);
-        anything else is an error naming ``<table>.<key>``, as is a value out of its
-        declared range."""
+        (no bool for a number; :func:`table_value`), or one of ``by_hand`` (tables the
+        caller reads); anything else is an error naming ``<table>.<key>``, as is a value
+        out of its declared range.  ``prefix``: the table's name when it is not the class's
+        (one declaration for several tables, as a study's per-method grids)."""
+        prefix = prefix or cls.prefix
         if not isinstance(table, dict):
-            raise InputError(f"{cls.prefix}: expected a table")
+            raise InputError(f"{prefix}: expected a table")
         declared = {f.name: f for f in fields(cls)}
         values = {}
         for key, value in table.items():
@@ -194,12 +300,14 @@ class Table(Declared):
                 continue
             if key not in declared:
                 allowed = ", ".join([*declared, *by_hand])
-                raise InputError(f"{cls.prefix}.{key}: unknown setting (allowed: {allowed})")
-            kinds, what = _TOML_TYPES[declared[key].type]
-            if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
-                raise InputError(f"{cls.prefix}.{key}: expected {what}, got {value!r}")
-            values[key] = float(value) if declared[key].type == "float" else value
-        return cls(**values)
+                raise InputError(f"{prefix}.{key}: unknown setting (allowed: {allowed})")
+            values[key] = table_value(declared[key], value, f"{prefix}.{key}")
+        try:
+            return cls(**values)
+        except InputError as err:  # the range checks name the class's table
+            if prefix == cls.prefix:
+                raise
+            raise InputError(prefix + str(err)[len(cls.prefix) :]) from None
 
 
 def fedavg_settings(step: str, default_lr: str) -> tuple:

@@ -3,9 +3,11 @@ key (``grauc.*``, ``rowfed.*``, ``data.*``, ``rowfed-data.*``), and the command 
 derive their options from the same dataclasses."""
 
 import os
+import re
 import tomllib
 from dataclasses import fields
 
+import numpy as np
 import pytest
 
 from grauc_flower.cli import build_parser as grauc_parser
@@ -155,7 +157,7 @@ def _bad_values(f):
     out = []
     if meta.get("choices"):
         out.append("not-one-of-them")
-    step = 1 if f.type == "int" else 0.5
+    step = 1 if (meta.get("items") or f.type) == "int" else 0.5
     if meta.get("at_least") is not None:
         out.append(meta["at_least"] - step)
     if meta.get("above") is not None:
@@ -252,35 +254,123 @@ def test_fit_options_of_a_declaration_carry_its_default_and_help(cls, parser):
 
 
 # ---------------------------------------------------------------------------------------
-# A study config's [tuning] table: its scalar settings declared the same way
+# A study config's tables ([tuning], [data], [tuning.<method>]): declared the same way
 # ---------------------------------------------------------------------------------------
-def _study_tunings():
-    from grauc_flower.study import GRIDS
-    from grauc_flower.study import StudyTuning as GrAUCTuning
-    from rowfed_flower.study import TUNED
-    from rowfed_flower.study import StudyTuning as RowFedTuning
+def _study_tables():
+    """Every table declaration of both studies, with the smallest table it accepts and the
+    keys its caller reads beside it."""
+    from grauc_flower import study as gs
+    from rowfed_flower import study as rs
 
-    return [(GrAUCTuning, GRIDS), (RowFedTuning, ("lam1", "lam2", "fedavg_lam2", *TUNED))]
+    return [
+        (gs.StudyTuning, {}, ()),
+        (gs.SimulatedData, {}, ()),
+        (gs.RealData, {}, ()),
+        (rs.StudyTuning, {}, rs.TUNED),
+        (rs.MethodGrids, {}, ()),
+        (rs.SimulatedData, {}, ()),
+        (rs.RealData, {"responses": ["y"]}, ()),
+    ]
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["grauc", "rowfed"])
-def test_a_study_tuning_table_is_read_from_its_declaration(which):
+TABLES = _study_tables()
+
+
+def _good_item(f):
+    """One value a list setting's items accept (from its declaration)."""
+    meta = f.metadata
+    if meta.get("choices"):
+        return meta["choices"][0]
+    kind = meta["items"]
+    if kind in ("str", "code"):
+        return "a"
+    low = meta.get("at_least") or 0
+    return (
+        int(low) + 1
+        if kind == "int"
+        else float(low) + 0.5
+        if meta.get("at_most") is None
+        else float(low)
+    )
+
+
+TABLE_IDS = [f"{c.__module__.split('.')[0]}.{c.__name__}" for c, _, _ in TABLES]
+
+
+@pytest.mark.parametrize(("cls", "base", "by_hand"), TABLES, ids=TABLE_IDS)
+def test_a_study_table_is_read_from_its_declaration(cls, base, by_hand):
     """Out of the declared range or choices, of the wrong TOML type (a bool for a number,
     text for a number, a number for true/false) or an unknown key: one error naming
-    ``tuning.<key>``; the defaults and the keys read by hand pass."""
-    cls, by_hand = _study_tunings()[which]
+    ``<table>.<key>``; a list setting checks each value, its emptiness and its repeats; the
+    defaults and the keys read by hand pass."""
+    prefix = re.escape(cls.prefix)
     from_table = cls.from_table
-    assert from_table({}, by_hand) == cls()
-    assert from_table(dict.fromkeys(by_hand, [1.0]), by_hand) == cls()
+    default = from_table(dict(base), by_hand)
+    assert from_table({**base, **dict.fromkeys(by_hand, {})}, by_hand) == default
     for f in fields(cls):
+        key = rf"^{prefix}\.{f.name}"
+        meta = f.metadata
+        if meta.get("items"):
+            good = _good_item(f)
+            for value in _bad_values(f):
+                with pytest.raises(InputError, match=rf"{key}: must be"):
+                    from_table({**base, f.name: [good, value]}, by_hand)
+            wrong = {"int": [True, "3", 2.5], "float": [True, "x"], "str": [3], "code": [1.5]}
+            for value in wrong[meta["items"]]:
+                with pytest.raises(InputError, match=rf"{key}: expected "):
+                    from_table({**base, f.name: [good, value]}, by_hand)
+            if meta["nonempty"]:
+                with pytest.raises(InputError, match=rf"{key}: give one or more values"):
+                    from_table({**base, f.name: []}, by_hand)
+            twice = getattr(from_table({**base, f.name: [good, good]}, by_hand), f.name) \
+                if meta["repeats"] or meta["items"] not in ("str", "code") else None  # fmt: skip
+            if twice is None:
+                with pytest.raises(InputError, match=rf"{key}: 'a' is given twice"):
+                    from_table({**base, f.name: [good, good]}, by_hand)
+            else:
+                assert len(twice) == (2 if meta["repeats"] else 1)
+            for word in meta["words"]:
+                assert getattr(from_table({**base, f.name: word}, by_hand), f.name) == ()
+            continue
         for value in _bad_values(f):
-            with pytest.raises(InputError, match=rf"^tuning\.{f.name}: must be"):
-                from_table({f.name: value}, by_hand)
+            with pytest.raises(InputError, match=rf"{key}: must be"):
+                from_table({**base, f.name: value}, by_hand)
+        kind = f.type.split(" |")[0]
         wrong = {"int": [True, "3", 2.5], "float": [True, "x"], "bool": [1, "yes"], "str": [3]}
-        for value in wrong[f.type]:
-            with pytest.raises(InputError, match=rf"^tuning\.{f.name}: expected "):
-                from_table({f.name: value}, by_hand)
-    with pytest.raises(InputError, match=r"^tuning\.bogus: unknown setting"):
-        from_table({"bogus": 1}, by_hand)
-    with pytest.raises(InputError, match=r"^tuning: expected a table"):
+        for value in wrong[kind]:
+            with pytest.raises(InputError, match=rf"{key}: expected "):
+                from_table({**base, f.name: value}, by_hand)
+        for word in meta["words"]:
+            assert getattr(from_table({**base, f.name: word}, by_hand), f.name) == word
+    with pytest.raises(InputError, match=rf"^{prefix}\.bogus: unknown setting"):
+        from_table({**base, "bogus": 1}, by_hand)
+    with pytest.raises(InputError, match=rf"^{prefix}: expected a table"):
         from_table([1], by_hand)
+
+
+def test_a_spaced_grid_is_log_spaced_and_checked():
+    """``{max, min, num}``: ``num`` values from ``max`` down to ``min`` with equal ratios;
+    a missing key, ``min`` above ``max`` or a bad ``num`` is one error naming the key."""
+    from grauc_flower.study import StudyTuning
+
+    lam = StudyTuning.from_table({"lam": {"max": 2.0, "min": 0.02, "num": 5}}).lam
+    assert len(lam) == 5 and lam[0] == 2.0 and abs(lam[-1] - 0.02) < 1e-15
+    assert np.allclose(np.array(lam[1:]) / np.array(lam[:-1]), 0.1**0.5)
+    assert StudyTuning.from_table({"lam": {"max": 2.0, "min": 0.02, "num": 1}}).lam == (2.0,)
+    for bad, what in (
+        ({"max": 2.0, "min": 0.02}, r"tuning\.lam: a table needs exactly max, min and num"),
+        ({"max": 0.01, "min": 0.02, "num": 3}, r"tuning\.lam: need 0 < min <= max"),
+        ({"max": 2.0, "min": 0.02, "num": 0}, r"tuning\.lam\.num: must be an integer >= 1"),
+        ({"max": "x", "min": 0.02, "num": 3}, r"tuning\.lam\.max: expected a number"),
+    ):
+        with pytest.raises(InputError, match="^" + what):
+            StudyTuning.from_table({"lam": bad})
+
+
+def test_a_method_grid_table_names_its_method():
+    from rowfed_flower.study import MethodGrids
+
+    with pytest.raises(InputError, match=r"^tuning\.perfl-lsma\.lam1: must be >= 0, got -1"):
+        MethodGrids.from_table({"lam1": [1.0, -1]}, prefix="tuning.perfl-lsma")
+    with pytest.raises(InputError, match=r"^tuning\.perfl-lsma\.bogus: unknown setting"):
+        MethodGrids.from_table({"bogus": [1.0]}, prefix="tuning.perfl-lsma")
