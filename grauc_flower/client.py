@@ -57,7 +57,7 @@ from strategies.registry import grauc_meta, registration_properties
 from strategies.wire import unpack
 
 from .data import SiteData
-from .datafit import PairwiseLogistic, local_fit, split_by_class
+from .datafit import PairwiseLogistic, local_fit, split_by_class, start_fit
 from .inference import sandwich_metrics
 from .metrics import auc, delong
 
@@ -181,7 +181,8 @@ class GrAUCClient(SiteClient):
         return self.data.n_features
 
     def local_fit(self, f, config):
-        return local_fit(f)
+        """The site's own fit; the start round's (``start``) with its ridge floored."""
+        return start_fit(f) if config.get("start") else local_fit(f)
 
     def local_steps(self, f, start, steps, lr, proximal_mu, config):
         return local_descent(f, start, steps, lr, proximal_mu)

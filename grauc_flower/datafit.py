@@ -7,7 +7,7 @@ step of both methods is :func:`strategies.local.admm_update`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.special import expit
@@ -257,3 +257,19 @@ def local_fit(f: PairwiseLogistic, x0: np.ndarray | None = None) -> np.ndarray:
     p = f.x_pos.shape[1]
     start = np.zeros(p) if x0 is None else x0
     return newton_minimize(f, start)[0]
+
+
+#: The start round's floor on a site's ridge, as a share of the largest eigenvalue of its
+#: pairwise second moments' curvature bound (docs/methods.md 1.3).
+START_RIDGE = 0.01
+
+
+def start_fit(f: PairwiseLogistic) -> np.ndarray:
+    """A site's start (``init = local``): its own fit with the ridge raised to at least
+    ``START_RIDGE`` times ``lambda_max((1/(4 n m)) sum_ij d_ij d_ij^T)``.  Without the
+    floor a site whose classes separate has no finite fit, and a nearly separable one a
+    fit far out where the surrogate is flat; with it the start is finite and well inside
+    the region where the fused optimum lies.  Only the start: the fit minimizes the site's
+    own loss."""
+    bound = f.lipschitz() / f.weight - f.eta
+    return local_fit(replace(f, eta=max(f.eta, START_RIDGE * bound)))

@@ -417,7 +417,9 @@ class GrAUCConfig(ComparatorSettings):
     participation: float = participation_setting("site")
     size_power: float = size_power_setting("site")
     init: str = setting(
-        "random", "start: N(0, I) per site (the paper), or zeros", ("random", "zeros")
+        "local",
+        "start: each site's own fit (one start round), N(0, I) per site (the paper), or zeros",
+        ("local", "random", "zeros"),
     )
     tol: float = setting(
         1e-6, "stopping tolerance > 0 (ADMM: residuals; pqn: relative objective gap)", above=0

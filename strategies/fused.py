@@ -13,9 +13,13 @@ depend on the loss:
 - the proximal quasi-Newton round (``algorithm = "pqn"``): each site (each drawn site, with
   partial participation) returns its loss and gradient at the point sent;
   ``aggregate_fit`` advances :mod:`strategies.pqn`;
+- the start round: each site fits alone (:meth:`FusedSiteStrategy.start_config`, the
+  method's own fit) and its coefficients become its start (:meth:`_start_round`); the
+  fit's rounds are counted after it;
 - seeded partial participation, the round history, progress reports and checkpoints.
 
-A method's subclass builds its problem and start in ``_setup`` and calls :meth:`_start`.
+A method's subclass builds its problem in ``_setup`` and either calls :meth:`_start` with
+its start or :meth:`_start_round`.
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ class FusedSiteStrategy(SiteStrategy):
     count_column = "n_answered"
     #: ADMM starts from ``delta = threshold(A beta0)`` (True) or ``delta = A beta0``.
     threshold_start = False
+    #: Whether the penalty fuses anything (a method without edges fits each site alone).
+    fusing = True
 
     def __init__(
         self,
@@ -118,6 +124,7 @@ class FusedSiteStrategy(SiteStrategy):
         self.history = admm.History()
         self.qn: pqn.QuasiNewtonState | None = None
         self.state: admm.AdmmState | None = None
+        self.phase = "fit"  # "start" during the start round (:meth:`_start_round`)
 
     def moments_needed(self) -> str:
         """``curvature = exact`` (pqn's Newton answers) or ``inference = oracle`` (the
@@ -171,6 +178,40 @@ class FusedSiteStrategy(SiteStrategy):
         if self.resume:
             self._load_checkpoint(self.resume)
 
+    # -- the start round --------------------------------------------------------------------
+    def start_config(self) -> dict:
+        """The start round's instruction: the method's own fit of a site alone (``task =
+        local``), whose coefficients become the site's start."""
+        raise NotImplementedError
+
+    def _start_round(self, shape: tuple[int, ...]) -> None:
+        """Start from each site's own fit (coefficients of ``shape`` per site): a round in
+        which the sites fit alone, asked again until every site has answered; then
+        :meth:`_start` from their fits and their losses there."""
+        m = len(self.sites)
+        self.start_fits = np.full((m, *shape), np.nan)
+        self.loss = np.full(m, np.nan)
+        self.phase = "start"
+
+    def _start_instructions(self, by_site: dict) -> list[tuple[ClientProxy, FitIns]]:
+        config = {**self.start_config(), **self.work_config()}
+        waiting = np.isnan(self.start_fits.reshape(len(self.sites), -1)).any(axis=1)
+        return [
+            (by_site[s], FitIns(EMPTY, {**config, "site": s}))
+            for z, s in enumerate(self.sites)
+            if waiting[z] and s in by_site
+        ]
+
+    def _start_answers(self, answered: dict) -> dict[str, Scalar]:
+        for site, (_, res) in answered.items():
+            z = self.site_index[site]
+            self.start_fits[z] = self.updates[site]
+            self.loss[z] = float(res.metrics["loss"])
+        if not np.isnan(self.start_fits).any():
+            self._start(self.start_fits, self.algorithm == "pqn" and self.fusing, self.loss)
+            self.phase = "fit"
+        return {}
+
     @property
     def rounds(self) -> int:
         """Communication rounds of the fit so far (registration excluded)."""
@@ -179,8 +220,11 @@ class FusedSiteStrategy(SiteStrategy):
         return self.qn.round if self.qn is not None else self.state.round
 
     def update_shape(self) -> tuple[int, ...] | None:
-        """One array the shape of a site's coefficients: new coefficients (ADMM) or a
-        gradient (pqn); with exact curvature a Newton answer (:meth:`answer_shape`)."""
+        """One array the shape of a site's coefficients: its own fit (the start round), new
+        coefficients (ADMM) or a gradient (pqn); with exact curvature a Newton answer
+        (:meth:`answer_shape`)."""
+        if self.phase == "start":
+            return self.start_fits.shape[1:]
         return self.answer_shape(self.state.beta.shape[1:]) if self.state is not None else None
 
     def answer_shape(self, block: tuple[int, ...]) -> tuple[int, ...]:
@@ -215,6 +259,8 @@ class FusedSiteStrategy(SiteStrategy):
 
     def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
         by_site = {self.registry.cid_to_site[c.cid]: c for c in clients}
+        if self.phase == "start":
+            return self._start_instructions(by_site)
         if self.qn is not None:
             return self._qn_instructions(by_site)
         return self._admm_instructions(by_site)
@@ -271,6 +317,8 @@ class FusedSiteStrategy(SiteStrategy):
 
     # -- aggregation ------------------------------------------------------------------------
     def _aggregate(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
+        if self.phase == "start":
+            return EMPTY, self._start_answers(answered)
         if self.qn is not None:
             return EMPTY, self._qn_round(answered)
         beta = self.state.beta.copy()
@@ -394,6 +442,8 @@ class FusedSiteStrategy(SiteStrategy):
             self.progress(rnd, objective, res, time.perf_counter() - self._t0)
 
     def coefficients_std(self) -> np.ndarray:
+        if self.phase == "start":
+            return self.start_fits
         return pqn.estimate(self.qn) if self.qn is not None else self.state.beta
 
     def objective(self) -> float:

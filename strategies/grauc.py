@@ -23,10 +23,13 @@ from .wire import pack
 
 
 def initial_beta(n_sites: int, p: int, cfg: GrAUCConfig) -> np.ndarray:
-    """``beta_z^0 ~ N(0, I_p)`` per site with the seed (the paper), or zeros."""
-    if cfg.init == "zeros":
-        return np.zeros((n_sites, p))
-    return np.random.default_rng(cfg.seed).standard_normal((n_sites, p))
+    """``beta_z^0 ~ N(0, I_p)`` per site with the seed (``init = random``, the paper), or
+    zeros (``zeros``, and ``local`` where there is no start round: a resumed fit, which
+    reads its state from the checkpoint, or a fit without edges, which is each site's own
+    fit)."""
+    if cfg.init == "random":
+        return np.random.default_rng(cfg.seed).standard_normal((n_sites, p))
+    return np.zeros((n_sites, p))
 
 
 def _local_instructions(registry: Registry, clients, config: dict):
@@ -63,6 +66,11 @@ class GrAUCStrategy(FusedSiteStrategy):
 
     first_curvature = 0.25  # B_z before its first pair: a quarter of the Lipschitz bound
     first_damping = 1.0  # exact curvature: the first Newton model damped by its mean curvature
+
+    def start_config(self) -> dict:
+        """``init = local``: each site's own fit with its ridge floored
+        (:func:`grauc_flower.datafit.start_fit`)."""
+        return {"task": "local", "start": True}
 
     def __init__(
         self,
@@ -118,9 +126,13 @@ class GrAUCStrategy(FusedSiteStrategy):
         self.fusing = self.problem.splits[0].matrix.shape[0] > 0 and len(self.sites) > 1
         if self.beta0 is not None:
             beta0 = np.array(self.beta0, dtype=float).reshape(len(self.sites), self.n_features)
+        elif cfg.init == "local" and self.fusing and not self.resume:
+            self._start_round((self.n_features,))
+            beta0 = None
         else:
             beta0 = initial_beta(len(self.sites), self.n_features, cfg)
-        self._start(beta0, use_qn=cfg.algorithm == "pqn" and self.fusing)
+        if beta0 is not None:
+            self._start(beta0, use_qn=cfg.algorithm == "pqn" and self.fusing)
         log(
             INFO,
             "GrAUC-PFL: %d sites, %s, p = %d, sigma_max = %.4g",

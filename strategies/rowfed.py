@@ -17,8 +17,7 @@ from __future__ import annotations
 from logging import INFO
 
 import numpy as np
-from flwr.common import FitIns, Parameters, log
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import Parameters, log
 
 from . import admm, pqn
 from .base import LocalOnlyStrategy
@@ -35,7 +34,7 @@ from .problems import (
     gic,
     rowfed_problem,
 )
-from .registry import EMPTY, Registry
+from .registry import Registry
 from .wire import unpack
 
 
@@ -124,9 +123,10 @@ def _local_config(cfg: RowFedConfig, init: str) -> dict:
 class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
     """RowFed: linearized ADMM with seeded partial participation, or pqn.
 
-    Rounds: one oracle-initialization round (``rowfed.init``: each client returns its ridge
-    or NonFed fit; skipped when ``theta0`` is given, e.g. a warm start), then the method's
-    rounds (:class:`~strategies.fused.FusedSiteStrategy`).  Failures are non-participants.
+    Rounds: the start round (``rowfed.init``: each client returns its ridge or NonFed fit,
+    the paper's oracle initialization; skipped when ``theta0`` is given, e.g. a warm start),
+    then the method's rounds (:class:`~strategies.fused.FusedSiteStrategy`).  Failures are
+    non-participants.
 
     Parameters
     ----------
@@ -186,10 +186,12 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
         self.fusion = fusion  # "mean": the mean-fusion comparator, rows toward the mean
         self.theta0 = None if theta0 is None else np.array(theta0, dtype=float)
         self.graph_builder = graph_builder
-        self.phase = "init"
 
     def work_config(self) -> dict:
         return {"intercept": bool(self.cfg.intercept), **super().work_config()}
+
+    def start_config(self) -> dict:
+        return _local_config(self.cfg, self.cfg.init)
 
     def _become_ready(self) -> None:
         self.n_responses = dims(self.registry, self.registry.order())[1]
@@ -211,10 +213,9 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
         if self.theta0 is not None:
             if self.theta0.shape != shape:
                 raise InputError(f"theta0: need shape {shape}, got {self.theta0.shape}")
-            self._begin(self.theta0, None)
+            self._start(self.theta0, use_qn=self.algorithm == "pqn")
         else:
-            self.theta_init = np.full(shape, np.nan)
-            self.loss = np.full(m, np.nan)
+            self._start_round(shape[1:])
         log(
             INFO,
             "RowFed (%s fusion): %d clients, %d edges, p = %d, q = %d, sigma_max = %.4g",
@@ -226,48 +227,12 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
             self.sigma_max,
         )
 
-    def _begin(self, theta0: np.ndarray, loss: np.ndarray | None) -> None:
-        self._start(theta0, use_qn=self.algorithm == "pqn", loss=loss)
-        self.phase = "fit"
-
-    def update_shape(self) -> tuple[int, ...] | None:
-        """One ``p x q`` matrix: coefficients (ADMM, initialization) or a gradient (pqn); with
-        exact curvature ``[gradient | X'X/n]`` in the pqn rounds."""
-        return self.answer_shape((self.n_features, self.n_responses))
-
-    def _instructions(self, clients: list[ClientProxy]) -> list[tuple[ClientProxy, FitIns]]:
-        if self.phase != "init":
-            return super()._instructions(clients)
-        by_site = {self.registry.cid_to_site[c.cid]: c for c in clients}
-        config = {**_local_config(self.cfg, self.cfg.init), **self.work_config()}
-        return [
-            (by_site[s], FitIns(EMPTY, {**config, "site": s}))
-            for s in self.sites
-            if s in by_site and np.isnan(self.theta_init[self.site_index[s]]).any()
-        ]
-
-    def _aggregate(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
-        if self.phase != "init":
-            return super()._aggregate(server_round, answered)
-        for site, (_, res) in answered.items():
-            z = self.site_index[site]
-            self.theta_init[z] = self.updates[site]
-            self.loss[z] = float(res.metrics["loss"])
-        if not np.isnan(self.theta_init).any():
-            self._begin(self.theta_init, self.loss)
-        return EMPTY, {}
-
-    @property
-    def rounds(self) -> int:
-        """Communication rounds after the initialization round."""
-        return 0 if self.phase == "init" else super().rounds
-
     def coefficients_std(self) -> np.ndarray:
         """``Theta`` with the exact zeros of the sparsity split's ``eta``: entries (or rows)
         that ``eta`` sets to zero are zero; they differ from ``Theta`` by at most the primal
         residual.  Fused rows are read from ``delta`` (:meth:`clusters`)."""
-        if self.phase == "init":
-            return self.theta_init
+        if self.phase == "start":
+            return self.start_fits
         if self.qn is not None:  # pqn: the zeros of the last model problem's eta
             theta = pqn.estimate(self.qn)
             if self.qn.inner is None:
@@ -278,11 +243,11 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
 
     def warm_start(self) -> np.ndarray:
         """The working-scale coefficients to start a neighbouring fit from."""
-        return self.theta_init if self.phase == "init" else np.array(self.state.beta)
+        return self.start_fits if self.phase == "start" else np.array(self.state.beta)
 
     def structure(self) -> tuple[np.ndarray, np.ndarray]:
         """Clusters from the fusion ``delta``, support from the sparsity ``eta``."""
-        if self.phase == "init":
+        if self.phase == "start":
             return super().structure()
         if self.qn is not None:
             if self.qn.inner is None:

@@ -125,14 +125,15 @@ def test_true_objectives_match_a_full_participation_history():
     np.testing.assert_allclose(values, history, rtol=1e-10)
 
 
-#: The default fit's rounds to stop on the cheap members (measured 2026-12-04, with the
-#: default federated standardization; the whole family's distribution is in
-#: docs/performance.md): a change that needs 10% more rounds at
-#: the median or at the worst of these fails here; lower numbers are welcome.
+#: The default fit's rounds to stop on the cheap members (measured 2026-12-06, with the
+#: default federated standardization and the start from each site's own fit; the whole
+#: family's distribution is in docs/performance.md): a change that needs 10% more rounds
+#: at the median, the 90th percentile or the worst of these fails here; lower numbers are
+#: welcome.
 CHEAP = ("tiny", "few-large", "p20-two", "three-regions", "bench-like", "random-groups", "p100",
          "near-fused", "near-zero", "correlated", "rare-class", "ridge-1", "ridge-tiny",
          "group-penalty")  # fmt: skip
-CHEAP_MEDIAN, CHEAP_WORST = 11.0, 20.0
+CHEAP_MEDIAN, CHEAP_P90, CHEAP_WORST = 6.5, 9.0, 14.0
 
 
 def test_default_rounds_over_cheap_members_do_not_regress():
@@ -145,7 +146,8 @@ def test_default_rounds_over_cheap_members_do_not_regress():
         assert res.converged, name
         rounds.append(res.rounds)
     d = distribution(rounds)
-    assert d["median"] <= 1.10 * CHEAP_MEDIAN and d["worst"] <= 1.10 * CHEAP_WORST, rounds
+    assert d["median"] <= 1.10 * CHEAP_MEDIAN, rounds
+    assert d["p90"] <= 1.10 * CHEAP_P90 and d["worst"] <= 1.10 * CHEAP_WORST, rounds
 
 
 def test_members_below_the_moment_floor_are_fitted_with_exact_curvature():

@@ -25,7 +25,7 @@ from conftest import ROOT, write_grauc_csv
 
 from grauc_flower.data import SiteData, simulate
 
-K, SEED = 3, 5  # folds and fold seed (--data-seed) of the shared runs
+K, SEED = 3, 9  # folds and fold seed (--data-seed) of the shared runs
 #: An explicit grid on which the three criteria pick three different settings, each the
 #: unique best of its criterion (asserted below); no lam = 0, where w_dist makes no
 #: difference and the settings would tie.
@@ -273,7 +273,8 @@ def test_calibration_is_each_sites_recalibration_of_its_out_of_fold_scores(
     # the report's accuracy section shows the calibration of a tuned fit only
     with open(os.path.join(out, "report.html")) as fh:
         page = fh.read()
-    assert "Calibrated risks" in page and f"{cal['slope'].iloc[0]:.4f}".rstrip("0") in page
+    # the table's numbers: rounded to 4 decimals, shown to 4 significant digits
+    assert "Calibrated risks" in page and f"{round(cal['slope'].iloc[0], 4):.4g}" in page
     with open(os.path.join(plain, "report.html")) as fh:
         assert "Calibrated risks" not in fh.read()
 

@@ -27,7 +27,14 @@ from grauc_flower.data import (
     read_sites,
     simulate,
 )
-from grauc_flower.datafit import PairwiseLogistic, local_fit, newton_minimize, split_by_class
+from grauc_flower.datafit import (
+    START_RIDGE,
+    PairwiseLogistic,
+    local_fit,
+    newton_minimize,
+    split_by_class,
+    start_fit,
+)
 from grauc_flower.graph import (
     build_graph,
     distance_matrix,
@@ -281,6 +288,35 @@ def test_local_fit_is_stationary(eta):
     assert_allclose(f.grad(b), 0.0, atol=1e-10)
     ref = so.minimize(f.value, np.zeros(P), jac=f.grad, method="BFGS", options={"gtol": 1e-12})
     assert f.value(b) <= f.value(ref.x) + 1e-12
+
+
+@pytest.mark.parametrize(
+    ("eta", "separable", "weight"), [(0.0, True, 1.0), (0.0, False, 2.5), (1.0, False, 1.0)]
+)
+def test_start_fit_minimizes_the_loss_with_its_ridge_floored(eta, separable, weight):
+    """The start round's fit (``init = local``): the minimizer of the brute-force surrogate
+    with ridge ``max(eta, START_RIDGE lambda_max(sum_ij d d^T / (4 n m)))`` (the bound
+    computed here from the pairs), found by a generic minimizer; finite on separable data,
+    where the site's own loss has no minimizer; the site's own fit when its ridge is
+    already above the floor."""
+    x_pos, x_neg = make_site(6, 9, seed=21, shift=4.0 if separable else 0.3)
+    f = PairwiseLogistic(x_pos, x_neg, eta=eta, weight=weight)
+    d = pair_differences(x_pos, x_neg)
+    floor = START_RIDGE * np.linalg.eigvalsh(d.T @ d / (4 * len(d)))[-1]
+    ridge = max(eta, floor)
+    ref = so.minimize(
+        lambda b: brute_value(x_pos, x_neg, b, ridge),
+        np.zeros(P),
+        jac=lambda b: brute_grad(x_pos, x_neg, b, ridge),
+        method="BFGS",
+        options={"gtol": 1e-11},
+    )
+    got = start_fit(f)
+    assert np.all(np.isfinite(got))
+    assert_allclose(brute_grad(x_pos, x_neg, got, ridge), 0.0, atol=1e-9)
+    assert_allclose(got, ref.x, atol=1e-6)
+    if eta >= floor:
+        assert_allclose(got, local_fit(f), atol=1e-12)
 
 
 def test_newton_on_separable_data_without_ridge_stops():

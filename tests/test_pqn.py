@@ -469,7 +469,8 @@ def test_a_participation_so_small_that_nobody_is_drawn_ends_at_the_round_limit()
     from strategies.grauc import initial_beta
 
     sites = simulate(1, 6, 3, 30, 8, 0.3, 3, seed=1)
-    cfg = GrAUCConfig(participation=1e-9, max_rounds=7, standardize="none")
+    # a start the test knows (the start round of init = local asks every site, drawn or not)
+    cfg = GrAUCConfig(participation=1e-9, max_rounds=7, standardize="none", init="random")
     res = run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]
     assert not res.converged and res.rounds == 7
     assert [h["n_answered"] for h in res.history] == [0] * 7
@@ -627,3 +628,38 @@ def test_a_loose_fit_solves_its_model_problems_no_tighter_than_its_floor(tol, mo
     assert asked[0] == pytest.approx(floor) and asked[-1] == pytest.approx(floor)
     _, ref_val = cvxpy_grauc(fs, prob.splits[0].lam)
     assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= tol
+
+
+def test_grauc_starts_from_each_sites_floored_fit_after_one_start_round(monkeypatch):
+    """``init = local`` (the default): the first round asks every site for its own fit with
+    the ridge floored (``task = local``, ``start``), and the first pqn round evaluates each
+    site at exactly that fit (computed here from the site's rows); the start round is not
+    one of the fit's rounds."""
+    from grauc_flower.client import GrAUCClient
+    from grauc_flower.data import simulate
+    from grauc_flower.datafit import split_by_class, start_fit
+    from grauc_flower.federation import run_methods_inprocess
+    from strategies.config import GrAUCConfig
+
+    sites = simulate(1, 6, 3, 30, 8, 0.3, 3, seed=1)
+    cfg = GrAUCConfig(max_rounds=1, standardize="none")
+    assert cfg.init == "local"
+    calls = []
+    fit = GrAUCClient.fit
+
+    def recording(self, parameters, config):
+        calls.append((self.data.site, dict(config), [np.array(a) for a in parameters]))
+        return fit(self, parameters, config)
+
+    monkeypatch.setattr(GrAUCClient, "fit", recording)
+    res = run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]
+    assert res.rounds == 1 and len(calls) == 2 * len(sites)
+    first, second = calls[: len(sites)], calls[len(sites) :]
+    assert {site for site, _, _ in first} == {s.site for s in sites}
+    assert all(c["task"] == "local" and c["start"] for _, c, _ in first)
+    assert all(c["task"] == "gradient" for _, c, _ in second)
+    by_site = {s.site: s for s in sites}
+    for site, _, params in second:
+        s = by_site[site]
+        own = PairwiseLogistic(*split_by_class(s.x_train, s.y_train), eta=cfg.ridge)
+        assert_allclose(params[0], start_fit(own), rtol=0, atol=1e-12)

@@ -170,8 +170,8 @@ def test_init_round_with_a_failure_is_retried(samples):
     cfg = raw_config(algorithm="admm", intercept=False)
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples, fail=("s2",))
-    assert strategy.phase == "init"
-    assert np.isnan(strategy.theta_init[2]).all() and not np.isnan(strategy.theta_init[0]).any()
+    assert strategy.phase == "start"
+    assert np.isnan(strategy.start_fits[2]).all() and not np.isnan(strategy.start_fits[0]).any()
     ins = answer_init(strategy, mgr, samples, rnd=3)
     assert [fi.config["site"] for _, fi in ins] == ["s2"]  # only the missing one
     assert strategy.phase == "fit"
