@@ -12,6 +12,7 @@ row count and scalar metrics; never a row.
 
 from __future__ import annotations
 
+import numpy as np
 from flwr.client import NumPyClient
 
 from . import batch
@@ -20,7 +21,8 @@ from .local import admm_update, best_model, newton_answer
 #: The tasks of a strategy's fit instruction (``config["task"]``), besides a batch of a
 #: federated tuning (:data:`strategies.batch.TASK`): an ADMM local step, the loss and
 #: gradient (pqn), the gradient and Hessian (oracle refit, exact curvature), the
-#: individual fit, FedAvg's local steps, IFCA's choice and steps, a personal model
+#: individual fit (in a fit's start round with ``then``: followed by the first pqn answer
+#: at it, one flat array), FedAvg's local steps, IFCA's choice and steps, a personal model
 #: (Ditto, fine-tuning, IFCA's final choice).
 TASKS = ("admm", "gradient", "newton", "local", "fedavg", "ifca", "personalize")
 
@@ -67,6 +69,21 @@ class SiteClient(NumPyClient):
         raise NotImplementedError
 
     # -- shared -----------------------------------------------------------------------------
+    def _answer_at(self, task: str, f, x, config, metrics: dict):
+        """A pqn answer at ``x``: the gradient (``gradient``; with the curvature bound when
+        the config asks) or ``[gradient | Hessian]`` (``newton``, under the second-moment
+        guard); the loss goes into ``metrics``."""
+        n = self.rows
+        if task == "gradient":
+            loss, answer = self.loss_and_grad(f, x)
+            if config.get("curvature"):
+                metrics["curvature"] = float(f.lipschitz())
+        else:
+            self.guards.check_moments(self.site, n, self.n_features, self.second_moments)
+            answer, loss = newton_answer(f, x)
+        metrics["loss"] = float(loss)
+        return answer
+
     def _check_site(self, config) -> None:
         expected = config.get("site")
         if expected is not None and str(expected) != self.site:
@@ -89,21 +106,18 @@ class SiteClient(NumPyClient):
             rho_sigma = float(config["rho-sigma"])
             new = admm_update(f, x, pull, rho_sigma, str(config["local-solver"]))
             return [new], n, {**metrics, "loss": f.value(new)}
-        if task == "gradient":
+        if task in ("gradient", "newton"):
             (x,) = parameters
-            loss, grad = self.loss_and_grad(f, x)
-            metrics["loss"] = float(loss)
-            if config.get("curvature"):
-                metrics["curvature"] = float(f.lipschitz())
-            return [grad], n, metrics
-        if task == "newton":
-            (x,) = parameters
-            self.guards.check_moments(self.site, n, self.n_features, self.second_moments)
-            answer, loss = newton_answer(f, x)
-            return [answer], n, {**metrics, "loss": loss}
+            return [self._answer_at(task, f, x, config, metrics)], n, metrics
         if task == "local":
             new = self.local_fit(f, config)
-            return [new], n, {**metrics, "loss": f.value(new)}
+            then = config.get("then")  # the start round: also the first pqn answer, at the fit
+            if then is None:
+                return [new], n, {**metrics, "loss": f.value(new)}
+            if then not in ("gradient", "newton"):
+                raise ValueError(f"unknown answer {then!r} after the start")
+            answer = self._answer_at(then, f, new, config, metrics)
+            return [np.concatenate([np.ravel(new), np.ravel(answer)])], n, metrics
         if task == "fedavg":
             (x,) = parameters
             steps = int(config["fedavg-local-steps"])

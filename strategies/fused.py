@@ -187,14 +187,36 @@ class FusedSiteStrategy(SiteStrategy):
     def _start_round(self, shape: tuple[int, ...]) -> None:
         """Start from each site's own fit (coefficients of ``shape`` per site): a round in
         which the sites fit alone, asked again until every site has answered; then
-        :meth:`_start` from their fits and their losses there."""
+        :meth:`_start` from their fits and their losses there.  With pqn each site answers
+        at its fit as in a pqn round (its gradient, or its Newton answer with exact
+        curvature) in the same message, so the start round is the fit's first round."""
         m = len(self.sites)
         self.start_fits = np.full((m, *shape), np.nan)
         self.loss = np.full(m, np.nan)
+        self.start_answers: dict = {}
         self.phase = "start"
+
+    def _then(self) -> str | None:
+        """What a site sends after its fit in the start round: the first pqn answer at it
+        (``gradient`` or ``newton``), or nothing (ADMM, or no fused penalty)."""
+        if self.algorithm != "pqn" or not self.fusing:
+            return None
+        return "newton" if self.curvature == "exact" else "gradient"
+
+    def _start_parts(self) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+        """The shapes of a start answer's two parts: the fit, and the pqn answer or None."""
+        block = self.start_fits.shape[1:]
+        then = self._then()
+        if then is None:
+            return block, None
+        return block, (newton_shape(block) if then == "newton" else block)
 
     def _start_instructions(self, by_site: dict) -> list[tuple[ClientProxy, FitIns]]:
         config = {**self.start_config(), **self.work_config()}
+        then = self._then()
+        if then is not None:
+            config["then"] = then
+            config["curvature"] = then == "gradient"  # the bound with the first gradient
         waiting = np.isnan(self.start_fits.reshape(len(self.sites), -1)).any(axis=1)
         return [
             (by_site[s], FitIns(EMPTY, {**config, "site": s}))
@@ -203,14 +225,27 @@ class FusedSiteStrategy(SiteStrategy):
         ]
 
     def _start_answers(self, answered: dict) -> dict[str, Scalar]:
-        for site, (_, res) in answered.items():
+        block, after = self._start_parts()
+        size = int(np.prod(block, dtype=int))
+        for site, (proxy, res) in answered.items():
             z = self.site_index[site]
-            self.start_fits[z] = self.updates[site]
+            flat = np.ravel(self.updates[site])
+            self.start_fits[z] = flat[:size].reshape(block)
             self.loss[z] = float(res.metrics["loss"])
-        if not np.isnan(self.start_fits).any():
-            self._start(self.start_fits, self.algorithm == "pqn" and self.fusing, self.loss)
-            self.phase = "fit"
-        return {}
+            if after is not None:
+                self.start_answers[site] = (proxy, res, flat[size:].reshape(after))
+        if np.isnan(self.start_fits).any():
+            return {}
+        self._start(self.start_fits, self.algorithm == "pqn" and self.fusing, self.loss)
+        self.phase = "fit"
+        if after is None:
+            return {}
+        # the answers at the start are the first pqn round's
+        for site, (_, _, answer) in self.start_answers.items():
+            self.updates[site] = answer
+        first = {site: (proxy, res) for site, (proxy, res, _) in self.start_answers.items()}
+        self.start_answers = {}
+        return self._qn_round(first)
 
     @property
     def rounds(self) -> int:
@@ -224,7 +259,10 @@ class FusedSiteStrategy(SiteStrategy):
         coefficients (ADMM) or a gradient (pqn); with exact curvature a Newton answer
         (:meth:`answer_shape`)."""
         if self.phase == "start":
-            return self.start_fits.shape[1:]
+            block, after = self._start_parts()
+            if after is None:
+                return block
+            return (int(np.prod(block, dtype=int)) + int(np.prod(after, dtype=int)),)
         return self.answer_shape(self.state.beta.shape[1:]) if self.state is not None else None
 
     def answer_shape(self, block: tuple[int, ...]) -> tuple[int, ...]:

@@ -4,9 +4,10 @@ They unpack, call the pure steps of :mod:`strategies.admm` / :mod:`strategies.pq
 (through :class:`~strategies.fused.FusedSiteStrategy`) and pack.  All per-client state is
 keyed by the site id each client reports at registration, never by node id.
 
-- :class:`RowFedStrategy`: one oracle-initialization round (each client returns its own
-  ridge or NonFed fit: ``rowfed.init``), then ADMM rounds with seeded partial participation,
-  or pqn rounds.  ``fusion_grouping="block"`` gives PerFL-LSMA.
+- :class:`RowFedStrategy`: the start round, the paper's oracle initialization (each client
+  returns its own ridge or NonFed fit: ``rowfed.init``; with pqn also its first answer
+  there), then ADMM rounds with seeded partial participation, or pqn rounds.
+  ``fusion_grouping="block"`` gives PerFL-LSMA.
 - :class:`NonFedStrategy`: one round of local fits (same sparsity).
 - :class:`RowFedAvg`: Flower's own FedAvg on one common ``Theta`` (clients take local
   proximal-gradient steps), evaluated only at the end.

@@ -42,7 +42,7 @@ def test_rounds_after_finishing_send_nothing():
     strategy, clients = _federation()
     rounds = run_inprocess(strategy, clients, 200)
     assert strategy.finished and 1 < rounds < 50
-    assert rounds == strategy.rounds + 1  # the start round (each site's own fit) comes first
+    assert rounds == strategy.rounds  # the start round (each site's own fit) is the first
     # one fit per site per round, one evaluation per site at the end; none afterwards
     assert _Counting.fits == 4 * rounds
     assert _Counting.evaluations == 4

@@ -630,11 +630,11 @@ def test_a_loose_fit_solves_its_model_problems_no_tighter_than_its_floor(tol, mo
     assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= tol
 
 
-def test_grauc_starts_from_each_sites_floored_fit_after_one_start_round(monkeypatch):
+def test_grauc_starts_from_each_sites_floored_fit_in_its_first_round(monkeypatch):
     """``init = local`` (the default): the first round asks every site for its own fit with
-    the ridge floored (``task = local``, ``start``), and the first pqn round evaluates each
-    site at exactly that fit (computed here from the site's rows); the start round is not
-    one of the fit's rounds."""
+    the ridge floored (``task = local``, ``start``) and, in the same answer, its loss,
+    gradient and curvature bound there (``then = gradient``), all equal to what the site's
+    rows give here; that round is the fit's first, and the second is a pqn round."""
     from grauc_flower.client import GrAUCClient
     from grauc_flower.data import simulate
     from grauc_flower.datafit import split_by_class, start_fit
@@ -642,24 +642,67 @@ def test_grauc_starts_from_each_sites_floored_fit_after_one_start_round(monkeypa
     from strategies.config import GrAUCConfig
 
     sites = simulate(1, 6, 3, 30, 8, 0.3, 3, seed=1)
-    cfg = GrAUCConfig(max_rounds=1, standardize="none")
+    cfg = GrAUCConfig(max_rounds=2, standardize="none")
     assert cfg.init == "local"
     calls = []
     fit = GrAUCClient.fit
 
     def recording(self, parameters, config):
-        calls.append((self.data.site, dict(config), [np.array(a) for a in parameters]))
-        return fit(self, parameters, config)
+        out = fit(self, parameters, config)
+        calls.append((self.data.site, dict(config), out))
+        return out
 
     monkeypatch.setattr(GrAUCClient, "fit", recording)
     res = run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]
-    assert res.rounds == 1 and len(calls) == 2 * len(sites)
+    assert res.rounds == 2 and len(calls) == 2 * len(sites)
     first, second = calls[: len(sites)], calls[len(sites) :]
     assert {site for site, _, _ in first} == {s.site for s in sites}
-    assert all(c["task"] == "local" and c["start"] for _, c, _ in first)
-    assert all(c["task"] == "gradient" for _, c, _ in second)
     by_site = {s.site: s for s in sites}
-    for site, _, params in second:
+    for site, config, (arrays, _, metrics) in first:
+        assert config["task"] == "local" and config["start"] and config["then"] == "gradient"
         s = by_site[site]
         own = PairwiseLogistic(*split_by_class(s.x_train, s.y_train), eta=cfg.ridge)
-        assert_allclose(params[0], start_fit(own), rtol=0, atol=1e-12)
+        b = start_fit(own)
+        (answer,) = arrays
+        assert_allclose(answer, np.concatenate([b, own.grad(b)]), rtol=0, atol=1e-12)
+        assert metrics["loss"] == pytest.approx(own.value(b), rel=1e-13)
+        assert metrics["curvature"] == pytest.approx(own.lipschitz(), rel=1e-13)
+    assert all(c["task"] == "gradient" for _, c, _ in second)
+
+
+def test_with_exact_curvature_the_start_answer_carries_the_newton_answer(monkeypatch):
+    """``curvature = exact``: the start round's answer is the site's fit followed by its
+    ``[gradient | Hessian]`` there (brute force from the site's rows), one flat array."""
+    from grauc_flower.client import GrAUCClient
+    from grauc_flower.data import simulate
+    from grauc_flower.datafit import split_by_class, start_fit
+    from grauc_flower.federation import run_methods_inprocess
+    from strategies.config import GrAUCConfig
+
+    sites = simulate(1, 5, 3, 30, 8, 0.3, 3, seed=2)
+    cfg = GrAUCConfig(max_rounds=1, standardize="none", curvature="exact")
+    first = []
+    fit = GrAUCClient.fit
+
+    def recording(self, parameters, config):
+        out = fit(self, parameters, config)
+        first.append((self.data.site, dict(config), out))
+        return out
+
+    monkeypatch.setattr(GrAUCClient, "fit", recording)
+    run_methods_inprocess(cfg, sites, ["grauc"])
+    assert len(first) == len(sites)
+    by_site = {s.site: s for s in sites}
+    for site, config, (arrays, _, metrics) in first:
+        assert config["then"] == "newton"
+        s = by_site[site]
+        x_pos, x_neg = split_by_class(s.x_train, s.y_train)
+        own = PairwiseLogistic(x_pos, x_neg, eta=cfg.ridge)
+        b = start_fit(own)
+        d = (x_pos[:, None, :] - x_neg[None, :, :]).reshape(-1, 3)
+        w = 1.0 / (1.0 + np.exp(d @ b))  # sigma(-b'd): the pairs' weights in the gradient
+        grad = -(d * w[:, None]).mean(axis=0) + cfg.ridge * b
+        hess = (d.T * (w * (1.0 - w))) @ d / len(d) + cfg.ridge * np.eye(3)
+        want = np.concatenate([b, np.hstack([grad[:, None], hess]).ravel()])
+        assert_allclose(arrays[0], want, rtol=0, atol=1e-12)
+        assert metrics["loss"] == pytest.approx(own.value(b), rel=1e-13)

@@ -185,6 +185,32 @@ def test_init_round_with_a_failure_is_retried(samples):
         assert_allclose(a, b, atol=1e-12)
 
 
+def test_with_pqn_the_start_round_is_also_the_first_gradient_round(samples):
+    """pqn: each client's start answer is its ridge fit followed by its gradient there, which
+    for the ridge fit ``(G + kI)^-1 X'Y / n`` is exactly ``-k Theta`` (k = 1e-3); the
+    strategy then sends the first model step at once, counted as round 2."""
+    cfg = raw_config(algorithm="pqn", intercept=False)
+    strategy, mgr, _ = ready_strategy(samples, cfg)
+    ins = strategy.configure_fit(2, EMPTY, mgr)
+    assert all(fi.config["then"] == "gradient" and fi.config["curvature"] for _, fi in ins)
+    results = []
+    for proxy, fi in ins:
+        s = samples[CIDS[proxy.cid]]
+        arrays, n, metrics = RowFedClient(s).fit([], fi.config)
+        (flat,) = arrays
+        theta, grad = flat[: P * Q].reshape(P, Q), flat[P * Q :].reshape(P, Q)
+        own = LocalLeastSquares(s.x, s.y)
+        assert_allclose(theta, own.prox(np.zeros((P, Q)), 1e-3), atol=1e-12)
+        assert_allclose(grad, -1e-3 * theta, atol=1e-12)
+        results.append((proxy, fitres(arrays, metrics)))
+    strategy.aggregate_fit(2, results, [])
+    assert strategy.phase == "fit" and strategy.rounds == 1
+    step = strategy.configure_fit(3, EMPTY, mgr)
+    assert all(fi.config["task"] == "gradient" for _, fi in step)
+    sent = {CIDS[p.cid]: parameters_to_ndarrays(fi.parameters)[0] for p, fi in step}
+    assert any(not np.allclose(sent[m], strategy.start_fits[m]) for m in sent)
+
+
 def test_admm_round_sends_own_theta_and_pull_and_handles_failures(samples):
     cfg = raw_config(
         algorithm="admm", intercept=False, local_solver="linearized", lam1=0.1, lam2=0.05
