@@ -86,6 +86,12 @@ class EvaluatedOnce:
         self.registry.log_failures(failures, server_round)
         for _, res in results:
             self.evaluation[str(res.metrics["site"])] = dict(res.metrics)
+        # in federation order: a mean over sites is the same number whichever order Flower
+        # hands the answers over in (from a set of finished futures, in no fixed order)
+        order = {s: k for k, s in enumerate(self.sites)}
+        self.evaluation = dict(
+            sorted(self.evaluation.items(), key=lambda item: order.get(item[0], len(order)))
+        )
         self.evaluated = True
         values = [m[self.eval_metric] for m in self.evaluation.values()]
         values = [v for v in values if np.isfinite(v)]
