@@ -141,9 +141,9 @@ def simulate_shape(shape: Shape, n_test: int = 50):
 
 
 def _crime():
-    from .study import REAL_DATA_DEFAULTS, real_federation
+    from .study import RealData, real_federation
 
-    real = {**REAL_DATA_DEFAULTS, "path": "", "responses": list(CRIME_RESPONSES)}
+    real = dataclasses.asdict(RealData(responses=CRIME_RESPONSES))
     return real_federation(real, {"train_fraction": 0.7}, seed=0)
 
 

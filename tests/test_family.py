@@ -111,6 +111,19 @@ def test_rowfed_shape_is_what_it_says():
                for c in data.clients)  # fmt: skip
 
 
+def test_the_crime_members_are_built_from_the_shipped_data():
+    """Both methods' Communities and Crime members: the states as sites, the shipped file
+    read through each study's own reader (its [data] declaration)."""
+    for shape in (s for s in rfam.FAMILY if s.source == "crime"):
+        data, cfg = rfam.problem(shape)
+        assert len(data.clients) >= 40 and data.responses == rfam.CRIME_RESPONSES
+        assert cfg.penalty == shape.penalty and cfg.intercept
+        assert all(c.x.shape[1] == len(data.features) for c in data.clients)
+    shape = next(s for s in gfam.FAMILY if s.source == "crime")
+    sites, _ = gfam.problem(shape)
+    assert len(sites) >= 20 and len({s.site for s in sites}) == len(sites)
+
+
 def test_true_objectives_match_a_full_participation_history():
     """The default fit's history holds true values (its line search's accepted points): the
     objective recomputed from the sites' own losses after each round is the same."""
