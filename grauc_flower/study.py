@@ -70,6 +70,7 @@ from strategies.errors import InputError
 from strategies.experiments.coverage import coverage_setting
 from strategies.experiments.design import (
     Study,
+    data_source,
     figure_cell_setting,
     load_study,
     read_config,
@@ -243,17 +244,8 @@ def parse_data(table: dict) -> dict:
     """``[data]``: the simulation's sizes, or a real source's settings (with defaults)."""
     if not isinstance(table, dict):
         raise InputError("data: expected a table")
-    kind = SimulatedData if _source(table) == "simulated" else RealData
+    kind = SimulatedData if data_source(table, REAL_SOURCES) == "simulated" else RealData
     return asdict(kind.from_table(table))
-
-
-def _source(data) -> str:
-    source = data.get("source", "simulated") if isinstance(data, dict) else "simulated"
-    if source not in ("simulated", *REAL_SOURCES):
-        raise InputError(
-            f"data.source: must be simulated, {', '.join(REAL_SOURCES)}, got {source!r}"
-        )
-    return source
 
 
 def real_data(data: dict, cell: dict, seed: int):
@@ -308,7 +300,7 @@ def check_cell(cell: dict, data: dict) -> None:
 def load(path: str) -> tuple[Study, Settings]:
     raw = read_config(path)
     coverage_setting(raw, "grauc", COVERAGE_FIXED)  # before the design's keys are checked
-    source = _source(raw.get("data", {}))
+    source = data_source(raw.get("data", {}), REAL_SOURCES)
     if source == "simulated":
         study = load_study(path, "grauc", DESIGN_TYPES, REQUIRED, SECTIONS)
     else:

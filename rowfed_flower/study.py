@@ -73,6 +73,7 @@ from strategies.errors import InputError
 from strategies.experiments.coverage import coverage_setting
 from strategies.experiments.design import (
     Study,
+    data_source,
     figure_cell_setting,
     load_study,
     read_config,
@@ -191,7 +192,7 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
     data = settings.get("data", {})
     real = None
     sim = SimulatedData()
-    if _source(data) == "simulated":
+    if data_source(data, REAL_SOURCES) == "simulated":
         sim = SimulatedData.from_table(data)
     else:
         real = asdict(RealData.from_table(data))
@@ -227,15 +228,6 @@ def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
         clusters=sim.clusters,
         coverage=coverage,
     )
-
-
-def _source(data) -> str:
-    source = data.get("source", "simulated") if isinstance(data, dict) else "simulated"
-    if source not in ("simulated", *REAL_SOURCES):
-        raise InputError(
-            f"data.source: must be simulated or {', '.join(REAL_SOURCES)}, got {source!r}"
-        )
-    return source
 
 
 @functools.lru_cache(maxsize=2)
@@ -285,7 +277,7 @@ def check_cell(cell: dict) -> None:
 def load(path: str) -> tuple[Study, Settings]:
     raw = read_config(path)
     coverage_setting(raw, "rowfed", COVERAGE_FIXED)  # before the design's keys are checked
-    if _source(raw.get("data", {})) == "simulated":
+    if data_source(raw.get("data", {}), REAL_SOURCES) == "simulated":
         study = load_study(path, "rowfed", DESIGN_TYPES, REQUIRED, SECTIONS)
     else:
         study = load_study(path, "rowfed", REAL_DESIGN_TYPES, REAL_REQUIRED, SECTIONS)

@@ -149,10 +149,16 @@ class FusedSiteStrategy(SiteStrategy):
         self.target = problem  # what the fit minimizes (pqn with MCP/SCAD: see _start)
         self.sigma_max = problem.sigma_max()
 
-    def _start(self, beta0: np.ndarray, use_qn: bool, loss: np.ndarray | None = None) -> None:
-        """ADMM state (and pqn state when ``use_qn``) from ``beta0`` (working scale, sites in
-        federation order) and the sites' losses there when known; resumes from ``resume``
+    @property
+    def _uses_qn(self) -> bool:
+        """pqn, where there is a fused penalty (without one each site's fit is its own)."""
+        return self.algorithm == "pqn" and self.fusing
+
+    def _start(self, beta0: np.ndarray, loss: np.ndarray | None = None) -> None:
+        """ADMM state (and pqn state: :attr:`_uses_qn`) from ``beta0`` (working scale, sites
+        in federation order) and the sites' losses there when known; resumes from ``resume``
         when set."""
+        use_qn = self._uses_qn
         m = len(self.sites)
         self.rng = np.random.default_rng(self.seed)
         self.loss = np.full(m, np.nan) if loss is None else np.array(loss, dtype=float)
@@ -199,7 +205,7 @@ class FusedSiteStrategy(SiteStrategy):
     def _then(self) -> str | None:
         """What a site sends after its fit in the start round: the first pqn answer at it
         (``gradient`` or ``newton``), or nothing (ADMM, or no fused penalty)."""
-        if self.algorithm != "pqn" or not self.fusing:
+        if not self._uses_qn:
             return None
         return "newton" if self.curvature == "exact" else "gradient"
 
@@ -236,7 +242,7 @@ class FusedSiteStrategy(SiteStrategy):
                 self.start_answers[site] = (proxy, res, flat[size:].reshape(after))
         if np.isnan(self.start_fits).any():
             return {}
-        self._start(self.start_fits, self.algorithm == "pqn" and self.fusing, self.loss)
+        self._start(self.start_fits, self.loss)
         self.phase = "fit"
         if after is None:
             return {}

@@ -124,15 +124,13 @@ class GrAUCStrategy(FusedSiteStrategy):
         self.graph = self.graph_builder(lat, lon, cfg.graph, cfg.knn_k, self.graph_edges)
         self._set_problem(grauc_problem(self.graph, len(self.sites), cfg, self.fusion))
         self.fusing = self.problem.splits[0].matrix.shape[0] > 0 and len(self.sites) > 1
+        shape = (len(self.sites), self.n_features)
         if self.beta0 is not None:
-            beta0 = np.array(self.beta0, dtype=float).reshape(len(self.sites), self.n_features)
+            self._start(np.array(self.beta0, dtype=float).reshape(shape))
         elif cfg.init == "local" and self.fusing and not self.resume:
-            self._start_round((self.n_features,))
-            beta0 = None
+            self._start_round(shape[1:])
         else:
-            beta0 = initial_beta(len(self.sites), self.n_features, cfg)
-        if beta0 is not None:
-            self._start(beta0, use_qn=cfg.algorithm == "pqn" and self.fusing)
+            self._start(initial_beta(*shape, cfg))
         log(
             INFO,
             "GrAUC-PFL: %d sites, %s, p = %d, sigma_max = %.4g",

@@ -214,7 +214,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
         if self.theta0 is not None:
             if self.theta0.shape != shape:
                 raise InputError(f"theta0: need shape {shape}, got {self.theta0.shape}")
-            self._start(self.theta0, use_qn=self.algorithm == "pqn")
+            self._start(self.theta0)
         else:
             self._start_round(shape[1:])
         log(

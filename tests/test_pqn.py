@@ -630,20 +630,10 @@ def test_a_loose_fit_solves_its_model_problems_no_tighter_than_its_floor(tol, mo
     assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= tol
 
 
-def test_grauc_starts_from_each_sites_floored_fit_in_its_first_round(monkeypatch):
-    """``init = local`` (the default): the first round asks every site for its own fit with
-    the ridge floored (``task = local``, ``start``) and, in the same answer, its loss,
-    gradient and curvature bound there (``then = gradient``), all equal to what the site's
-    rows give here; that round is the fit's first, and the second is a pqn round."""
+def _record_fits(monkeypatch) -> list:
+    """Every GrAUC-PFL site's fit answers from now on, as ``(site, config, answer)``."""
     from grauc_flower.client import GrAUCClient
-    from grauc_flower.data import simulate
-    from grauc_flower.datafit import split_by_class, start_fit
-    from grauc_flower.federation import run_methods_inprocess
-    from strategies.config import GrAUCConfig
 
-    sites = simulate(1, 6, 3, 30, 8, 0.3, 3, seed=1)
-    cfg = GrAUCConfig(max_rounds=2, standardize="none")
-    assert cfg.init == "local"
     calls = []
     fit = GrAUCClient.fit
 
@@ -653,6 +643,23 @@ def test_grauc_starts_from_each_sites_floored_fit_in_its_first_round(monkeypatch
         return out
 
     monkeypatch.setattr(GrAUCClient, "fit", recording)
+    return calls
+
+
+def test_grauc_starts_from_each_sites_floored_fit_in_its_first_round(monkeypatch):
+    """``init = local`` (the default): the first round asks every site for its own fit with
+    the ridge floored (``task = local``, ``start``) and, in the same answer, its loss,
+    gradient and curvature bound there (``then = gradient``), all equal to what the site's
+    rows give here; that round is the fit's first, and the second is a pqn round."""
+    from grauc_flower.data import simulate
+    from grauc_flower.datafit import split_by_class, start_fit
+    from grauc_flower.federation import run_methods_inprocess
+    from strategies.config import GrAUCConfig
+
+    sites = simulate(1, 6, 3, 30, 8, 0.3, 3, seed=1)
+    cfg = GrAUCConfig(max_rounds=2, standardize="none")
+    assert cfg.init == "local"
+    calls = _record_fits(monkeypatch)
     res = run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]
     assert res.rounds == 2 and len(calls) == 2 * len(sites)
     first, second = calls[: len(sites)], calls[len(sites) :]
@@ -673,7 +680,6 @@ def test_grauc_starts_from_each_sites_floored_fit_in_its_first_round(monkeypatch
 def test_with_exact_curvature_the_start_answer_carries_the_newton_answer(monkeypatch):
     """``curvature = exact``: the start round's answer is the site's fit followed by its
     ``[gradient | Hessian]`` there (brute force from the site's rows), one flat array."""
-    from grauc_flower.client import GrAUCClient
     from grauc_flower.data import simulate
     from grauc_flower.datafit import split_by_class, start_fit
     from grauc_flower.federation import run_methods_inprocess
@@ -681,15 +687,7 @@ def test_with_exact_curvature_the_start_answer_carries_the_newton_answer(monkeyp
 
     sites = simulate(1, 5, 3, 30, 8, 0.3, 3, seed=2)
     cfg = GrAUCConfig(max_rounds=1, standardize="none", curvature="exact")
-    first = []
-    fit = GrAUCClient.fit
-
-    def recording(self, parameters, config):
-        out = fit(self, parameters, config)
-        first.append((self.data.site, dict(config), out))
-        return out
-
-    monkeypatch.setattr(GrAUCClient, "fit", recording)
+    first = _record_fits(monkeypatch)
     run_methods_inprocess(cfg, sites, ["grauc"])
     assert len(first) == len(sites)
     by_site = {s.site: s for s in sites}

@@ -270,6 +270,16 @@ def load_study(
     return Study(os.path.abspath(path), kind, keys, types, cells, reps, seed, settings)
 
 
+def data_source(table, real: Sequence[str]) -> str:
+    """``[data] source`` of a study config: ``"simulated"`` (also when absent) or one of the
+    method's ``real`` sources; anything else is an error naming the key.  It decides which
+    declaration reads the rest of ``[data]`` and which design keys the study has."""
+    source = table.get("source", "simulated") if isinstance(table, dict) else "simulated"
+    if source not in ("simulated", *real):
+        raise InputError(f"data.source: must be simulated, {', '.join(real)}, got {source!r}")
+    return source
+
+
 def study_methods(settings: dict, allowed: Sequence[str], default: Sequence[str]) -> list[str]:
     """``methods`` of a study config: a list (or comma-separated text) of allowed names."""
     methods = settings.get("methods", list(default))
