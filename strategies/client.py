@@ -117,7 +117,10 @@ class SiteClient(NumPyClient):
             if then not in ("gradient", "newton"):
                 raise ValueError(f"unknown answer {then!r} after the start")
             answer = self._answer_at(then, f, new, config, metrics)
-            return [np.concatenate([np.ravel(new), np.ravel(answer)])], n, metrics
+            parts = [np.ravel(new), np.ravel(answer)]
+            if config.get("origin"):  # and the gradient at zero: a curvature pair at once
+                parts.append(np.ravel(self.loss_and_grad(f, np.zeros_like(new))[1]))
+            return [np.concatenate(parts)], n, metrics
         if task == "fedavg":
             (x,) = parameters
             steps = int(config["fedavg-local-steps"])

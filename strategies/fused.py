@@ -81,6 +81,11 @@ class FusedSiteStrategy(SiteStrategy):
     threshold_start = False
     #: Whether the penalty fuses anything (a method without edges fits each site alone).
     fusing = True
+    #: With pqn and a learned curvature model, each site also sends in the start round its
+    #: gradient at zero coefficients, and its model learns from the pair (zero, its fit)
+    #: before the first model step (for a quadratic loss the pair is exact: ``q`` columns
+    #: of the Hessian's action, all of it when ``q >= p``).
+    start_pair = False
 
     def __init__(
         self,
@@ -125,6 +130,7 @@ class FusedSiteStrategy(SiteStrategy):
         self.qn: pqn.QuasiNewtonState | None = None
         self.state: admm.AdmmState | None = None
         self.phase = "fit"  # "start" during the start round (:meth:`_start_round`)
+        self.start_pairs: dict = {}  # site -> (s, y): the start's pairs (:attr:`start_pair`)
 
     def moments_needed(self) -> str:
         """``curvature = exact`` (pqn's Newton answers) or ``inference = oracle`` (the
@@ -209,13 +215,20 @@ class FusedSiteStrategy(SiteStrategy):
             return None
         return "newton" if self.curvature == "exact" else "gradient"
 
-    def _start_parts(self) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-        """The shapes of a start answer's two parts: the fit, and the pqn answer or None."""
+    @property
+    def _pairs_at_start(self) -> bool:
+        """Whether the start answers carry the gradient at zero (:attr:`start_pair`)."""
+        return self.start_pair and self._then() == "gradient"
+
+    def _start_parts(self) -> tuple[tuple[int, ...], ...]:
+        """The shapes of a start answer's parts: the fit; then, with pqn, the answer at it;
+        then, with :attr:`start_pair`, the gradient at zero."""
         block = self.start_fits.shape[1:]
         then = self._then()
         if then is None:
-            return block, None
-        return block, (newton_shape(block) if then == "newton" else block)
+            return (block,)
+        parts = (block, newton_shape(block) if then == "newton" else block)
+        return parts + ((block,) if self._pairs_at_start else ())
 
     def _start_instructions(self, by_site: dict) -> list[tuple[ClientProxy, FitIns]]:
         config = {**self.start_config(), **self.work_config()}
@@ -223,6 +236,8 @@ class FusedSiteStrategy(SiteStrategy):
         if then is not None:
             config["then"] = then
             config["curvature"] = then == "gradient"  # the bound with the first gradient
+        if self._pairs_at_start:
+            config["origin"] = True
         waiting = np.isnan(self.start_fits.reshape(len(self.sites), -1)).any(axis=1)
         return [
             (by_site[s], FitIns(EMPTY, {**config, "site": s}))
@@ -231,25 +246,30 @@ class FusedSiteStrategy(SiteStrategy):
         ]
 
     def _start_answers(self, answered: dict) -> dict[str, Scalar]:
-        block, after = self._start_parts()
-        size = int(np.prod(block, dtype=int))
+        shapes = self._start_parts()
+        ends = np.cumsum([int(np.prod(s, dtype=int)) for s in shapes])[:-1]
         for site, (proxy, res) in answered.items():
             z = self.site_index[site]
-            flat = np.ravel(self.updates[site])
-            self.start_fits[z] = flat[:size].reshape(block)
+            parts = np.split(np.ravel(self.updates[site]), ends)
+            parts = [part.reshape(s) for part, s in zip(parts, shapes, strict=True)]
+            self.start_fits[z] = parts[0]
             self.loss[z] = float(res.metrics["loss"])
-            if after is not None:
-                self.start_answers[site] = (proxy, res, flat[size:].reshape(after))
+            if len(parts) > 1:
+                self.start_answers[site] = (proxy, res, *parts[1:])
         if np.isnan(self.start_fits).any():
             return {}
         self._start(self.start_fits, self.loss)
         self.phase = "fit"
-        if after is None:
+        if len(shapes) == 1:
             return {}
+        if self._pairs_at_start:  # the pair (zero, the fit): learned in _qn_round
+            for site, (_, _, answer, origin) in self.start_answers.items():
+                z = self.site_index[site]
+                self.start_pairs[z] = (self.start_fits[z], answer - origin)
         # the answers at the start are the first pqn round's
-        for site, (_, _, answer) in self.start_answers.items():
+        for site, (_, _, answer, *_) in self.start_answers.items():
             self.updates[site] = answer
-        first = {site: (proxy, res) for site, (proxy, res, _) in self.start_answers.items()}
+        first = {site: (proxy, res) for site, (proxy, res, *_) in self.start_answers.items()}
         self.start_answers = {}
         return self._qn_round(first)
 
@@ -265,10 +285,10 @@ class FusedSiteStrategy(SiteStrategy):
         coefficients (ADMM) or a gradient (pqn); with exact curvature a Newton answer
         (:meth:`answer_shape`)."""
         if self.phase == "start":
-            block, after = self._start_parts()
-            if after is None:
-                return block
-            return (int(np.prod(block, dtype=int)) + int(np.prod(after, dtype=int)),)
+            shapes = self._start_parts()
+            if len(shapes) == 1:
+                return shapes[0]
+            return (sum(int(np.prod(s, dtype=int)) for s in shapes),)
         return self.answer_shape(self.state.beta.shape[1:]) if self.state is not None else None
 
     def answer_shape(self, block: tuple[int, ...]) -> tuple[int, ...]:
@@ -426,6 +446,9 @@ class FusedSiteStrategy(SiteStrategy):
                 pqn.set_curvature(
                     self.qn, z, self.first_curvature * float(res.metrics["curvature"])
                 )
+        for z, (s, y) in self.start_pairs.items():
+            pqn.learn(self.qn, z, s, y)
+        self.start_pairs = {}
         relinearize = self._relinearize if self.lla else None
         self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol, relinearize)
         if self.lla and np.isfinite(step.objective):  # record the target's objective

@@ -869,7 +869,7 @@ def _advance(
             st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
     elif st.model == "secant":
         for z in np.flatnonzero(stepped):
-            _learn(st, z, s_all[z], y_all[z])
+            learn(st, z, s_all[z], y_all[z])
     elif stepped.any():
         st.hess[stepped] = bfgs_update_many(
             st.hess[stepped], s_all[stepped], y_all[stepped], ~st.paired[stepped]
@@ -884,8 +884,9 @@ def _advance(
     return st, Step(True, f_trial, -st.decrease, _converged(tol, st), it)
 
 
-def _learn(st: QuasiNewtonState, z: int, s: np.ndarray, y: np.ndarray) -> None:
-    """Site ``z``'s curvature model learns from one step pair (BFGS or secant)."""
+def learn(st: QuasiNewtonState, z: int, s: np.ndarray, y: np.ndarray) -> None:
+    """Site ``z``'s curvature model learns from one step pair (BFGS or secant): a step ``s``
+    and the change ``y`` of the site's gradient along it."""
     if st.model == "secant":
         s_z = s.reshape(s.shape[0], -1)
         y_z = y.reshape(s_z.shape)
@@ -920,12 +921,12 @@ def _visit(st: QuasiNewtonState, z: int, answer: tuple) -> None:
         if st.model == "exact":
             st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
         else:
-            _learn(st, z, s, y)
+            learn(st, z, s, y)
         return
     need = (actual - curve) / norm2 if np.isfinite(actual) else 0.0
     st.damping[z] = max(2.0 * st.damping[z], 2.0 * need, 1e-8 * max(curve / norm2, 1e-300))
     if st.model != "exact" and np.all(np.isfinite(y)):
-        _learn(st, z, s, y)
+        learn(st, z, s, y)
 
 
 def _advance_incremental(

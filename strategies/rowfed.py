@@ -150,6 +150,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
     count_column = "n_participants"
     first_curvature = 1.0  # L_m = lambda_max(X_m^T X_m / n_m): B_z >= the exact Hessian
     qn_model = "secant"  # the least-squares loss is quadratic: the model becomes X^T X / n
+    start_pair = True  # ... learned from the gradient at zero at once (FusedSiteStrategy)
     threshold_start = True  # each round starts with the thresholds (round 0's half-step)
 
     def __init__(

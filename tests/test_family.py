@@ -163,6 +163,36 @@ def test_default_rounds_over_cheap_members_do_not_regress():
     assert d["p90"] <= 1.10 * CHEAP_P90 and d["worst"] <= 1.10 * CHEAP_WORST, rounds
 
 
+#: RowFed's default fit's rounds to stop on the cheap members (measured 2026-12-06, the
+#: start carrying each client's first curvature pair; the whole family in
+#: docs/performance.md): every simulated lasso member, and MCP/SCAD on the four shapes whose
+#: fits take a second or less.  10% more rounds at the median, the 90th percentile or the
+#: worst fails.
+ROWFED_CHEAP = {
+    "lasso": ("small", "bench-like", "many-clients", "wide", "tall", "uneven",
+              "strong-penalty", "weak-penalty"),
+    "mcp/scad": tuple(f"{name}-{pen}" for name in ("small", "tall", "strong-penalty",
+                      "weak-penalty") for pen in ("mcp", "scad")),
+}  # fmt: skip
+ROWFED_PINNED = {"lasso": (3.0, 5.4, 11.0), "mcp/scad": (6.0, 12.6, 14.0)}
+
+
+@pytest.mark.parametrize("kind", list(ROWFED_CHEAP))
+def test_rowfed_default_rounds_over_cheap_members_do_not_regress(kind):
+    from rowfed_flower import federation as fed
+
+    rounds = []
+    for name in ROWFED_CHEAP[kind]:
+        data, cfg = rfam.problem(next(s for s in rfam.FAMILY if s.name == name))
+        res = fed.run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"]
+        assert res.converged, name
+        rounds.append(res.rounds)
+    d = distribution(rounds)
+    median, p90, worst = ROWFED_PINNED[kind]
+    assert d["median"] <= 1.10 * median, rounds
+    assert d["p90"] <= 1.10 * p90 and d["worst"] <= 1.10 * worst, rounds
+
+
 def test_members_below_the_moment_floor_are_fitted_with_exact_curvature():
     """The family measures rounds: its sites waive the second-moment guard (a site with
     fewer than 3 rows per feature would refuse a Hessian), so its exact-curvature variant

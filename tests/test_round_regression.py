@@ -52,17 +52,18 @@ def test_default_is_the_cheapest_in_rounds(rounds):
 # RowFed (measured 2026-11-30 on the fixed problem below: auto = pqn 4, admm prox 150;
 # 2026-12-02, participation 0.5: auto = pqn 15, admm prox 327; SCAD and MCP at
 # lam1 = 0.2, lam2 = 0.1: auto = pqn 12 and 31, admm prox 168 and 523, SCAD at
-# participation 0.5: 31)
+# participation 0.5: 31; 2026-12-06, the start carrying each client's first curvature
+# pair: auto = pqn 3, at participation 0.5 10, SCAD 10 (0.5: 14), MCP 10)
 # ---------------------------------------------------------------------------------------
 ROWFED_MEASURED = {
-    "auto": 4,
+    "auto": 3,
     "admm": 150,
-    "auto-0.5": 15,
+    "auto-0.5": 10,
     "admm-0.5": 327,
-    "scad:auto": 12,
+    "scad:auto": 10,
     "scad:admm": 168,
-    "scad:auto-0.5": 31,
-    "mcp:auto": 31,
+    "scad:auto-0.5": 14,
+    "mcp:auto": 10,
     "mcp:admm": 523,
 }
 

@@ -186,25 +186,38 @@ def test_init_round_with_a_failure_is_retried(samples):
 
 
 def test_with_pqn_the_start_round_is_also_the_first_gradient_round(samples):
-    """pqn: each client's start answer is its ridge fit followed by its gradient there, which
-    for the ridge fit ``(G + kI)^-1 X'Y / n`` is exactly ``-k Theta`` (k = 1e-3); the
-    strategy then sends the first model step at once, counted as round 2."""
+    """pqn: each client's start answer is its ridge fit, its gradient there -- for the ridge
+    fit ``(G + kI)^-1 X'Y / n`` exactly ``-k Theta`` (k = 1e-3) -- and its gradient at zero,
+    ``-X'Y / n``.  Before the first model step the server's model of each client has learned
+    the pair (zero, the fit): it acts as ``G = X'X / n`` on the fit's columns and bounds
+    ``G`` from above elsewhere (q < p here).  The first model step is sent at once, counted
+    as round 2."""
     cfg = raw_config(algorithm="pqn", intercept=False)
     strategy, mgr, _ = ready_strategy(samples, cfg)
     ins = strategy.configure_fit(2, EMPTY, mgr)
     assert all(fi.config["then"] == "gradient" and fi.config["curvature"] for _, fi in ins)
-    results = []
+    assert all(fi.config["origin"] for _, fi in ins)
+    results, fits = [], {}
     for proxy, fi in ins:
         s = samples[CIDS[proxy.cid]]
         arrays, n, metrics = RowFedClient(s).fit([], fi.config)
         (flat,) = arrays
-        theta, grad = flat[: P * Q].reshape(P, Q), flat[P * Q :].reshape(P, Q)
+        assert flat.shape == (3 * P * Q,)
+        theta, grad, origin = (part.reshape(P, Q) for part in np.split(flat, 3))
         own = LocalLeastSquares(s.x, s.y)
         assert_allclose(theta, own.prox(np.zeros((P, Q)), 1e-3), atol=1e-12)
         assert_allclose(grad, -1e-3 * theta, atol=1e-12)
+        assert_allclose(origin, -s.x.T @ s.y / len(s.x), atol=1e-12)
+        fits[CIDS[proxy.cid]] = theta
         results.append((proxy, fitres(arrays, metrics)))
     strategy.aggregate_fit(2, results, [])
     assert strategy.phase == "fit" and strategy.rounds == 1
+    for m, s in enumerate(samples):
+        gram = s.x.T @ s.x / len(s.x)
+        model = strategy.qn.hess[m]
+        assert_allclose(model @ fits[m], gram @ fits[m], atol=1e-10)
+        assert np.linalg.eigvalsh(model - gram).min() >= -1e-10
+        assert np.linalg.eigvalsh(model - gram).max() > 1e-3  # not all of G: q < p
     step = strategy.configure_fit(3, EMPTY, mgr)
     assert all(fi.config["task"] == "gradient" for _, fi in step)
     sent = {CIDS[p.cid]: parameters_to_ndarrays(fi.parameters)[0] for p, fi in step}
