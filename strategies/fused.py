@@ -449,8 +449,8 @@ class FusedSiteStrategy(SiteStrategy):
         for z, (s, y) in self.start_pairs.items():
             pqn.learn(self.qn, z, s, y)
         self.start_pairs = {}
-        relinearize = self._relinearize if self.lla else None
-        self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol, relinearize)
+        lla = pqn.Linearization(self.target, self._relinearize) if self.lla else None
+        self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol, lla)
         if self.lla and np.isfinite(step.objective):  # record the target's objective
             step = replace(step, objective=pqn.estimate_objective(self.target, self.qn))
             if not self.qn.incremental and step.decrease <= 0.0:

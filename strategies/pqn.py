@@ -106,6 +106,21 @@ EXACT_FLOOR = 1e-10
 KAPPA = 0.5
 #: ... up to the rounding of the losses, relative (steps of 1e-10 change a loss by rounding).
 ROUNDING = 1e-12
+#: A nonconvex penalty (local linear approximations, :class:`Linearization`): the model
+#: problem is linearized again at its own solution and solved again, at most this many times
+#: a round, until its solution moves less than LLA_TOL (relative to ``max(1, max|b|)``).
+LLA_INNER = 30
+LLA_TOL = 1e-10
+
+
+@dataclass(frozen=True)
+class Linearization:
+    """A nonconvex penalty (MCP/SCAD) handled by local linear approximations: ``target`` the
+    problem the fit minimizes, ``at(x)`` its approximation at ``x``, a weighted lasso that
+    lies above ``target``'s penalty and touches it at ``x`` (Zou & Li 2008)."""
+
+    target: Problem
+    at: Callable[[np.ndarray], Problem]
 
 
 @dataclass(frozen=True)
@@ -231,11 +246,12 @@ def _forest_solver(hess: np.ndarray, gram: sp.spmatrix, order: _Elimination, rho
 
 def _tree_of(problem: Problem, x: np.ndarray, frozen: np.ndarray) -> Forest | None:
     """The forest to polish on (:mod:`strategies.polish`): one entrywise lasso split on a
-    forest incidence, vector blocks, no frozen site; else ``None``.  Cached on the split."""
+    forest incidence with a level per edge (not per entry: a local linear approximation's),
+    vector blocks, no frozen site; else ``None``.  Cached on the split."""
     if len(problem.splits) != 1 or x.ndim != 2 or frozen.any():
         return None
     split = problem.splits[0]
-    if split.grouping != "entry" or split.penalty.kind != "lasso":
+    if split.grouping != "entry" or split.penalty.kind != "lasso" or np.ndim(split.lam) > 1:
         return None
     if "_forest" not in split.__dict__:
         object.__setattr__(split, "_forest", forest(split.matrix))
@@ -745,6 +761,39 @@ def _new_direction(
     return it
 
 
+def _lla_direction(
+    problem: Problem, st: QuasiNewtonState, tol: float | None, lla: Linearization,
+    may_end: bool = True,
+) -> tuple[int, Problem]:  # fmt: skip
+    """The model step for a nonconvex penalty: the model problem on ``problem`` (the
+    approximation at ``st.x``), then linearized again at its solution ``b`` and solved again
+    until ``b`` settles (:data:`LLA_INNER`, :data:`LLA_TOL`): the local linear
+    approximations run to their fixed point on the server's models, at no cost in rounds.
+    Each solve lowers the model of the target objective, ``sum_z g_z^T d_z + (1/2) d_z^T B_z
+    d_z + P(x + d)`` (the approximation majorizes ``P`` and touches it at the point it was
+    taken), so ``b`` ends at a stationary point of that model.  ``st.decrease`` is then the
+    model's predicted change of the target objective, including the curvature term
+    (:func:`_model_decrease`).  Returns the inner iterations and the last approximation."""
+    it = _new_direction(problem, st, tol, may_end)
+    for _ in range(LLA_INNER - 1):
+        b = st.x + st.direction
+        before = st.direction.copy()
+        problem = lla.at(b)
+        it += _new_direction(problem, st, tol, may_end)
+        scale = max(1.0, float(np.max(np.abs(b), initial=0.0)))
+        if float(np.max(np.abs(st.direction - before), initial=0.0)) <= LLA_TOL * scale:
+            break
+    st.decrease = _model_decrease(lla.target, st)
+    return it, problem
+
+
+def _model_decrease(target: Problem, st: QuasiNewtonState) -> float:
+    """The models' predicted change of the target objective along the direction,
+    ``sum_z [g_z^T d_z + (1/2) d_z^T (B_z + mu_z I) d_z] + P(x + d) - P(x)``."""
+    smooth = float(np.sum(st.grad * st.direction) + 0.5 * _curvature_terms(st).sum())
+    return smooth + target.penalty_value(st.x + st.direction) - target.penalty_value(st.x)
+
+
 def _stand_ins(st: QuasiNewtonState) -> tuple[np.ndarray, np.ndarray]:
     """The models the model problem is solved on: each site's own, and for a site that has
     not answered yet (partial participation) the mean of the answered sites' models,
@@ -789,19 +838,22 @@ def qn_round(
     st: QuasiNewtonState,
     answered: dict[int, tuple],
     tol: float,
-    relinearize: Callable[[np.ndarray], Problem] | None = None,
+    lla: Linearization | None = None,
 ) -> tuple[QuasiNewtonState, Step]:
     """Take the sites' answers ``{z: (f_z(trial_z), grad f_z(trial_z))}`` (with the
     ``exact`` model ``(f_z, grad f_z, hess f_z)``) for the current trial point and advance:
     accept or shorten the step, update the curvature models, find the next direction.
     Returns the new state (the next point to send is ``state.trial``).
 
-    ``relinearize(x)``, when given, returns the penalty side to use from a newly accepted
-    point ``x`` on (a nonconvex penalty's next local linear approximation; in the incremental
-    form it is called every round at the estimate the sites were sent)."""
+    ``lla``, when given, is a nonconvex penalty's :class:`Linearization`: ``problem`` is its
+    approximation at the accepted point; the objective the line search reads is the
+    target's; a newly accepted point gets a new approximation (in the incremental form the
+    estimate the sites were sent, every round), and each model step runs the
+    approximations to their fixed point on the models (:func:`_lla_direction`).  The
+    strategy reads the last approximation from ``lla.at``'s calls."""
     t0 = time.perf_counter()
     advance = _advance_incremental if st.incremental else _advance
-    st, step = advance(problem, st, answered, tol, relinearize)
+    st, step = advance(problem, st, answered, tol, lla)
     return st, replace(step, seconds=time.perf_counter() - t0)
 
 
@@ -826,10 +878,17 @@ def _advance(
     st: QuasiNewtonState,
     answered: dict[int, tuple],
     tol: float,
-    relinearize: Callable[[np.ndarray], Problem] | None = None,
+    lla: Linearization | None = None,
 ) -> tuple[QuasiNewtonState, Step]:
     st = replace(st, round=st.round + 1)
     n_sites = st.x.shape[0]
+    judge = problem if lla is None else lla.target  # the objective the line search reads
+
+    def direction(may_end: bool = True) -> int:
+        if lla is None:
+            return _new_direction(problem, st, tol, may_end)
+        return _lla_direction(problem, st, tol, lla, may_end)[0]
+
     missing = np.array([z not in answered for z in range(n_sites)])
     moved = np.any(st.direction.reshape(n_sites, -1) != 0.0, axis=1) & ~st.frozen
     if not st.evaluated:
@@ -839,8 +898,8 @@ def _advance(
         if missing.any():  # wait for everyone's first evaluation
             return st, Step(False, np.inf, np.inf, False, 0)
         st.evaluated = True
-        st.objective = float(st.value.sum() + problem.penalty_value(st.x))
-        it = _new_direction(problem, st, tol)
+        st.objective = float(st.value.sum() + judge.penalty_value(st.x))
+        it = direction()
         return st, Step(True, st.objective, -st.decrease, _converged(tol, st), it)
     if np.any(missing & moved):
         # a site that was to move did not answer: freeze it at its last point, re-plan
@@ -848,13 +907,13 @@ def _advance(
         for z, answer in answered.items():  # answers at x_z for the frozen ones only
             if not moved[z]:
                 _take(st, z, answer, st.value, st.grad)
-        it = _new_direction(problem, st, tol, may_end=False)
+        it = direction(may_end=False)
         return st, Step(False, st.objective, -st.decrease, False, it)
     value, grad = st.value.copy(), st.grad.copy()
     for z, answer in answered.items():
         value[z], grad[z] = answer[0], answer[1]
     trial = st.trial
-    f_trial = float(value.sum() + problem.penalty_value(trial))
+    f_trial = float(value.sum() + judge.penalty_value(trial))
     accept = f_trial <= st.objective + ARMIJO * st.step * st.decrease or st.step <= MIN_STEP
     st.frozen = missing.copy()  # answered sites are live again
     if not accept:
@@ -877,10 +936,9 @@ def _advance(
     st.paired[stepped] = True
     st.x, st.value, st.grad = trial.copy(), value, grad
     st.objective = f_trial
-    if relinearize is not None:  # the objective of the new approximation
-        problem = relinearize(st.x)
-        st.objective = float(st.value.sum() + problem.penalty_value(st.x))
-    it = _new_direction(problem, st, tol)
+    if lla is not None:  # the approximation at the new point
+        problem = lla.at(st.x)
+    it = direction()
     return st, Step(True, f_trial, -st.decrease, _converged(tol, st), it)
 
 
@@ -934,15 +992,15 @@ def _advance_incremental(
     st: QuasiNewtonState,
     answered: dict[int, tuple],
     tol: float,
-    relinearize: Callable[[np.ndarray], Problem] | None = None,
+    lla: Linearization | None = None,
 ) -> tuple[QuasiNewtonState, Step]:
     """A round of the per-site form: partial participation, or exact curvature (module
     docstring)."""
     st = replace(st, round=st.round + 1)
-    if relinearize is not None and st.seen.any():
+    if lla is not None and st.seen.any():
         # at the estimate the sites were sent (the last model solution), not at the kept
         # points, whose fused groups are split by their lag
-        problem = relinearize(st.trial)
+        problem = lla.at(st.trial)
     for z, answer in answered.items():
         if st.seen[z]:
             _visit(st, z, answer)
@@ -959,9 +1017,12 @@ def _advance_incremental(
     st.objective = (
         float(st.value.sum() + problem.penalty_value(st.x)) if st.evaluated else float("inf")
     )
-    it = _new_direction(problem, st, tol)
+    if lla is None:
+        it = _new_direction(problem, st, tol)
+    else:
+        it, problem = _lla_direction(problem, st, tol, lla)
     if st.evaluated:  # the model's value at the estimate (module docstring)
-        st.objective = estimate_objective(problem, st)
+        st.objective = estimate_objective(problem if lla is None else lla.target, st)
     converged = st.evaluated and _converged(tol, st)
     return st, Step(True, st.objective, _stop_measure(st), converged, it)
 

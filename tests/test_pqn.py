@@ -704,3 +704,37 @@ def test_with_exact_curvature_the_start_answer_carries_the_newton_answer(monkeyp
         want = np.concatenate([b, np.hstack([grad[:, None], hess]).ravel()])
         assert_allclose(arrays[0], want, rtol=0, atol=1e-12)
         assert metrics["loss"] == pytest.approx(own.value(b), rel=1e-13)
+
+
+@pytest.mark.parametrize("name", ["scad", "mcp"])
+def test_a_nonconvex_model_step_runs_the_linear_approximations_to_their_fixed_point(name):
+    """MCP/SCAD: each round's model step linearizes the penalty again at its own solution
+    and solves again (on the server, no round) until the solution settles.  It ends at a
+    fixed point of the approximations on the model (the approximation at ``b``, solved on
+    the same model, gives ``b`` back), with the model's value under the penalty itself
+    (brute force) below a single approximation's step, and the predicted decrease is that
+    value's change."""
+    x, g, hess = random_model(4)
+    d = admm.incidence_matrix(EDGES, Z)
+    target = admm.Problem((admm.Split(d, Penalty(name), 0.6, "entry"),), Z)
+    lla = pqn.Linearization(target, target.linearized)
+
+    def fresh():
+        st = pqn.init_qn(x)
+        st.hess, st.grad, st.evaluated = hess.copy(), g.copy(), True
+        return st
+
+    one = fresh()
+    pqn._new_direction(target.linearized(x), one, 1e-9)
+    st = fresh()
+    pqn._lla_direction(target.linearized(x), st, 1e-9, lla)
+    b = st.x + st.direction
+    again = pqn.solve_model(target.linearized(b), x, g, hess)
+    assert_allclose(again.b, b, atol=1e-6)
+    assert (
+        model_value(b, x, g, hess, target)
+        < model_value(x + one.direction, x, g, hess, target) - 1e-4
+    )
+    want = model_value(b, x, g, hess, target) - target.penalty_value(x)
+    assert st.decrease == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert st.decrease < 0

@@ -53,17 +53,19 @@ def test_default_is_the_cheapest_in_rounds(rounds):
 # 2026-12-02, participation 0.5: auto = pqn 15, admm prox 327; SCAD and MCP at
 # lam1 = 0.2, lam2 = 0.1: auto = pqn 12 and 31, admm prox 168 and 523, SCAD at
 # participation 0.5: 31; 2026-12-06, the start carrying each client's first curvature
-# pair: auto = pqn 3, at participation 0.5 10, SCAD 10 (0.5: 14), MCP 10)
+# pair: auto = pqn 3, at participation 0.5 10, SCAD 10 (0.5: 14), MCP 10; then with the
+# local linear approximations run to their fixed point on the server's models each round:
+# SCAD 3 (0.5: 10), MCP 3)
 # ---------------------------------------------------------------------------------------
 ROWFED_MEASURED = {
     "auto": 3,
     "admm": 150,
     "auto-0.5": 10,
     "admm-0.5": 327,
-    "scad:auto": 10,
+    "scad:auto": 3,
     "scad:admm": 168,
-    "scad:auto-0.5": 14,
-    "mcp:auto": 10,
+    "scad:auto-0.5": 10,
+    "mcp:auto": 3,
     "mcp:admm": 523,
 }
 
