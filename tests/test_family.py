@@ -53,6 +53,40 @@ def test_distribution_against_numpy_and_with_failures():
     assert d["median"] == pytest.approx(5.5)
 
 
+def test_a_member_without_a_reference_is_left_out_of_the_gaps_not_failed():
+    """MCP/SCAD where the paper's ADMM did not converge have no reference: their gap rounds
+    are unreadable, so the summary leaves them out of the gaps' distribution (and counts
+    them) but keeps their rounds to stop; a member that failed to reach a known reference
+    still counts as a failure."""
+    from strategies.experiments.family import measure_variants, summarize
+
+    rows = [
+        {"variant": "v", "reference": 1.0, "rounds_to_1e-6": float(k), "rounds_to_stop": k + 1.0}
+        for k in range(1, 10)
+    ]
+    rows.append({"variant": "v", "reference": math.nan, "rounds_to_1e-6": math.nan,
+                 "rounds_to_stop": 40.0})  # fmt: skip
+    (got,) = summarize(rows, ["variant"], ["rounds_to_1e-6", "rounds_to_stop"])
+    assert got["problems"] == 10 and got["no_reference"] == 1
+    assert got["rounds_to_1e-6_failed"] == 0 and got["rounds_to_1e-6_worst"] == 9.0
+    assert got["rounds_to_1e-6_median"] == pytest.approx(5.0)
+    assert got["rounds_to_stop_worst"] == 40.0
+    rows[-1]["reference"] = 2.0  # known, not reached: a failure
+    (got,) = summarize(rows, ["variant"], ["rounds_to_1e-6"])
+    assert got["rounds_to_1e-6_failed"] == 1 and got["rounds_to_1e-6_worst"] == math.inf
+
+    # without a reference the tight run is not made at all
+    runs = []
+
+    def recorded_run(data, cfg):
+        runs.append(cfg.tol)
+        return type("S", (), {"rounds": 3, "converged": True})(), [5.0, 4.0, 3.0]
+
+    cfg = rfam.problem(rfam.FAMILY[0])[1]
+    (row,) = measure_variants(recorded_run, None, cfg, math.nan, [("v", {})], 10, {})
+    assert runs == [cfg.tol] and math.isnan(row["rounds_to_1e-6"]) and row["rounds_to_stop"] == 3
+
+
 def test_grauc_family_spans_what_users_bring():
     simulated = [s for s in gfam.FAMILY if s.source == "simulated"]
     assert len(simulated) >= 24 and any(s.source == "crime" for s in gfam.FAMILY)
