@@ -118,7 +118,7 @@ class SiteClient(NumPyClient):
                 raise ValueError(f"unknown answer {then!r} after the start")
             answer = self._answer_at(then, f, new, config, metrics)
             parts = [np.ravel(new), np.ravel(answer)]
-            if config.get("origin"):  # and the gradient at zero: a curvature pair at once
+            if config.get("origin") and then == "gradient":  # the gradient at zero: a pair
                 parts.append(np.ravel(self.loss_and_grad(f, np.zeros_like(new))[1]))
             return [np.concatenate(parts)], n, metrics
         if task == "fedavg":

@@ -265,7 +265,8 @@ class FusedSiteStrategy(SiteStrategy):
         if self._pairs_at_start:  # the pair (zero, the fit): learned in _qn_round
             for site, (_, _, answer, origin) in self.start_answers.items():
                 z = self.site_index[site]
-                self.start_pairs[z] = (self.start_fits[z], answer - origin)
+                if np.any(self.start_fits[z]):  # a zero fit is no step
+                    self.start_pairs[z] = (self.start_fits[z], answer - origin)
         # the answers at the start are the first pqn round's
         for site, (_, _, answer, *_) in self.start_answers.items():
             self.updates[site] = answer

@@ -24,7 +24,9 @@ round costs one message each way and the count of rounds no longer grows with th
 4. Stop when the predicted decrease ``-Delta = -(g^T d + P(x + d) - P(x)) <= tol max(1,
    |F(x)|)`` and the model step ``max|d| <= sqrt(tol) max(1, max|x|)`` (:func:`_converged`):
    ``tol`` is a relative objective gap (near the optimum ``F(x) - F*`` is about ``-Delta``
-   and about ``d^T H d / 2``).
+   and about ``d^T H d / 2``).  For a nonconvex penalty (:class:`Linearization`)
+   ``Delta`` is the model's change of the target objective, curvature term included
+   (:func:`_model_decrease`).
 
 A site that does not answer keeps its last evaluated point: its block is frozen (``d_z = 0``)
 until it answers again.  The penalty must be convex (lasso; entry or group).
@@ -774,6 +776,7 @@ def _lla_direction(
     taken), so ``b`` ends at a stationary point of that model.  ``st.decrease`` is then the
     model's predicted change of the target objective, including the curvature term
     (:func:`_model_decrease`).  Returns the inner iterations and the last approximation."""
+    floor = inner_floor(tol)
     it = _new_direction(problem, st, tol, may_end)
     for _ in range(LLA_INNER - 1):
         b = st.x + st.direction
@@ -784,6 +787,11 @@ def _lla_direction(
         if float(np.max(np.abs(st.direction - before), initial=0.0)) <= LLA_TOL * scale:
             break
     st.decrease = _model_decrease(lla.target, st)
+    if may_end and tol is not None and st.evaluated and _converged(tol, st):
+        # the step that ends the fit: its model solution to the floor (its zeros and fused
+        # groups are the fit's), as _new_direction does for a convex penalty
+        it += _solve_direction(problem, st, floor)
+        st.decrease = _model_decrease(lla.target, st)
     return it, problem
 
 
@@ -884,10 +892,10 @@ def _advance(
     n_sites = st.x.shape[0]
     judge = problem if lla is None else lla.target  # the objective the line search reads
 
-    def direction(may_end: bool = True) -> int:
+    def direction(at: Problem, may_end: bool = True) -> int:
         if lla is None:
-            return _new_direction(problem, st, tol, may_end)
-        return _lla_direction(problem, st, tol, lla, may_end)[0]
+            return _new_direction(at, st, tol, may_end)
+        return _lla_direction(at, st, tol, lla, may_end)[0]
 
     missing = np.array([z not in answered for z in range(n_sites)])
     moved = np.any(st.direction.reshape(n_sites, -1) != 0.0, axis=1) & ~st.frozen
@@ -899,7 +907,7 @@ def _advance(
             return st, Step(False, np.inf, np.inf, False, 0)
         st.evaluated = True
         st.objective = float(st.value.sum() + judge.penalty_value(st.x))
-        it = direction()
+        it = direction(problem if lla is None else lla.at(st.x))
         return st, Step(True, st.objective, -st.decrease, _converged(tol, st), it)
     if np.any(missing & moved):
         # a site that was to move did not answer: freeze it at its last point, re-plan
@@ -907,7 +915,7 @@ def _advance(
         for z, answer in answered.items():  # answers at x_z for the frozen ones only
             if not moved[z]:
                 _take(st, z, answer, st.value, st.grad)
-        it = direction(may_end=False)
+        it = direction(problem if lla is None else lla.at(st.x), may_end=False)
         return st, Step(False, st.objective, -st.decrease, False, it)
     value, grad = st.value.copy(), st.grad.copy()
     for z, answer in answered.items():
@@ -936,9 +944,7 @@ def _advance(
     st.paired[stepped] = True
     st.x, st.value, st.grad = trial.copy(), value, grad
     st.objective = f_trial
-    if lla is not None:  # the approximation at the new point
-        problem = lla.at(st.x)
-    it = direction()
+    it = direction(problem if lla is None else lla.at(st.x))  # (the approximation there)
     return st, Step(True, f_trial, -st.decrease, _converged(tol, st), it)
 
 
@@ -1080,7 +1086,8 @@ def _converged(tol: float, st: QuasiNewtonState) -> bool:
     curvature) needs ``max|d_z| <= tol max(1, max|x|)``: a warm start's first round cannot
     end a fit on a guessed model.  A damped site's step counts ``1 + mu_z / c_z`` times
     (``c_z`` its model's mean curvature): damping shortens a step, not the distance to the
-    optimum.  In the incremental form ``-Delta`` is replaced by :func:`_stop_measure`."""
+    optimum.  In the incremental form ``-Delta`` is replaced by :func:`_stop_measure`; with
+    a nonconvex penalty ``Delta`` is :func:`_model_decrease`."""
     d = np.abs(st.direction).reshape(st.x.shape[0], -1).max(axis=1, initial=0.0)
     if st.damping.any():
         c = np.maximum(np.trace(st.hess, axis1=1, axis2=2) / st.x.shape[1], 1e-300)

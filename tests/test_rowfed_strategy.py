@@ -32,7 +32,7 @@ from rowfed_flower.sources import RowFedDataSpec, simulated_data
 from strategies import admm
 from strategies.config import RowFedConfig, rowfed_config, rowfed_methods
 from strategies.errors import InputError
-from strategies.local import curvature, local_step
+from strategies.local import curvature, local_step, newton_shape
 from strategies.penalties import Penalty
 from strategies.problems import SPARSITY, build_problem, exact_row_clusters
 from strategies.registry import EMPTY
@@ -222,6 +222,30 @@ def test_with_pqn_the_start_round_is_also_the_first_gradient_round(samples):
     assert all(fi.config["task"] == "gradient" for _, fi in step)
     sent = {CIDS[p.cid]: parameters_to_ndarrays(fi.parameters)[0] for p, fi in step}
     assert any(not np.allclose(sent[m], strategy.start_fits[m]) for m in sent)
+
+
+def test_a_zero_start_is_no_curvature_pair(samples):
+    """A client whose start is exactly zero (its NonFed fit at a level that zeroes every
+    entry) has made no step: its model keeps its bound ``L I`` and is not counted as learned
+    (the stopping rule then asks its steps to be ``tol``, not ``sqrt(tol)``, small)."""
+    cfg = raw_config(algorithm="pqn", intercept=False, init="nonfed", lam2=1e3)
+    strategy, mgr, _ = ready_strategy(samples, cfg)
+    answer_init(strategy, mgr, samples)
+    assert strategy.phase == "fit" and not np.any(strategy.start_fits)
+    assert not strategy.qn.paired.any()
+    for m, s in enumerate(samples):
+        lip = np.linalg.eigvalsh(s.x.T @ s.x / len(s.x))[-1]
+        assert_allclose(strategy.qn.hess[m], lip * np.eye(P), rtol=1e-10)
+
+
+def test_a_newton_start_answer_carries_no_gradient_at_zero(samples):
+    """``origin`` only adds the gradient at zero to a gradient answer: with exact curvature
+    the start answer is the fit and the Newton answer, nothing more."""
+    s = samples[0]
+    config = {"task": "local", "init": "ridge", "then": "newton", "origin": True,
+              "intercept": False}  # fmt: skip
+    (flat,), _, _ = RowFedClient(s).fit([], config)
+    assert flat.shape == (P * Q + int(np.prod(newton_shape((P, Q)))),)
 
 
 def test_admm_round_sends_own_theta_and_pull_and_handles_failures(samples):
