@@ -130,7 +130,6 @@ class FusedSiteStrategy(SiteStrategy):
         self.qn: pqn.QuasiNewtonState | None = None
         self.state: admm.AdmmState | None = None
         self.phase = "fit"  # "start" during the start round (:meth:`_start_round`)
-        self.start_pairs: dict = {}  # site -> (s, y): the start's pairs (:attr:`start_pair`)
 
     def moments_needed(self) -> str:
         """``curvature = exact`` (pqn's Newton answers) or ``inference = oracle`` (the
@@ -262,17 +261,18 @@ class FusedSiteStrategy(SiteStrategy):
         self.phase = "fit"
         if len(shapes) == 1:
             return {}
-        if self._pairs_at_start:  # the pair (zero, the fit): learned in _qn_round
+        pairs = {}  # the step (zero, the fit) and its gradient change; a zero fit is none
+        if self._pairs_at_start:
             for site, (_, _, answer, origin) in self.start_answers.items():
                 z = self.site_index[site]
-                if np.any(self.start_fits[z]):  # a zero fit is no step
-                    self.start_pairs[z] = (self.start_fits[z], answer - origin)
+                if np.any(self.start_fits[z]):
+                    pairs[z] = (self.start_fits[z], answer - origin)
         # the answers at the start are the first pqn round's
         for site, (_, _, answer, *_) in self.start_answers.items():
             self.updates[site] = answer
         first = {site: (proxy, res) for site, (proxy, res, *_) in self.start_answers.items()}
         self.start_answers = {}
-        return self._qn_round(first)
+        return self._qn_round(first, pairs)
 
     @property
     def rounds(self) -> int:
@@ -431,10 +431,11 @@ class FusedSiteStrategy(SiteStrategy):
         self._after_round(self.state.round, objective, res)
         return res
 
-    def _qn_round(self, answered: dict) -> dict[str, Scalar]:
+    def _qn_round(self, answered: dict, pairs: dict | None = None) -> dict[str, Scalar]:
         """One round of the proximal quasi-Newton server (:mod:`strategies.pqn`): the sites'
-        losses and gradients update their models; the fused model problem is solved and
-        line-searched; records the round and the stopping rule."""
+        losses and gradients update their models (and ``pairs``, ``{z: (s, y)}``: the start
+        round's curvature pairs, learned after each site's first bound); the fused model
+        problem is solved and line-searched; records the round and the stopping rule."""
         values = {}
         block = self.qn.x.shape[1:]
         for site, (_, res) in answered.items():
@@ -447,9 +448,8 @@ class FusedSiteStrategy(SiteStrategy):
                 pqn.set_curvature(
                     self.qn, z, self.first_curvature * float(res.metrics["curvature"])
                 )
-        for z, (s, y) in self.start_pairs.items():
+        for z, (s, y) in (pairs or {}).items():  # after the bound: the start's pairs
             pqn.learn(self.qn, z, s, y)
-        self.start_pairs = {}
         lla = pqn.Linearization(self.target, self._relinearize) if self.lla else None
         self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol, lla)
         if self.lla and np.isfinite(step.objective):  # record the target's objective

@@ -766,7 +766,7 @@ def _new_direction(
 def _lla_direction(
     problem: Problem, st: QuasiNewtonState, tol: float | None, lla: Linearization,
     may_end: bool = True,
-) -> tuple[int, Problem]:  # fmt: skip
+) -> int:  # fmt: skip
     """The model step for a nonconvex penalty: the model problem on ``problem`` (the
     approximation at ``st.x``), then linearized again at its solution ``b`` and solved again
     until ``b`` settles (:data:`LLA_INNER`, :data:`LLA_TOL`): the local linear
@@ -775,7 +775,7 @@ def _lla_direction(
     d_z + P(x + d)`` (the approximation majorizes ``P`` and touches it at the point it was
     taken), so ``b`` ends at a stationary point of that model.  ``st.decrease`` is then the
     model's predicted change of the target objective, including the curvature term
-    (:func:`_model_decrease`).  Returns the inner iterations and the last approximation."""
+    (:func:`_model_decrease`).  Returns the inner iterations."""
     floor = inner_floor(tol)
     it = _new_direction(problem, st, tol, may_end)
     for _ in range(LLA_INNER - 1):
@@ -792,7 +792,19 @@ def _lla_direction(
         # groups are the fit's), as _new_direction does for a convex penalty
         it += _solve_direction(problem, st, floor)
         st.decrease = _model_decrease(lla.target, st)
-    return it, problem
+    return it
+
+
+def _direction(
+    problem: Problem, st: QuasiNewtonState, tol: float | None, lla: Linearization | None,
+    may_end: bool = True,
+) -> int:  # fmt: skip
+    """The model step on ``problem`` (:func:`_new_direction`), or with a nonconvex penalty
+    from its approximation ``problem`` to the approximations' fixed point
+    (:func:`_lla_direction`).  Returns the inner iterations."""
+    if lla is None:
+        return _new_direction(problem, st, tol, may_end)
+    return _lla_direction(problem, st, tol, lla, may_end)
 
 
 def _model_decrease(target: Problem, st: QuasiNewtonState) -> float:
@@ -892,10 +904,8 @@ def _advance(
     n_sites = st.x.shape[0]
     judge = problem if lla is None else lla.target  # the objective the line search reads
 
-    def direction(at: Problem, may_end: bool = True) -> int:
-        if lla is None:
-            return _new_direction(at, st, tol, may_end)
-        return _lla_direction(at, st, tol, lla, may_end)[0]
+    def direction(may_end: bool = True) -> int:  # from x (the approximation there)
+        return _direction(problem if lla is None else lla.at(st.x), st, tol, lla, may_end)
 
     missing = np.array([z not in answered for z in range(n_sites)])
     moved = np.any(st.direction.reshape(n_sites, -1) != 0.0, axis=1) & ~st.frozen
@@ -907,7 +917,7 @@ def _advance(
             return st, Step(False, np.inf, np.inf, False, 0)
         st.evaluated = True
         st.objective = float(st.value.sum() + judge.penalty_value(st.x))
-        it = direction(problem if lla is None else lla.at(st.x))
+        it = direction()
         return st, Step(True, st.objective, -st.decrease, _converged(tol, st), it)
     if np.any(missing & moved):
         # a site that was to move did not answer: freeze it at its last point, re-plan
@@ -915,7 +925,7 @@ def _advance(
         for z, answer in answered.items():  # answers at x_z for the frozen ones only
             if not moved[z]:
                 _take(st, z, answer, st.value, st.grad)
-        it = direction(problem if lla is None else lla.at(st.x), may_end=False)
+        it = direction(may_end=False)
         return st, Step(False, st.objective, -st.decrease, False, it)
     value, grad = st.value.copy(), st.grad.copy()
     for z, answer in answered.items():
@@ -944,7 +954,7 @@ def _advance(
     st.paired[stepped] = True
     st.x, st.value, st.grad = trial.copy(), value, grad
     st.objective = f_trial
-    it = direction(problem if lla is None else lla.at(st.x))  # (the approximation there)
+    it = direction()
     return st, Step(True, f_trial, -st.decrease, _converged(tol, st), it)
 
 
@@ -1023,10 +1033,7 @@ def _advance_incremental(
     st.objective = (
         float(st.value.sum() + problem.penalty_value(st.x)) if st.evaluated else float("inf")
     )
-    if lla is None:
-        it = _new_direction(problem, st, tol)
-    else:
-        it, problem = _lla_direction(problem, st, tol, lla)
+    it = _direction(problem, st, tol, lla)
     if st.evaluated:  # the model's value at the estimate (module docstring)
         st.objective = estimate_objective(problem if lla is None else lla.target, st)
     converged = st.evaluated and _converged(tol, st)
