@@ -7,13 +7,26 @@ step of both methods is :func:`strategies.local.admm_update`.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.special import expit
 
+from . import pairsum
+
 #: Elements of the ``n x m`` pair matrix held in memory at once (8 MiB per float64 array).
 DEFAULT_CHUNK_ELEMENTS = 1 << 20
+
+#: ``pairs = "auto"`` sums the pairs one by one up to this many (``n m``) and on the score
+#: grid (:mod:`grauc_flower.pairsum`) above it; the crossover measured in docs/performance.md.
+GRID_PAIRS = 1 << 16
+
+#: Points whose value and gradient a datafit keeps (:meth:`PairwiseLogistic.value_and_grad`).
+MEMO_POINTS = 4
+
+#: How a datafit sums over its pairs.
+PAIR_MODES = ("auto", "exact", "grid")
 
 
 def _row_chunks(n: int, m: int, chunk_elements: int):
@@ -38,13 +51,23 @@ class PairwiseLogistic:
         The site's weight ``w > 0`` in the fused objective (1: every site counts once;
         :func:`strategies.local.site_weight`); it scales the value, gradient, Hessian and
         Lipschitz bound (and the gradient's covariance by ``w^2``).
+    pairs : {"auto", "exact", "grid"}
+        How the pair sums are taken: ``"exact"`` one pair at a time (the reference),
+        ``"grid"`` by grid summation in time linear in ``n + m`` (:mod:`grauc_flower.pairsum`,
+        relative error near 1e-13), ``"auto"`` exact up to :data:`GRID_PAIRS` pairs and on
+        the grid above.
 
     Notes
     -----
-    Value and gradient cost ``O(n m + (n + m) p)``: scores ``s+ = X+ b``, ``s- = X- b``, then
-    the pair matrix ``W_ij = sigma(-(s+_i - s-_j))`` (chunked over rows), its row sums ``r``
-    and column sums ``k``, and ``grad = -(X+^T r - X-^T k) / (n m) + eta b``
-    (docs/methods.md 1.1).  ``log(1 + exp(-t))`` is ``logaddexp(0, -t)``.
+    Exact value and gradient cost ``O(n m + (n + m) p)``: scores ``s+ = X+ b``,
+    ``s- = X- b``, then the pair matrix ``W_ij = sigma(-(s+_i - s-_j))`` (chunked over rows),
+    its row sums ``r`` and column sums ``k``, and ``grad = -(X+^T r - X-^T k) / (n m) + eta b``
+    (docs/methods.md 1.1).  ``log(1 + exp(-t))`` is ``logaddexp(0, -t)``.  On the grid the
+    same row and column sums cost ``O((n + m) q)``, the value is
+    ``sum_ij h(t_ij) - sum_i s+_i r_i + sum_j s-_j k_j`` with the flat kernel ``h``, and the
+    features are centred on their mean over both classes first (every quantity depends on
+    the rows only through differences ``x+_i - x-_j``), which keeps the sums free of the
+    features' offsets (docs/methods.md 1.12).
     """
 
     x_pos: np.ndarray
@@ -52,8 +75,11 @@ class PairwiseLogistic:
     eta: float = 0.0
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
     weight: float = 1.0
+    pairs: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.pairs not in PAIR_MODES:
+            raise ValueError(f"pairs: must be one of {', '.join(PAIR_MODES)}, got {self.pairs!r}")
         object.__setattr__(self, "x_pos", np.ascontiguousarray(self.x_pos, dtype=float))
         object.__setattr__(self, "x_neg", np.ascontiguousarray(self.x_neg, dtype=float))
 
@@ -77,12 +103,40 @@ class PairwiseLogistic:
         return self.value_and_grad(b)[1]
 
     def value_and_grad(self, b: np.ndarray, need_grad: bool = True):
+        """``(f(b), grad f(b))`` (the gradient None unless ``need_grad``).  The last few
+        points asked for are kept: a tuning's fits that share this datafit (a fold of a
+        site at one ridge) all ask for the gradient at the same start."""
         b = np.asarray(b, dtype=float)
+        key = (b.tobytes(), need_grad)
+        memo, lock = self.once("_memo", lambda: ({}, threading.Lock()))
+        with lock:
+            hit = memo.get(key)
+        if hit is not None:
+            return hit[0], None if hit[1] is None else hit[1].copy()
+        value, grad = self._value_and_grad(b, need_grad)
+        with lock:
+            memo[key] = (value, None if grad is None else grad.copy())
+            while len(memo) > MEMO_POINTS:
+                memo.pop(next(iter(memo)))
+        return value, grad
+
+    def _value_and_grad(self, b: np.ndarray, need_grad: bool):
         weight = self.weight
         ridge = 0.5 * self.eta * float(b @ b)
         if self.empty:
             return weight * ridge, weight * self.eta * b
         n, m = self.n_pos, self.n_neg
+        grid = self._grid(b)
+        if grid is not None:
+            (xp, xn), (s_pos, s_neg), pairs = grid
+            row = pairs.at_pos("sigmoid")
+            col = pairs.at_neg("sigmoid")
+            total = pairs.total("value") - float(s_pos @ row) + float(s_neg @ col)
+            value = weight * (total / (n * m) + ridge)
+            if not need_grad:
+                return value, None
+            grad = -(xp.T @ row - xn.T @ col) / (n * m) + self.eta * b
+            return value, weight * grad
         s_pos = self.x_pos @ b
         s_neg = self.x_neg @ b
         total = 0.0
@@ -112,6 +166,14 @@ class PairwiseLogistic:
         if self.empty:
             return self.weight * h
         n, m = self.n_pos, self.n_neg
+        grid = self._grid(b)
+        if grid is not None:
+            (xp, xn), _, pairs = grid
+            row = pairs.at_pos("curvature")
+            col = pairs.at_neg("curvature")
+            cross = np.reshape(pairs.total("curvature", xp, xn), (p, p))
+            a = (xp * row[:, None]).T @ xp + (xn * col[:, None]).T @ xn
+            return self.weight * (h + (a - cross - cross.T) / (n * m))
         s_pos = self.x_pos @ b
         s_neg = self.x_neg @ b
         row = np.empty(n)
@@ -144,6 +206,14 @@ class PairwiseLogistic:
         if self.empty:
             return np.zeros((p, p))
         n, m = self.n_pos, self.n_neg
+        grid = self._grid(b)
+        if grid is not None:
+            (xp, xn), _, pairs = grid
+            row = pairs.at_pos("sigmoid")
+            col = pairs.at_neg("sigmoid")
+            a = -(row[:, None] * xp - pairs.at_pos("sigmoid", xn).reshape(n, p)) / m
+            c = (col[:, None] * xn - pairs.at_neg("sigmoid", xp).reshape(m, p)) / n
+            return self.weight**2 * (_cov(a, p) / n + _cov(c, p) / m)
         s_pos = self.x_pos @ b
         s_neg = self.x_neg @ b
         a = np.empty((n, p))
@@ -155,9 +225,39 @@ class PairwiseLogistic:
             c -= w.T @ self.x_pos[i0:i1]
             col += w.sum(axis=0)
         c = (c + col[:, None] * self.x_neg) / n
-        s10 = np.cov(a, rowvar=False, ddof=1).reshape(p, p) if n > 1 else np.zeros((p, p))
-        s01 = np.cov(c, rowvar=False, ddof=1).reshape(p, p) if m > 1 else np.zeros((p, p))
-        return self.weight**2 * (s10 / n + s01 / m)
+        return self.weight**2 * (_cov(a, p) / n + _cov(c, p) / m)
+
+    def uses_grid(self) -> bool:
+        """True when the pair sums go on the score grid (``pairs`` and the site's size)."""
+        if self.empty or self.pairs == "exact":
+            return False
+        return self.pairs == "grid" or self.n_pos * self.n_neg > GRID_PAIRS
+
+    def once(self, name: str, compute):
+        """``compute()`` the first time ``name`` is asked for, the kept result after: the data
+        never change, so whatever depends only on them is computed once per datafit."""
+        if name not in self.__dict__:
+            object.__setattr__(self, name, compute())
+        return self.__dict__[name]
+
+    def _centered(self) -> tuple[np.ndarray, np.ndarray]:
+        """Both classes' features less their joint mean (computed once per datafit)."""
+
+        def center():
+            mean = (self.x_pos.sum(axis=0) + self.x_neg.sum(axis=0)) / (self.n_pos + self.n_neg)
+            return self.x_pos - mean, self.x_neg - mean
+
+        return self.once("_xc", center)
+
+    def _grid(self, b: np.ndarray):
+        """``((X+, X-) centred, (s+, s-), ScoreGrid)`` at ``b``, or None for the pair loop
+        (``pairs``, the site's size, or scores spread too wide for a grid)."""
+        if not self.uses_grid():
+            return None
+        xp, xn = self._centered()
+        s_pos, s_neg = xp @ b, xn @ b
+        pairs = pairsum.score_grid(s_pos, s_neg)
+        return None if pairs is None else ((xp, xn), (s_pos, s_neg), pairs)
 
     def prox(self, center: np.ndarray, c: float, x0: np.ndarray | None = None) -> np.ndarray:
         """``argmin_b f(b) + (c/2) ||b - center||^2`` by damped Newton from ``x0`` (default
@@ -173,11 +273,7 @@ class PairwiseLogistic:
         ``sum_ij d d^T = m X+^T X+ + n X-^T X- - S+ S-^T - S- S+^T`` with ``S+ = sum_i x+_i``
         (docs/methods.md 1.1; the paper's ``mu_z``).
         """
-        cached = self.__dict__.get("_mu")
-        if cached is not None:  # the data never change: computed once per datafit
-            return cached
-        object.__setattr__(self, "_mu", self._lipschitz())
-        return self.__dict__["_mu"]
+        return self.once("_mu", self._lipschitz)
 
     def _lipschitz(self) -> float:
         if self.empty:
@@ -189,6 +285,13 @@ class PairwiseLogistic:
         mat = m * (self.x_pos.T @ self.x_pos) + n * (self.x_neg.T @ self.x_neg) - outer - outer.T
         top = float(np.linalg.eigvalsh(mat / (4.0 * n * m))[-1])
         return self.weight * (top + float(self.eta))
+
+
+def _cov(rows: np.ndarray, p: int) -> np.ndarray:
+    """Sample covariance of the rows (divisor ``N - 1``; zero for a single row)."""
+    if rows.shape[0] < 2:
+        return np.zeros((p, p))
+    return np.cov(rows, rowvar=False, ddof=1).reshape(p, p)
 
 
 def split_by_class(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -253,10 +356,12 @@ def newton_minimize(
 
 
 def local_fit(f: PairwiseLogistic, x0: np.ndarray | None = None) -> np.ndarray:
-    """``argmin_b f(b)``: the individual (local-only) fit."""
+    """``argmin_b f(b)``: the individual (local-only) fit; from zeros it is computed once per
+    datafit (a tuning's fits at one fold and ridge share it)."""
+    if x0 is not None:
+        return newton_minimize(f, x0)[0]
     p = f.x_pos.shape[1]
-    start = np.zeros(p) if x0 is None else x0
-    return newton_minimize(f, start)[0]
+    return f.once("_local", lambda: newton_minimize(f, np.zeros(p))[0]).copy()
 
 
 #: The start round's floor on a site's ridge, as a share of the largest eigenvalue of its
@@ -271,5 +376,9 @@ def start_fit(f: PairwiseLogistic) -> np.ndarray:
     fit far out where the surrogate is flat; with it the start is finite and well inside
     the region where the fused optimum lies.  Only the start: the fit minimizes the site's
     own loss."""
-    bound = f.lipschitz() / f.weight - f.eta
-    return local_fit(replace(f, eta=max(f.eta, START_RIDGE * bound)))
+
+    def fit():
+        bound = f.lipschitz() / f.weight - f.eta
+        return local_fit(replace(f, eta=max(f.eta, START_RIDGE * bound)))
+
+    return f.once("_start", fit).copy()
