@@ -6,17 +6,21 @@ from __future__ import annotations
 import numpy as np
 
 
-def rankdata(x: np.ndarray) -> np.ndarray:
-    """Midranks (1-based; ties get the average of their ranks), as ``scipy.stats.rankdata``."""
-    x = np.asarray(x, dtype=float)
-    order = np.argsort(x, kind="mergesort")
-    xs = x[order]
+def _sorted_midranks(xs: np.ndarray) -> np.ndarray:
+    """Midranks of an ascending array, in its own order."""
     n = xs.size
     starts = np.flatnonzero(np.concatenate([[True], xs[1:] != xs[:-1]])) if n else np.zeros(0, int)
     ends = np.concatenate([starts[1:], [n]])
     mid = (starts + ends + 1) / 2.0  # average of 1-based ranks starts+1 .. ends
-    ranks = np.empty(n)
-    ranks[order] = np.repeat(mid, ends - starts)
+    return np.repeat(mid, ends - starts)
+
+
+def rankdata(x: np.ndarray) -> np.ndarray:
+    """Midranks (1-based; ties get the average of their ranks), as ``scipy.stats.rankdata``."""
+    x = np.asarray(x, dtype=float)
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(x.size)
+    ranks[order] = _sorted_midranks(x[order])
     return ranks
 
 
@@ -51,11 +55,14 @@ def delong(scores: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     n, m = pos.size, neg.size
     if n == 0 or m == 0:
         return float("nan"), float("nan")
-    r_all = rankdata(np.concatenate([pos, neg]))
-    r_pos = rankdata(pos)
-    r_neg = rankdata(neg)
-    v10 = (r_all[:n] - r_pos) / m
-    v01 = 1.0 - (r_all[n:] - r_neg) / n
+    # one sort: each class's own midranks come from its rows in the joint order
+    both = np.concatenate([pos, neg])
+    order = np.argsort(both, kind="mergesort")
+    xs = both[order]
+    r_all = _sorted_midranks(xs)
+    is_pos = order < n
+    v10 = (r_all[is_pos] - _sorted_midranks(xs[is_pos])) / m
+    v01 = 1.0 - (r_all[~is_pos] - _sorted_midranks(xs[~is_pos])) / n
     a = float(v10.mean())
     s10 = v10.var(ddof=1) if n > 1 else 0.0
     s01 = v01.var(ddof=1) if m > 1 else 0.0

@@ -74,7 +74,7 @@ from scipy.linalg import cho_factor, cho_solve
 from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import splu
 
-from . import lockstep
+from . import fusedrows, lockstep
 from .admm import Problem
 from .polish import Forest, forest, polish, rooted
 
@@ -260,6 +260,45 @@ def _tree_of(problem: Problem, x: np.ndarray, frozen: np.ndarray) -> Forest | No
     return split.__dict__["_forest"]
 
 
+def linear_solver(
+    problem: Problem, hess: np.ndarray, frozen: np.ndarray, x_flat: np.ndarray
+) -> Callable[[float], tuple[Callable, np.ndarray | float]]:
+    """``factor(rho) -> (solve, rhs_fixed)`` for the model problem's linear system
+    ``(blockdiag(B_z) + rho (G kron I_p)) b = r`` over the live sites' rows of ``b``
+    (``x_flat``: ``x`` as ``(Z p, k)``; a frozen site's rows stay at ``x`` and enter the
+    right-hand side as ``rhs_fixed``): per-site solves for all pairs, block elimination on a
+    forest, dense Cholesky when small, sparse LU otherwise."""
+    p = hess.shape[1]
+    free = np.repeat(~frozen, p)
+    blocks, gram = _system_parts(problem, hess)
+    if (~free).any():
+        gram_ff, gram_fx = gram[free][:, free], gram[free][:, ~free]
+        blocks = blocks[free][:, free]
+    else:
+        gram_ff, gram_fx = gram, None
+    complete = _complete_diagonal(problem, frozen)
+    site_gram = problem.gram()[~frozen][:, ~frozen]  # among the live sites
+    big = free.sum() ** 2 > FOREST_LEVEL  # else a dense solve is always cheaper
+    order = _elimination(site_gram) if complete is None and big else None
+
+    def factor(rho):
+        rhs_fixed = rho * (gram_fx @ x_flat[~free]) if gram_fx is not None else 0.0
+        if complete is not None:  # all pairs: per-site solves and one p x p system
+            return _complete_solver(hess[~frozen], complete, rho), rhs_fixed
+        if order is not None and len(order.levels) * FOREST_LEVEL < free.sum() ** 2:  # forest
+            return _forest_solver(hess[~frozen], site_gram, order, rho), rhs_fixed
+        matrix = blocks + rho * gram_ff  # symmetric positive definite
+        if matrix.shape[0] <= DENSE_LIMIT:  # small (or dense): Cholesky
+            chol = cho_factor(matrix.toarray())
+            return (lambda r: cho_solve(chol, r, check_finite=False)), rhs_fixed
+        # a symmetric fill-reducing ordering keeps a tree's sparsity (4x fewer nonzeros
+        # than the default ordering for Z = 2000, p = 20)
+        lu = splu(sp.csc_matrix(matrix), permc_spec="MMD_AT_PLUS_A")
+        return (lambda r: lu.solve(np.asfortranarray(r))), rhs_fixed
+
+    return factor
+
+
 def solve_model(
     problem: Problem,
     x: np.ndarray,
@@ -315,32 +354,12 @@ def solve_model(
         sol = polished(delta[0], 0)
         if sol is not None:
             return sol
-    blocks, gram = _system_parts(problem, hess)
-    if (~free).any():
-        gram_ff, gram_fx = gram[free][:, free], gram[free][:, ~free]
-        blocks = blocks[free][:, free]
-    else:
-        gram_ff, gram_fx = gram, None
-    complete = _complete_diagonal(problem, frozen)
-    site_gram = problem.gram()[~frozen][:, ~frozen]  # among the live sites
-    big = free.sum() ** 2 > FOREST_LEVEL  # else a dense solve is always cheaper
-    order = _elimination(site_gram) if complete is None and big else None
-
-    def factor(rho):
-        rhs_fixed = rho * (gram_fx @ x_flat[~free]) if gram_fx is not None else 0.0
-        if complete is not None:  # all pairs: per-site solves and one p x p system
-            return _complete_solver(hess[~frozen], complete, rho), rhs_fixed
-        if order is not None and len(order.levels) * FOREST_LEVEL < free.sum() ** 2:  # forest
-            return _forest_solver(hess[~frozen], site_gram, order, rho), rhs_fixed
-        matrix = blocks + rho * gram_ff  # symmetric positive definite
-        if matrix.shape[0] <= DENSE_LIMIT:  # small (or dense): Cholesky
-            chol = cho_factor(matrix.toarray())
-            return (lambda r: cho_solve(chol, r, check_finite=False)), rhs_fixed
-        # a symmetric fill-reducing ordering keeps a tree's sparsity (4x fewer nonzeros
-        # than the default ordering for Z = 2000, p = 20)
-        lu = splu(sp.csc_matrix(matrix), permc_spec="MMD_AT_PLUS_A")
-        return (lambda r: lu.solve(np.asfortranarray(r))), rhs_fixed
-
+    factor = linear_solver(problem, hess, frozen, x_flat)
+    if tree is None and fusedrows.eligible(problem, x):  # RowFed: fused rows held compactly
+        return fusedrows.solve_rows(
+            problem, x, hess, linear, factor, frozen, warm, tol, max_iter, min_rho,
+            _model_scale(x, grad), Anderson(ANDERSON_MEMORY), RELAX, ModelSolution,
+        )  # fmt: skip
     next_polish = POLISH_FIRST
     solve, rhs_fixed = factor(rho)
     b = x.copy()
