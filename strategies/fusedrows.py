@@ -7,27 +7,29 @@ each (12 million at ``M = 50``, ``p = q = 100``), touched several times an itera
 a solution most rows are *fused*: ``delta_mm'(j) = 0`` for every pair (in the paper's
 designs, every zero row and every row without client clusters).
 
-A row ``j`` whose ``delta`` is zero for every pair and whose dual lies in the range of the
-incidence matrix ``D``, ``u(j) = D a(j)`` with one *potential* ``a_m(j)`` per client, is held
-as ``a(j)`` (``M x q``) instead of ``(delta(j), u(j))``.  The ADMM step keeps it in that form
-exactly, as long as every pair stays below its threshold:
+A row ``j`` whose ``delta`` is zero for every pair is held as one *potential* per client,
+``a(j)`` (``M x q``), and a remainder ``w(j)``: its dual split as ``u(j) = D a(j) + w(j)``
+with ``w`` orthogonal to the range of the incidence matrix ``D`` (``a = D^T u / M``, the
+least-squares part).  While every pair of the row stays at zero the ADMM step changes only
+the potentials, so the row costs ``O(M q)`` an iteration instead of ``O(M^2 q)``, and the
+iterates are the ADMM's own:
 
 - the over-relaxed image is ``1.6 D b(j) - 0.6 delta(j) = D (1.6 b(j))``, so the threshold's
-  argument is ``D c`` with ``c = 1.6 b(j) + a(j)``: every pair is zeroed when
-  ``max_mm' ||c_m - c_m'|| <= lam(j) / rho``, checked from the points' spread;
-- the dual step is ``u <- u + D (1.6 b(j)) - 0 = D (a(j) + 1.6 b(j))``, the potentials
-  kept at mean zero (``D 1 = 0``: a shift of every ``a_m`` leaves ``u`` as it is);
-- its pull on ``b`` is ``D^T (0 - D a) = -(M a - 1 1^T a)`` (``D^T D = M I - 1 1^T``), and its
-  primal residual ``||D b(j)||^2 = M sum_m ||b_m(j)||^2 - ||sum_m b_m(j)||^2``.
+  argument is ``D c + w`` with ``c = 1.6 b(j) + a(j)``: every pair stays at zero when
+  ``||c_m - c_m' + w_mm'|| <= lam(j) / rho`` for all pairs, settled from the points'
+  spread and ``max ||w||`` where possible (``2 max_m ||c_m - mean(c)|| + max ||w||`` below
+  the level: all stay; ``max_m ||c_m - mean(c)|| - max ||w||`` above it: one leaves), else
+  pair by pair;
+- the dual step is ``u <- u + D (1.6 b(j)) = D (a(j) + 1.6 b(j)) + w(j)``: ``w`` stays, the
+  potentials move (kept at mean zero: ``D 1 = 0``, a shift of every ``a_m`` leaves ``u``);
+- its pull on ``b`` is ``D^T (0 - u) = -(M a - 1 1^T a)`` (``D^T D = M I - 1 1^T``,
+  ``D^T w = 0``), and its primal residual ``||D b(j)||^2 = M sum_m ||b_m(j)||^2 -
+  ||sum_m b_m(j)||^2``.
 
-So its cost is ``O(M q)`` instead of ``O(M^2 q)``, and the iterates are the ADMM's own.  A
-row whose pair would leave zero is expanded (``u(j) = D a(j)``) before the step, and goes
-on as before.  A row is compressed where its ``delta`` is zero for every pair: at the start
-(a warm start's fused rows; a fused start) and at :data:`EVENTS` points of a solve (every 5
-iterations at first, then at growing intervals).  Its dual is then replaced by its
-least-squares projection ``a = D^T u / M`` (``D^T u`` is unchanged, so is the next ``b``):
-a restart of the ADMM from another point, which converges from any; finitely many restarts
-keep it convergent.
+A row whose pair would leave zero is expanded (``u(j) = D a(j) + w(j)``) before the step
+and goes on as the generic ADMM; rows are held compactly again wherever their ``delta`` is
+zero for every pair, at the start (a warm start's fused rows, a fused start) and every
+:data:`EVENT_EVERY` iterations.  Nothing is projected or restarted.
 
 Used for a problem of one all-pairs, row-grouped lasso fusion split (any levels; a row is
 held compactly only while its pairs' levels are equal) and one identity sparsity split:
@@ -42,14 +44,11 @@ import numpy as np
 
 from .admm import Problem, all_pairs, incidence_matrix
 
-#: Compression events per solve: every EVENT_EVERY iterations for the first EVENTS_EARLY,
-#: then at doubling intervals, EVENTS in all (a finite number keeps the ADMM convergent).
+#: Rows whose pairs all sit at zero are held compactly every this many iterations.
 EVENT_EVERY = 5
-EVENTS_EARLY = 8
-EVENTS = 12
 #: Expanded states (entries of the fusion's delta) above this size take the plain ADMM
 #: step: Anderson's combination costs several passes over the state, and while many rows
-#: are still expanded the compression events restart it anyway.
+#: are still expanded their compression resets it anyway.
 PLAIN_SIZE = 2_000_000
 
 
@@ -111,17 +110,89 @@ class _Rows:
         """``D^T D a = M a - 1 1^T a`` (all pairs)."""
         return self.n * a - a.sum(axis=0, keepdims=True)
 
-    def spread_fits(self, c: np.ndarray, kappa: np.ndarray) -> np.ndarray:
-        """Per row of ``c`` (``(M, k, q)``): True when every pair ``||c_m - c_m'|| <= kappa``."""
+
+class _Held:
+    """The rows held compactly: potentials ``a`` (``M x k x q``), the remainder ``w``
+    (``P x k x q``) of each row's dual and its largest pair norm ``w_max``, and for the
+    test of :meth:`check`: each row's centred point set at its last check ``prev``, the
+    room ``slack`` its pairs then had below the level, and how far the points have moved
+    since (``drift``, a bound on any pair's change)."""
+
+    def __init__(self, rows: _Rows, u_rows: np.ndarray) -> None:
+        self.rows = rows
+        self.a, self.w, self.w_max = self._split(u_rows)
+        self._fresh(self.a.shape[1])
+
+    def _split(self, u_rows: np.ndarray):
+        """``a = D^T u / M`` (mean zero: ``1^T D^T = 0``) and ``w = u - D a``, orthogonal to
+        the range of ``D`` (zero for a dual that came from potentials)."""
+        a = self.rows.apply_t(u_rows) / self.rows.n
+        w = u_rows - self.rows.apply(a)
+        w_max = np.sqrt(np.max(np.sum(w * w, axis=2), axis=0)) if w.shape[0] else np.zeros(0)
+        return a, w, w_max
+
+    def _fresh(self, k: int) -> None:
+        self.prev = np.zeros((self.rows.n, k, self.rows.q))
+        self.slack = np.full(k, -np.inf)  # checked pair by pair first
+        self.drift = np.zeros(k)
+
+    @property
+    def size(self) -> int:
+        return self.a.shape[1]
+
+    def add(self, u_rows: np.ndarray) -> None:
+        a, w, w_max = self._split(u_rows)
+        prev, slack, drift = self.prev, self.slack, self.drift
+        self.a = np.concatenate([self.a, a], axis=1)
+        self.w = np.concatenate([self.w, w], axis=1)
+        self.w_max = np.concatenate([self.w_max, w_max])
+        self._fresh(a.shape[1])
+        self.prev = np.concatenate([prev, self.prev], axis=1)
+        self.slack = np.concatenate([slack, self.slack])
+        self.drift = np.concatenate([drift, self.drift])
+
+    def dual(self, mask: np.ndarray) -> np.ndarray:
+        """``u = D a + w`` of the rows in ``mask``."""
+        return self.rows.apply(self.a[:, mask]) + self.w[:, mask]
+
+    def keep(self, mask: np.ndarray) -> None:
+        for name in ("a", "w", "prev"):
+            setattr(self, name, getattr(self, name)[:, mask])
+        for name in ("w_max", "slack", "drift"):
+            setattr(self, name, getattr(self, name)[mask])
+
+    def scale(self, factor: float) -> None:
+        """The dual rescaled with ``rho`` (``u / factor``); the level moves too: check anew."""
+        self.a, self.w, self.w_max = self.a / factor, self.w / factor, self.w_max / factor
+        self.slack[:] = -np.inf
+
+    def check(self, c: np.ndarray, kappa: np.ndarray) -> np.ndarray:
+        """Per row: True when every pair's ``||c_m - c_m' + w_mm'|| <= kappa`` (the threshold
+        keeps it at zero), with ``c = 1.6 b + a`` (``M x k x q``).  A pair's norm moves by
+        at most twice the largest move of a point, so a row whose points moved less, since
+        its last check, than the room its pairs had then is settled without a look; else the
+        spread settles it (``2 radius + max ||w||`` below the level: every pair stays;
+        ``radius - max ||w||`` above it: one leaves), else its pairs are checked one by one.
+        """
         centred = c - c.mean(axis=0, keepdims=True)
-        radius = np.sqrt(np.max(np.sum(centred**2, axis=2), axis=0))
-        ok = 2.0 * radius <= kappa  # sufficient: the spread's diameter bound
-        unsure = np.flatnonzero(~ok & (radius <= kappa))  # diameter >= radius
-        for j in unsure:
-            pts = centred[:, j, :]
-            sq = np.sum(pts * pts, axis=1)
-            dist2 = sq[:, None] + sq[None, :] - 2.0 * (pts @ pts.T)
-            ok[j] = float(np.max(dist2)) <= kappa[j] ** 2
+        self.drift += 2.0 * np.sqrt(np.max(np.sum((centred - self.prev) ** 2, axis=2), axis=0))
+        self.prev = centred
+        ok = self.drift <= self.slack
+        look = np.flatnonzero(~ok)
+        if look.size:
+            radius = np.sqrt(np.max(np.sum(centred[:, look] ** 2, axis=2), axis=0))
+            bound = 2.0 * radius + self.w_max[look]
+            spread_ok = bound <= kappa[look]
+            ok[look[spread_ok]] = True
+            self.slack[look[spread_ok]] = kappa[look[spread_ok]] - bound[spread_ok]
+            self.drift[look[spread_ok]] = 0.0
+            rest = look[~spread_ok & (radius - self.w_max[look] <= kappa[look])]
+            if rest.size:
+                v = self.rows.apply(c[:, rest]) + self.w[:, rest]
+                top = np.sqrt(np.max(np.sum(v * v, axis=2), axis=0))
+                ok[rest] = top <= kappa[rest]
+                self.slack[rest] = kappa[rest] - top
+                self.drift[rest] = 0.0
         return ok
 
 
@@ -165,12 +236,12 @@ def solve_rows(
     expanded = np.flatnonzero(~compact)
     held = np.flatnonzero(compact)
     d_e, u_e = d_full[:, expanded].copy(), u_full[:, expanded].copy()
-    a_c = rows.apply_t(u_full[:, held]) / n
+    held_rows = _Held(rows, u_full[:, held])
+    a_c = held_rows.a
     del d_full, u_full
 
     solve, rhs_fixed = factor(rho)
     b = x.copy()
-    events, next_event = 0, EVENT_EVERY
     it = 0
     for it in range(1, max_iter + 1):  # noqa: B007
         # b: the linear solve on the pull of both splits
@@ -182,14 +253,16 @@ def solve_rows(
         b_flat[free] = solve(np.asarray(rhs.reshape(n * p, q)[free] - rhs_fixed))
         b = b_flat.reshape(n, p, q)
         # compressed rows whose pairs would leave zero: expand them first
+        held_rows.a = a_c
         c = relax * b[:, held] + a_c
-        fits = rows.spread_fits(c, rows.row_level[held] / rho)
+        fits = held_rows.check(c, rows.row_level[held] / rho)
         if not fits.all():
             go = held[~fits]
             d_e = np.concatenate([d_e, np.zeros((d_e.shape[0], go.size, q))], axis=1)
-            u_e = np.concatenate([u_e, rows.apply(a_c[:, ~fits])], axis=1)
+            u_e = np.concatenate([u_e, held_rows.dual(~fits)], axis=1)
             expanded = np.concatenate([expanded, go])
-            held, a_c, c = held[fits], a_c[:, fits], c[:, fits]
+            held_rows.keep(fits)
+            held, a_c, c = held[fits], held_rows.a, c[:, fits]
             accel.reset()  # another state layout
         # the splits' steps (over-relaxed), expanded rows as in solve_model
         db_e = rows.apply(b[:, expanded])
@@ -197,7 +270,7 @@ def solve_rows(
         lam_e = rows.lam_rows(expanded)
         new_d = fusion.penalty.threshold(relaxed_e + u_e, lam_e, rho, True)
         new_u = u_e + relaxed_e - new_d
-        # u + D(1.6 b) = D(a + 1.6 b), delta stays 0; the potentials are defined up to a
+        # u + D(1.6 b) = D(a + 1.6 b) + w, delta stays 0; the potentials are defined up to a
         # common shift (D 1 = 0), kept at mean zero so that a fixed point of the ADMM is
         # one of this map (Anderson reads its residual)
         new_a = c - c.mean(axis=0, keepdims=True)
@@ -220,14 +293,14 @@ def solve_rows(
             point = ((d_e, u_e, a_c, eta, v),)
             image = ((new_d, new_u, new_a, new_eta, new_v),)
             ((d_e, u_e, a_c, eta, v),) = accel.step(point, image)
-        if it == next_event and events < EVENTS:  # rows fused since: hold them compactly
-            events += 1
-            next_event += EVENT_EVERY if events < EVENTS_EARLY else next_event // 2
+        if it % EVENT_EVERY == 0:  # rows fused since: hold them compactly
             now = np.all(d_e == 0.0, axis=(0, 2)) & np.isfinite(rows.row_level[expanded])
             if trace is not None:
                 trace.append((it, int(held.size + now.sum())))
             if now.any():
-                a_c = np.concatenate([a_c, rows.apply_t(u_e[:, now]) / n], axis=1)
+                held_rows.a = a_c
+                held_rows.add(u_e[:, now])
+                a_c = held_rows.a
                 held = np.concatenate([held, expanded[now]])
                 d_e, u_e, expanded = d_e[:, ~now], u_e[:, ~now], expanded[~now]
                 accel.reset()
@@ -236,12 +309,15 @@ def solve_rows(
             if rho * factor_ < min_rho:
                 continue
             rho *= factor_
-            u_e, a_c, v = u_e / factor_, a_c / factor_, v / factor_
+            held_rows.a = a_c
+            held_rows.scale(factor_)
+            u_e, a_c, v = u_e / factor_, held_rows.a, v / factor_
             accel.reset()
             solve, rhs_fixed = factor(rho)
     d_full = np.zeros((n * (n - 1) // 2, p, q))
     u_full = np.empty_like(d_full)
     d_full[:, expanded] = d_e
     u_full[:, expanded] = u_e
-    u_full[:, held] = rows.apply(a_c)
+    held_rows.a = a_c
+    u_full[:, held] = held_rows.dual(np.ones(held.size, bool))
     return solution(b, (d_full, eta), (u_full, v), rho, it)

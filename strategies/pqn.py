@@ -176,9 +176,9 @@ def _complete_solver(hess: np.ndarray, e: np.ndarray, rho: float) -> Callable:
 
     def solve(r: np.ndarray) -> np.ndarray:
         r3 = np.asarray(r).reshape(m, p, -1)
-        kr = np.einsum("zij,zjk->zik", k_inv, r3)
+        kr = np.matmul(k_inv, r3)  # batched BLAS (einsum would loop)
         total = c_inv @ kr.sum(axis=0)
-        out = kr + rho * np.einsum("zij,jk->zik", k_inv, total)
+        out = kr + rho * np.matmul(k_inv, total)
         return out.reshape(np.shape(r))
 
     return solve

@@ -118,14 +118,14 @@ def test_a_compact_row_whose_pairs_leave_zero_is_expanded(monkeypatch):
     g = g * 4.0  # strong, differing gradients: the clients pull apart
     prob = build_problem(M, "lasso", 0.01, 0.01)
     calls = []
-    original = fusedrows._Rows.spread_fits
+    original = fusedrows._Held.check
 
     def spy(self, c, kappa):
         out = original(self, c, kappa)
         calls.append(int((~out).sum()))
         return out
 
-    monkeypatch.setattr(fusedrows._Rows, "spread_fits", spy)
+    monkeypatch.setattr(fusedrows._Held, "check", spy)
     sol = solve(prob, x, g, hess)
     ref, ref_val = cvxpy_rows(x, g, hess, 0.01, 0.01)
     assert sum(calls) > 0  # some compact row was expanded
