@@ -24,6 +24,7 @@ from strategies.config import (
     to_run_config,
 )
 from strategies.errors import InputError
+from strategies.experiments.scale import add_scale_option, format_scale
 from strategies.predict import add_predict_parser, cmd_predict, read_grauc_model
 from strategies.report import add_report_parser, cmd_report
 from strategies.runtime.cli import (
@@ -148,11 +149,24 @@ def _bench_parser(sub) -> None:
         help="instead: the calibrated risks of the tuned fits on test rows (Brier, ECE, "
         "calibration slope) by each site's own, the pooled and the shrunk calibration",
     )
+    add_scale_option(p)
+    p.add_argument(
+        "--max-rows",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="--scale: the largest site measured (rows; default 1000000)",
+    )
 
 
 def cmd_bench(a) -> int:
     from . import bench
 
+    if a.scale:
+        if a.max_rows < 1000:
+            raise InputError(f"--max-rows: must be at least 1000, got {a.max_rows}")
+        print(format_scale(bench.scale_run(a.out, quick=a.quick, max_rows=a.max_rows)))
+        return 0
     if a.criteria:
         df = bench.criteria_run(a.out, a.seeds, quick=a.quick)
     elif a.family:

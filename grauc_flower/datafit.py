@@ -67,7 +67,7 @@ class PairwiseLogistic:
     ``sum_ij h(t_ij) - sum_i s+_i r_i + sum_j s-_j k_j`` with the flat kernel ``h``, and the
     features are centred on their mean over both classes first (every quantity depends on
     the rows only through differences ``x+_i - x-_j``), which keeps the sums free of the
-    features' offsets (docs/methods.md 1.12).
+    features' offsets (docs/methods.md 1.11).
     """
 
     x_pos: np.ndarray

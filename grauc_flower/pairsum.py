@@ -15,7 +15,7 @@ Toeplitz product on a small grid), and the result is interpolated back to the sc
 ``O((n + m) q k + G log G k)`` for ``k`` weight columns and ``G`` grid nodes, against
 ``O(n m k)`` for the pair loop.
 
-Accuracy (docs/methods.md 1.12).  The kernels are analytic in the strip ``|Im t| < pi``, so
+Accuracy (docs/methods.md 1.11).  The kernels are analytic in the strip ``|Im t| < pi``, so
 the interpolation error falls geometrically with ``q`` at a fixed ``h``; the defaults
 (:data:`SPACING`, :data:`NODES`) are chosen by measurement for a relative error near
 ``1e-13`` of a kernel sum against the pair loop.  Far-apart scores cost nothing extra: every

@@ -26,6 +26,7 @@ import pandas as pd
 
 from strategies.config import FEDAVG_FAMILY, ROWFED_METHODS, RowFedConfig, rowfed_run_config
 from strategies.errors import InputError
+from strategies.experiments.scale import add_scale_option, format_scale
 from strategies.fedavg import round_limit
 from strategies.predict import add_predict_parser, cmd_predict, read_rowfed_model
 from strategies.report import add_report_parser, cmd_report
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="instead: rounds over the problem family (median, 90th percentile, worst)",
     )
+    add_scale_option(bench)
     add_predict_parser(sub, "predicted responses")
     add_report_parser(sub)
     return parser
@@ -318,6 +320,9 @@ def dispatch(args) -> int:
     if args.command == "bench":
         from . import bench
 
+        if args.scale:
+            print(format_scale(bench.scale_run(args.out, quick=args.quick)))
+            return 0
         run = bench.family_run if args.family else bench.run
         print(bench.format_table(run(args.out, quick=args.quick)))
         return 0

@@ -544,12 +544,8 @@ class BatchStrategy(Strategy):
             functools.partial(j.strategy.aggregate_fit, server_round, per_job.get(j.key, []), [])
             for j in self.running()
         ]
-        # a fit's first model problem (its start round) is always gathered: fits that start
-        # at one point solve theirs one from another along the grid (strategies.workers),
-        # whatever the machine, so the answers never depend on timing
-        starting = any(getattr(j.strategy, "phase", None) == "start" for j in self.running())
         with _quiet():
-            if not starting and not self.model_workers.gathers():  # nothing to gain
+            if not self.model_workers.gathers():  # nothing to gain from gathering them
                 for step in steps:
                     step()
             else:

@@ -6,14 +6,9 @@ In a federated tuning every running fit solves its own model problem each round
 process, for up to :data:`PARALLEL_AFTER` seconds, and the rest in a pool of worker
 processes if there is a rest and each problem took at least :data:`MIN_PARALLEL` (so a
 tuning with few or cheap fits never starts one).  The
-pieces of work are independent and each is solved by the same deterministic code wherever
-it runs, so the answers, and the whole tuning, are the same to the last bit with any number
-of workers.
-
-Requests that share their point -- every fit of a tuning starts at one place, so their
-first model problems differ only in the levels -- are solved in runs, each from the one
-before's solution (:func:`pieces`): a warm start along the grid, the same minimizer reached
-from nearby.  The runs depend on the requests alone, not on the workers.
+requests are independent and each is solved by the same deterministic code wherever it
+runs, so the answers, and the whole tuning, are the same to the last bit with any number of
+workers.
 
 The workers are started with ``spawn`` (a clean interpreter: the server may hold threads,
 gRPC channels or Ray, which a fork would copy) without the caller's ``__main__``, all at
@@ -34,10 +29,8 @@ import types
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import replace
 from logging import WARNING
 
-import numpy as np
 from flwr.common.logger import log
 
 from . import pqn
@@ -53,9 +46,6 @@ MIN_PARALLEL = 0.01
 #: without the cooperative threads' cost); every this many steps it is gathered again to
 #: measure anew.
 PROBE_EVERY = 10
-#: Requests of one step that share their point are solved in runs of at most this many,
-#: each warm-started from the one before (:func:`pieces`).
-CHAIN = 8
 #: At most this many workers by default (one per available core up to it).
 MAX_DEFAULT_WORKERS = 4
 
@@ -66,17 +56,6 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-def _answers(
-    requests: Sequence[pqn.ModelRequest], solved: list[list[pqn.ModelSolution]]
-) -> list[pqn.ModelSolution]:
-    """The pieces' solutions back in the requests' order."""
-    out: list = [None] * len(requests)
-    for piece, sols in zip(pieces(requests), solved, strict=True):
-        for i, sol in zip(piece, sols, strict=True):
-            out[i] = sol
-    return out
 
 
 def default_workers() -> int:
@@ -112,50 +91,8 @@ def _without_main():
             sys.modules["__main__"] = main
 
 
-def _point_key(req: pqn.ModelRequest) -> tuple | None:
-    """What a request's model problem shares with another's but its levels: its point, the
-    sites' gradients and curvature, the frozen sites and the splits' shapes (None for a
-    request with its own warm start, which is never chained)."""
-    if req.warm is not None:
-        return None
-    shape = tuple((s.matrix.shape, s.grouping, s.kind) for s in req.problem.splits)
-    arrays = (req.x, req.grad, req.hess, req.frozen)
-    return shape, tuple(hash(np.ascontiguousarray(a).tobytes()) for a in arrays)
-
-
-def pieces(requests: Sequence[pqn.ModelRequest]) -> list[list[int]]:
-    """The requests' indices in pieces of work: requests that share their point (every fit
-    of a tuning's first round starts at one place, its grid's levels one after another) in
-    runs of at most :data:`CHAIN`, in order; every other request alone.  The pieces depend
-    on the requests only, never on the workers, so the answers do not either."""
-    runs: dict[tuple, list[int]] = {}
-    out: list[list[int]] = []
-    for i, req in enumerate(requests):
-        key = _point_key(req)
-        if key is None:
-            out.append([i])
-            continue
-        run = runs.get(key)
-        if run is None or len(run) == CHAIN:
-            run = runs[key] = []
-            out.append(run)
-        run.append(i)
-    return out
-
-
-def _solve_piece(requests: Sequence[pqn.ModelRequest]) -> list[pqn.ModelSolution]:
-    """A piece's requests one after another, each from the solution before it (a warm start
-    along the levels: the same minimizer, reached from nearby)."""
-    out: list[pqn.ModelSolution] = []
-    for req in requests:
-        if out and req.warm is None:
-            req = replace(req, warm=out[-1])
-        out.append(pqn.solve_request(req))
-    return out
-
-
-def _solve_chunk(chunk: Sequence[Sequence[pqn.ModelRequest]]) -> list[list[pqn.ModelSolution]]:
-    return [_solve_piece(piece) for piece in chunk]
+def _solve_chunk(requests: Sequence[pqn.ModelRequest]) -> list[pqn.ModelSolution]:
+    return [pqn.solve_request(r) for r in requests]
 
 
 class ModelWorkers:
@@ -198,30 +135,28 @@ class ModelWorkers:
         return sorted(procs)
 
     def __call__(self, requests: list[pqn.ModelRequest]) -> list[pqn.ModelSolution]:
-        work = [[requests[i] for i in piece] for piece in pieces(requests)]
-        if self.workers < 2 or len(work) < 2:
+        if self.workers < 2 or len(requests) < 2:
             self.steps["serial"] += 1
-            return _answers(requests, _solve_chunk(work))
+            return _solve_chunk(requests)
         # here first, while that is quick; the rest to the workers when there is a rest and
         # each problem costs well above what sending it costs
-        done: list[list[pqn.ModelSolution]] = []
+        out: list[pqn.ModelSolution] = []
         t0 = time.perf_counter()
-        while len(done) < len(work) and time.perf_counter() - t0 <= self.after:
-            done.append(_solve_piece(work[len(done)]))
-        rest = work[len(done) :]
-        solved = sum(len(d) for d in done)
-        if solved:
-            self._per_problem = (time.perf_counter() - t0) / solved
-        if not rest or (solved and (time.perf_counter() - t0) / solved < MIN_PARALLEL):
+        while len(out) < len(requests) and time.perf_counter() - t0 <= self.after:
+            out.append(pqn.solve_request(requests[len(out)]))
+        rest = requests[len(out) :]
+        if out:
+            self._per_problem = (time.perf_counter() - t0) / len(out)
+        if not rest or (out and (time.perf_counter() - t0) / len(out) < MIN_PARALLEL):
             self.steps["serial"] += 1
-            return _answers(requests, done + _solve_chunk(rest))
-        return _answers(requests, done + self._parallel(rest))
+            return out + _solve_chunk(rest)
+        return out + self._parallel(rest)
 
-    def _parallel(self, work: list[list[pqn.ModelRequest]]) -> list[list[pqn.ModelSolution]]:
+    def _parallel(self, requests: list[pqn.ModelRequest]) -> list[pqn.ModelSolution]:
         # several chunks per worker: balanced (fits differ in cost) at little pickling
-        n = len(work)
+        n = len(requests)
         k = min(n, 8 * self.workers)
-        chunks = [work[i * n // k : (i + 1) * n // k] for i in range(k)]
+        chunks = [requests[i * n // k : (i + 1) * n // k] for i in range(k)]
         try:
             parts = list(self._start().map(_solve_chunk, chunks))
         except (BrokenProcessPool, OSError, AssertionError) as exc:  # no workers to be had
@@ -229,9 +164,9 @@ class ModelWorkers:
             self.close()
             self.workers = 0
             self.steps["serial"] += 1
-            return _solve_chunk(work)
+            return _solve_chunk(requests)
         self.steps["parallel"] += 1
-        return [piece for part in parts for piece in part]
+        return [sol for part in parts for sol in part]
 
     def _start(self) -> ProcessPoolExecutor:
         if self._pool is None:
