@@ -82,13 +82,14 @@ def figure(frame: pd.DataFrame, path: str) -> None:
     """One log-log panel per axis: seconds against size, a line per measurement, each
     labelled with its slope."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     axes_names = list(dict.fromkeys(frame["axis"]))
     fig, axes = plt.subplots(
-        1, len(axes_names), figsize=(4.2 * len(axes_names), 3.6), squeeze=False
+        1, len(axes_names), figsize=(4.4 * len(axes_names), 4.6), squeeze=False
     )
     for ax, name in zip(axes[0], axes_names, strict=True):
         part = frame[frame["axis"] == name]
@@ -99,10 +100,13 @@ def figure(frame: pd.DataFrame, path: str) -> None:
             ax.plot(line["size"], line["seconds"], marker="o", label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        sizes = sorted(set(part["size"]))
+        ax.set_xticks(sizes, [f"{v:,}" for v in sizes])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel(name)
         ax.set_ylabel("seconds")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
