@@ -13,13 +13,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.special import expit
 
-from . import pairsum
+from strategies import pairsum
 
 #: Elements of the ``n x m`` pair matrix held in memory at once (8 MiB per float64 array).
 DEFAULT_CHUNK_ELEMENTS = 1 << 20
 
 #: ``pairs = "auto"`` sums the pairs one by one up to this many (``n m``) and on the score
-#: grid (:mod:`grauc_flower.pairsum`) above it; the crossover measured in docs/performance.md.
+#: grid (:mod:`strategies.pairsum`) above it; the crossover measured in docs/performance.md.
 GRID_PAIRS = 1 << 16
 
 #: Points whose value and gradient a datafit keeps (:meth:`PairwiseLogistic.value_and_grad`).
@@ -53,7 +53,7 @@ class PairwiseLogistic:
         Lipschitz bound (and the gradient's covariance by ``w^2``).
     pairs : {"auto", "exact", "grid"}
         How the pair sums are taken: ``"exact"`` one pair at a time (the reference),
-        ``"grid"`` by grid summation in time linear in ``n + m`` (:mod:`grauc_flower.pairsum`,
+        ``"grid"`` by grid summation in time linear in ``n + m`` (:mod:`strategies.pairsum`,
         relative error near 1e-13), ``"auto"`` exact up to :data:`GRID_PAIRS` pairs and on
         the grid above.
 
