@@ -233,6 +233,13 @@ class PairwiseLogistic:
             return False
         return self.pairs == "grid" or self.n_pos * self.n_neg > GRID_PAIRS
 
+    def __getstate__(self) -> dict:
+        """Pickled without the kept gradients and their lock (computed again on demand)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_memo"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
     def once(self, name: str, compute):
         """``compute()`` the first time ``name`` is asked for, the kept result after: the data
         never change, so whatever depends only on them is computed once per datafit."""

@@ -71,6 +71,14 @@ def eligible(problem: Problem, x: np.ndarray) -> bool:
     return fusion.__dict__["_all_pairs"]
 
 
+def pair_spread(b_rows: np.ndarray) -> float:
+    """``sum_j sum_{m < m'} ||b_m(j) - b_m'(j)||^2`` for ``b_rows`` of shape ``(M, k, q)``:
+    ``M sum_m ||b_m(j) - mean_m b(j)||^2``, centred first so that nearly equal rows (fused
+    rows are) lose no digits to a difference of large sums."""
+    centred = b_rows - b_rows.mean(axis=0, keepdims=True)
+    return b_rows.shape[0] * float(np.sum(centred * centred))
+
+
 class _Rows:
     """The fusion split's state: ``delta`` and ``u`` of the expanded rows ``E``, the
     potentials ``a`` of the compressed rows ``C`` (``u = D a``, ``delta = 0``)."""
@@ -280,7 +288,7 @@ def solve_rows(
         # residuals, as solve_model's
         b_c = b[:, held]
         r2 = float(np.sum((db_e - new_d) ** 2)) + float(np.sum((b - new_eta) ** 2))
-        r2 += float(n * np.sum(b_c**2) - np.sum(b_c.sum(axis=0) ** 2))
+        r2 += pair_spread(b_c)
         change = new_eta - eta
         change[:, expanded] += rows.apply_t(new_d - d_e)
         r, s = math.sqrt(max(r2, 0.0)), rho * float(np.linalg.norm(change))
@@ -290,9 +298,13 @@ def solve_rows(
         if d_e.size > PLAIN_SIZE:  # a large expanded state: the plain iteration
             d_e, u_e, a_c, eta, v = new_d, new_u, new_a, new_eta, new_v
         else:
-            point = ((d_e, u_e, a_c, eta, v),)
-            image = ((new_d, new_u, new_a, new_eta, new_v),)
+            # the potentials weighed as the duals they stand for: ||D a||^2 = M ||a||^2 for
+            # mean-zero a, so Anderson combines the iterates as it would the generic ADMM's
+            root = math.sqrt(n)
+            point = ((d_e, u_e, root * a_c, eta, v),)
+            image = ((new_d, new_u, root * new_a, new_eta, new_v),)
             ((d_e, u_e, a_c, eta, v),) = accel.step(point, image)
+            a_c = a_c / root
         if it % EVENT_EVERY == 0:  # rows fused since: hold them compactly
             now = np.all(d_e == 0.0, axis=(0, 2)) & np.isfinite(rows.row_level[expanded])
             if trace is not None:

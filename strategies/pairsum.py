@@ -17,11 +17,15 @@ Toeplitz product on a small grid), and the result is interpolated back to the sc
 
 Accuracy (docs/methods.md 1.11).  The kernels are analytic in the strip ``|Im t| < pi``, so
 the interpolation error falls geometrically with ``q`` at a fixed ``h``; the defaults
-(:data:`SPACING`, :data:`NODES`) are chosen by measurement for a relative error near
-``1e-13`` of a kernel sum against the pair loop.  Far-apart scores cost nothing extra: every
-kernel is constant, to below ``1e-20``, beyond ``|t| >= GAP``, so a gap wider than ``GAP``
-between neighbouring scores is shortened to ``GAP`` before the grid is laid, which bounds
-the grid by the scores' clumps rather than their range.
+(:data:`SPACING`, :data:`NODES`) are chosen by measurement for an error near ``1e-13``
+of a kernel sum's scale against the pair loop.  The error is absolute at that scale (the
+FFT's rounding is about ``1e-16`` of pairs times the kernel's peak): a sum that is itself
+tiny (every pair far into the kernel's flat tail) is not resolved relative to itself.
+
+Far-apart scores cost nothing extra: every kernel is constant, to below ``1e-20``, beyond
+``|t| >= GAP``, so a gap wider than ``GAP`` between neighbouring scores is shortened to
+``GAP`` before the grid is laid, which bounds the grid by the scores' clumps rather than
+their range.
 """
 
 from __future__ import annotations
@@ -114,6 +118,8 @@ class GridTooLarge(ValueError):
 def score_grid(s_pos: np.ndarray, s_neg: np.ndarray) -> ScoreGrid | None:
     """The :class:`ScoreGrid` of these scores at the default spacing and nodes, or None when
     it would exceed :data:`GRID_MAX` nodes (then sum the pairs)."""
+    if not (np.all(np.isfinite(s_pos)) and np.all(np.isfinite(s_neg))):
+        return None  # the pair loop carries a non-finite score through as it is
     try:
         return ScoreGrid(s_pos, s_neg)
     except GridTooLarge:

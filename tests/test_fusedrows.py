@@ -171,3 +171,37 @@ def test_only_rowfeds_model_problem_is_eligible():
     block = build_problem(M, "lasso", 0.1, 0.1, fusion_grouping="block")
     assert not fusedrows.eligible(block, x)
     assert not fusedrows.eligible(build_problem(M, "scad", 0.1, 0.1), x)  # not linearized
+
+
+def test_the_spread_of_nearly_equal_rows_keeps_its_digits():
+    """The compact rows' primal residual ``sum_pairs ||b_m(j) - b_m'(j)||^2`` against the
+    pair loop, for rows fused up to 1e-6 far from zero (a difference of sums of squares
+    would be rounding noise there)."""
+    rng = np.random.default_rng(9)
+    b = 1e3 + 1e-6 * rng.standard_normal((M, P, Q))
+    want = sum(float(np.sum((b[u] - b[v]) ** 2)) for u, v in admm.all_pairs(M))
+    assert fusedrows.pair_spread(b) == pytest.approx(want, rel=1e-9)
+
+
+def test_without_layout_changes_the_compact_iterates_are_the_generic_ones(monkeypatch):
+    """Every row compact from the start and none expanded (a strong fusion): the accelerated
+    compact iteration weighs the potentials as the duals they stand for, so its first
+    iterates are the generic ADMM's (up to Anderson's single-precision differences)."""
+    x, g, hess = model(8)
+    x[:] = x[0]
+    prob = build_problem(M, "lasso", 2.0, 0.05)
+    monkeypatch.setattr(fusedrows, "EVENT_EVERY", 10**9)
+    frozen = np.zeros(M, bool)
+    b_minus_g = np.einsum("zij,zjk->zik", hess, x) - g
+    for steps in (3, 6):
+        compact = fusedrows.solve_rows(
+            prob, x, hess, b_minus_g, pqn.linear_solver(prob, hess, frozen, x.reshape(M * P, Q)),
+            frozen, None, 1e-14, steps, 0.0, pqn._model_scale(x, g),
+            pqn.Anderson(pqn.ANDERSON_MEMORY), pqn.RELAX, pqn.ModelSolution,
+        )  # fmt: skip
+        monkeypatch.setattr(fusedrows, "eligible", lambda *a: False)
+        generic = pqn.solve_model(prob, x, g, hess, frozen, tol=1e-14, max_iter=steps)
+        monkeypatch.undo()
+        monkeypatch.setattr(fusedrows, "EVENT_EVERY", 10**9)
+        assert fused_rows(compact.delta[0]).all()
+        assert_allclose(compact.b, generic.b, rtol=0, atol=1e-7)
