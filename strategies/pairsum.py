@@ -179,6 +179,7 @@ class ScoreGrid:
         self._pos = self._matrix(weights[: self.n], cols[: self.n])
         self._neg = self._matrix(weights[self.n :], cols[self.n :])
         self._fft_len = scipy.fft.next_fast_len(2 * self.size - 1, real=True)
+        # per (kernel, reverse): the dense Toeplitz matrix, or the FFT of its circulant
         self._spectra: dict[tuple[str, bool], np.ndarray] = {}
         self._unit: dict[str, np.ndarray] = {}
 
@@ -199,11 +200,13 @@ class ScoreGrid:
         """``F_a = sum_b K((a - b) h) M_b`` (``K((b - a) h)`` when ``reverse``) on the grid;
         ``mass`` has shape ``(G,)`` or ``(G, k)``."""
         g = self.size
-        if g <= DENSE_NODES:
-            k = self._samples(kernel, reverse)
-            toe = scipy.linalg.toeplitz(k[g - 1 :], k[g - 1 :: -1])
-            return toe @ mass
         key = (kernel, reverse)
+        if g <= DENSE_NODES:  # the Toeplitz matrix, built once per kernel and direction
+            toe = self._spectra.get(key)
+            if toe is None:
+                k = self._samples(kernel, reverse)
+                toe = self._spectra[key] = scipy.linalg.toeplitz(k[g - 1 :], k[g - 1 :: -1])
+            return toe @ mass
         spec = self._spectra.get(key)
         if spec is None:
             k = self._samples(kernel, reverse)
