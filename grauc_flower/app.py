@@ -113,7 +113,11 @@ def make_client(context: Context):
     pid = int(node["partition-id"])
     if not 0 <= pid < len(sites):
         raise InputError(f"partition-id: must be in [0, {len(sites) - 1}], got {pid}")
-    return GrAUCClient(sites[pid], cfg.ridge, index=pid).to_client()
+    from strategies.config import GuardsConfig
+    from strategies.guards import Guards
+
+    guards = Guards.from_config(GuardsConfig.from_run_config(rc))  # the simulated sites'
+    return GrAUCClient(sites[pid], cfg.ridge, index=pid, guards=guards).to_client()
 
 
 __all__ = ["make_client", "run"]

@@ -31,6 +31,7 @@ from strategies.runtime.cli import (
     Parser,
     RoundProgress,
     add_flags,
+    add_guard_arguments,
     add_run_parser,
     add_settings,
     add_test_arguments,
@@ -42,7 +43,12 @@ from strategies.runtime.cli import (
     end_fit,
     finish_outputs,
     from_flags,
+    guards_from_args,
+    guards_record,
+    guards_run_config,
     line_to_stderr,
+    moments_asked,
+    note_default_floors,
     project_dir,
     run_main,
     settings_from_args,
@@ -81,6 +87,7 @@ def _fit_parser(sub) -> None:
         help="inprocess: Flower's server in this process; flower: flwr run (default: inprocess)",
     )
     add_test_arguments(p)
+    add_guard_arguments(p)
     add_settings(p, GrAUCConfig)
     add_tuning_arguments(p, ("cv",))
     p.add_argument(
@@ -333,7 +340,10 @@ def cmd_fit(a) -> int:
     _check_tuning(a)
     grid = _grid(a) if a.tune else None
     spec = _data_spec(a)
+    guards = guards_from_args(a)
     sites, features = _load(a, spec)
+    counts = [(s.site, len(s.y_train), {"1": s.n_pos, "0": s.n_neg}, s.n_features) for s in sites]
+    refused = note_default_floors(counts, moments_asked(cfg, "a Hessian or covariance"))
     if grid is not None:
         sizes = [len(s.y_train) for s in sites]
         powers = size_powers(sizes, cfg, a.size_power_grid or None)
@@ -373,10 +383,12 @@ def cmd_fit(a) -> int:
             if federated and (ckpt["checkpoint"] or ckpt["resume"]):
                 raise InputError("checkpoint: not with --tune cv (the tuning runs many fits)")
             if federated:
-                res = tuning.run_tuned_inprocess(cfg, sites, a.method, (opts, grid), progress)
+                res = tuning.run_tuned_inprocess(
+                    cfg, sites, a.method, (opts, grid), progress, guards
+                )
             else:
                 res = fed.run_methods_inprocess(
-                    cfg, sites, [a.method], progress=progress, checkpoint=ckpt
+                    cfg, sites, [a.method], progress=progress, checkpoint=ckpt, guards=guards
                 )[a.method]
             fed.write_result(tmp, res, features, cfg)
         else:
@@ -390,6 +402,7 @@ def cmd_fit(a) -> int:
                 **spec.to_run_config(),
                 "data.num-sites": len(sites),
                 **_checkpoint(a).to_run_config(),
+                **guards_run_config(guards),
             }
             if federated:
                 grids = {"lam-grid": grid.lam, "w-dist-grid": grid.w_dist}
@@ -415,6 +428,7 @@ def cmd_fit(a) -> int:
             source=a.source,
             data=os.path.abspath(a.data) if a.data else "(built in)",
             sites=os.path.abspath(a.sites) if a.sites else "(built in)",
+            guards=guards_record(guards, refused),
             **extra,
         )
         n_test = sum(len(s.y_test) for s in sites)

@@ -229,8 +229,8 @@ def sites_from_frames(
     idle = [s for s in sites["site"] if s not in present]
     if idle:
         warn(
-            f"sites: {len(idle)} site(s) of the sites file have no data rows and are left out "
-            f"({named(idle, quote=True)})"
+            f"sites: {len(idle)} site(s) of the sites file have no data rows and are left out, "
+            f"of the graph too: the tree joins the sites with rows ({named(idle, quote=True)})"
         )
     out = []
     y_all = data["y"].to_numpy()

@@ -401,27 +401,31 @@ def tune(
 COMMON_LAM = 1e12
 
 
-def check_folds(registry: Registry, k: int, borrow: bool = False) -> list[str]:
-    """Refuse folds a site cannot form (fewer rows of a class than ``k``), naming the site;
-    return the sites with fewer than :data:`strategies.tuning.SMALL_FOLD` validation rows of
-    a class per fold.  With ``borrow`` (``missing-class = borrow``) a site without a class
-    takes part, without a validation AUC of its own."""
-    small = []
+def check_folds(registry: Registry, k: int, borrow: bool = False) -> tuple[list, dict]:
+    """The sites with fewer than :data:`strategies.tuning.SMALL_FOLD` validation rows of a
+    class per fold, and ``{site: folds it scores}`` for the sites with fewer rows of a class
+    than ``k``: such a site trains in every fold
+    and has a validation AUC in the folds that hold both its classes (its smaller class is
+    dealt one row a fold), its other folds adding nothing to the criterion.  With ``borrow``
+    (``missing-class = borrow``) a site without a class takes part without an AUC of its
+    own."""
+    small, partial, most = [], {}, 0
     for site in registry.order():
         meta = registry.sites[site].meta
-        n_pos, n_neg = int(meta["n_pos"]), int(meta["n_neg"])
-        least = min(n_pos, n_neg)
+        least = min(int(meta["n_pos"]), int(meta["n_neg"]))
+        most = max(most, least)
         if borrow and least == 0:
             continue
         if least < k:
-            which = "positive" if n_pos <= n_neg else "negative"
-            raise InputError(
-                f"folds: site {site!r} has {least} {which} training rows, fewer than the {k} "
-                "folds (give fewer --folds)"
-            )
-        if least / k < tuning.SMALL_FOLD:
+            partial[site] = least
+        elif least / k < tuning.SMALL_FOLD:
             small.append(site)
-    return small
+    if most < k:  # then some fold holds both classes at no site: it could score nothing
+        raise InputError(
+            f"folds: no site has {k} training rows of each class (at most {most}); give fewer "
+            "--folds"
+        )
+    return small, partial
 
 
 def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOptions):
@@ -468,8 +472,9 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
         order = registry.order()
         sizes = [registry.sites[s].n for s in order]
         powers = tuple(dict.fromkeys(grid.size_power)) or tuning.size_powers(sizes, cfg)
-        small = check_folds(registry, opts.folds, cfg.missing_class == "borrow")
+        small, partial = check_folds(registry, opts.folds, cfg.missing_class == "borrow")
         tuning.warn_small_folds(small, "site", "rows of a class", "AUCs")
+        tuning.note_partial_folds(partial, opts.folds, "site", "rows of a class", "AUC")
         # 1. the top of each path
         lams: dict[tuple, tuple] = {}
         if grid.lam:
@@ -552,6 +557,7 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
         cal = calibration_table(batch.pooled, i, order)
         batch.outputs = {"table": table, "summary": summary, "tuned": chosen, "score": score,
                          "maximize": maximize, "small_sites": small,
+                         "partial_sites": partial,
                          "lam_path": not grid.lam, "calibration": cal}  # fmt: skip
         # the refit's evaluation scores each site's calibrated risks on its test rows (a
         # refit that ran beside the folds and was evaluated with them is asked once more)
@@ -621,15 +627,17 @@ def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=
     return batch
 
 
-def run_tuned_inprocess(cfg: GrAUCConfig, sites, method: str, tune, progress=None):
+def run_tuned_inprocess(
+    cfg: GrAUCConfig, sites, method: str, tune, progress=None, guards=None
+):  # fmt: skip
     """``method`` tuned inside the federation (``tune``: ``(CVOptions, Grid)``, as
     ``tune.by = "cv"`` does) and refitted, through the in-process engine: its
-    :class:`~grauc_flower.federation.MethodResult`."""
+    :class:`~grauc_flower.federation.MethodResult` (``guards``: the sites' floors)."""
     from strategies.runtime.engine import run_inprocess
 
     from .federation import collect, max_rounds_for
 
-    clients = clients_of(sites, cfg.ridge)
+    clients = clients_of(sites, cfg.ridge, guards)
     strategy = tuned_strategy(method, cfg, len(sites), Registry(), tune, progress=progress)
     run_inprocess(strategy, clients, max_rounds_for(method, cfg, True))
     return collect(method, strategy)
@@ -653,6 +661,7 @@ def federated_outputs(batch, method: str, opts: tuning.CVOptions) -> dict:
         "rounds": int(batch.rounds),
         "fits": int(batch.fits),
         "small_sites": list(out["small_sites"]),
+        "partial_sites": dict(out["partial_sites"]),
     }
     metrics["tuning_time"] = batch.timing()
     cal = out["calibration"]

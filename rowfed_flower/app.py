@@ -13,7 +13,13 @@ import os
 from flwr.app import Context
 from flwr.serverapp import Grid
 
-from strategies.config import registration_config, rowfed_config, rowfed_methods, tune_config
+from strategies.config import (
+    GuardsConfig,
+    registration_config,
+    rowfed_config,
+    rowfed_methods,
+    tune_config,
+)
 from strategies.errors import InputError
 from strategies.guards import Guards
 from strategies.rowfed import dims, rowfed_registry
@@ -114,7 +120,8 @@ def make_client(context: Context):
     pid = int(node["partition-id"])
     if not 0 <= pid < len(data.clients):
         raise InputError(f"partition-id: must be in [0, {len(data.clients) - 1}], got {pid}")
-    return RowFedClient(data.clients[pid], index=pid, features=data.features).to_client()
+    guards = Guards.from_config(GuardsConfig.from_run_config(rc))  # the simulated sites'
+    return RowFedClient(data.clients[pid], pid, data.features, guards).to_client()
 
 
 __all__ = ["make_client", "run"]

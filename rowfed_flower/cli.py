@@ -34,6 +34,7 @@ from strategies.runtime.cli import (
     Parser,
     RoundProgress,
     add_flags,
+    add_guard_arguments,
     add_run_parser,
     add_settings,
     add_test_arguments,
@@ -45,7 +46,12 @@ from strategies.runtime.cli import (
     end_fit,
     finish_outputs,
     from_flags,
+    guards_from_args,
+    guards_record,
+    guards_run_config,
     line_to_stderr,
+    moments_asked,
+    note_default_floors,
     project_dir,
     run_main,
     settings_from_args,
@@ -83,13 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="inprocess: Flower's server in this process; flower: flwr run (default: inprocess)",
     )
     add_test_arguments(fit)
+    add_guard_arguments(fit)
     add_flags(fit, RowFedDataSpec)  # --client-column, --data-seed
-    add_tuning_arguments(fit, ("gic", "cv"))
+    add_tuning_arguments(fit, ("gic", "gic-nq", "cv"))
     fit.add_argument(
-        "--lam1-grid", metavar="LIST", help=f"gic/cv: lam1 values (default: {DEFAULT_LAM1_GRID})"
+        "--lam1-grid",
+        metavar="LIST",
+        help=f"gic/cv: lam1 values (default: {DEFAULT_LAM1_GRID}; auto, with --lam2-grid "
+        "auto: 6 from lam1_max down over a factor 100)",
     )
     fit.add_argument(
-        "--lam2-grid", metavar="LIST", help=f"gic/cv: lam2 values (default: {DEFAULT_LAM2_GRID})"
+        "--lam2-grid",
+        metavar="LIST",
+        help=f"gic/cv: lam2 values (default: {DEFAULT_LAM2_GRID}; auto: 5 below lam2_max "
+        "over a factor 100)",
     )
     fit.add_argument(
         "--size-power-grid",
@@ -127,9 +140,12 @@ def _config(args) -> RowFedConfig:
     return settings_from_args(RowFedConfig, args)
 
 
-def _run_flower(cfg: RowFedConfig, args, data, tmp: str, tune: dict | None = None) -> None:
+def _run_flower(
+    cfg: RowFedConfig, args, data, tmp: str, tune: dict | None = None, guards=None
+) -> None:  # fmt: skip
     """``flwr run`` the app on Flower's simulation engine (one SuperNode per client) with
-    this file as the data (``rowfed-data.source = csv``); outputs land in ``tmp``."""
+    this file as the data (``rowfed-data.source = csv``) and the clients' floors
+    ``guards``; outputs land in ``tmp``."""
     from strategies.runtime.simulation import flwr_run
 
     spec = from_flags(
@@ -149,6 +165,7 @@ def _run_flower(cfg: RowFedConfig, args, data, tmp: str, tune: dict | None = Non
         "out-dir": tmp,
         **spec.to_run_config(),
         **(tune or {}),
+        **(guards_run_config(guards) if guards is not None else {}),
     }
     from strategies.runtime.launch import stream_echo
 
@@ -179,39 +196,48 @@ def fit(args) -> int:
         raise InputError(
             f"{key}: chosen by --tune {args.tune}; give --{key}-grid to set its values"
         )
-    if args.tune == "gic" and args.method in FEDAVG_FAMILY:
-        raise InputError("tune: gic is available for rowfed, perfl-lsma and nonfed; use --tune cv")
+    if args.tune in grid_search.GIC_BY and args.method in FEDAVG_FAMILY:
+        raise InputError(
+            f"tune: {args.tune} is available for rowfed, perfl-lsma and nonfed; use --tune cv"
+        )
     knob = KNOBS[args.method].name if args.method in KNOBS else None
     if args.tune == "cv" and knob and getattr(args, knob) is not None:
         flag = knob.replace("_", "-")
         raise InputError(f"{flag}: chosen by --tune cv; give --knob-grid to set its values")
     check_test_arguments(args)
-    lam1_grid = parse_grid(
-        DEFAULT_LAM1_GRID if args.lam1_grid is None else args.lam1_grid, "lam1-grid"
-    )
-    lam2_grid = parse_grid(
-        DEFAULT_LAM2_GRID if args.lam2_grid is None else args.lam2_grid, "lam2-grid"
-    )
+    lam1_grid = grid_search.grid_values(args.lam1_grid, DEFAULT_LAM1_GRID, "lam1-grid")
+    lam2_grid = grid_search.grid_values(args.lam2_grid, DEFAULT_LAM2_GRID, "lam2-grid")
+    auto = grid_search.check_auto(lam1_grid, lam2_grid)
 
     from . import federation as fed
     from . import sources as rsources
     from .figures import fit_report
     from .graph import read_graph
 
+    guards = guards_from_args(args)
     data = rsources.read_fit_csv(args.data, args.responses, args.client_column)
     data = rsources.with_test_set(
         data, args.test_data, args.holdout, args.data_seed, args.client_column
     )
+    counts = [(c.site, c.n, None, c.p) for c in data.clients]
+    refused = note_default_floors(counts, moments_asked(cfg, "X'X"))
     edges, weights = read_graph(cfg.graph, data.sites)  # validates it against the client ids
     if cfg.graph != "all-pairs":
         cfg = cfg.replace(graph=os.path.abspath(cfg.graph))
 
     t0 = time.perf_counter()
-    extra = {"engine": args.engine, "data": os.path.abspath(args.data)}
+    extra = {"engine": args.engine, "data": os.path.abspath(args.data),
+             "guards": guards_record(guards, refused)}  # fmt: skip
     with atomic_output_dir(args.out) as tmp:
         # a fused method (or NonFed) is tuned inside the federation: one batched run on
         # either engine; the FedAvg family by the in-process cross-validation, then refitted
         federated = args.tune is not None and args.method in grid_search.FEDERATED_TUNABLE
+        if auto and not federated:
+            raise InputError(
+                f"lam1-grid: auto is for the federated tuning of "
+                f"{', '.join(grid_search.FEDERATED_TUNABLE)}, not {args.method}"
+            )
+        fed_grids = (lam1_grid, lam2_grid)
         opts = cv_options(args, args.data_seed)
         if federated and args.knob_grid:
             raise InputError(f"knob-grid: {args.method} has no setting to tune besides its levels")
@@ -243,22 +269,25 @@ def fit(args) -> int:
             if federated:
                 powers = args.size_power_grid
                 powers = parse_grid(powers, "size-power-grid") if powers else ()
-                grids = {"lam1-grid": lam1_grid, "lam2-grid": lam2_grid, "size-power-grid": powers}
+                grids = {"lam1-grid": fed_grids[0], "lam2-grid": fed_grids[1],
+                         "size-power-grid": powers}  # fmt: skip
                 tune = tune_run_config(args.tune, opts, grids)
-            _run_flower(cfg, args, data, tmp, tune)
+            _run_flower(cfg, args, data, tmp, tune, guards)
         else:
             tune = None
             if federated:
-                tune = (args.tune, (opts, lam1_grid, lam2_grid, args.size_power_grid))
+                tune = (args.tune, (opts, *fed_grids, args.size_power_grid))
             progress = RoundProgress(args.method, round_limit(args.method, cfg), args.quiet)
             if federated:
                 progress = None if args.quiet else line_to_stderr
             if tune is not None:
                 from .tuning import run_tuned_inprocess
 
-                res = run_tuned_inprocess(cfg, data, args.method, tune, progress)
+                res = run_tuned_inprocess(cfg, data, args.method, tune, progress, guards=guards)
             else:
-                res = fed.run_methods_inprocess(cfg, data, [args.method], progress)[args.method]
+                res = fed.run_methods_inprocess(cfg, data, [args.method], progress, guards=guards)[
+                    args.method
+                ]
             fed.write_result(tmp, res, data, cfg)
         n_test = sum(c.x_test.shape[0] for c in data.clients)
         split = {
@@ -288,8 +317,10 @@ def fit(args) -> int:
         )
 
     tuned = ""
-    if metrics.get("tuning", {}).get("criterion") == "gic":
-        tuned = f"; selected by GIC ({metrics['tuning']['selected']['gic']:.6g})"
+    criterion = metrics.get("tuning", {}).get("criterion")
+    if criterion in grid_search.GIC_BY:
+        value = metrics["tuning"]["selected"][criterion.replace("-", "_")]
+        tuned = f"; selected by {criterion.upper()} ({value:.6g})"
     elif "tuned" in metrics:
         tuned = f"; selected by {metrics['cv']['folds']}-fold CV"
     if "test" in metrics and metrics["test"]["mse"] is not None:

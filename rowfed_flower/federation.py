@@ -157,11 +157,13 @@ def run_methods_inprocess(
     methods,
     progress=None,
     registry: Registry | None = None,
+    guards=None,
 ) -> dict[str, MethodResult]:
     """Every method through the in-process engine (the same Strategy and NumPyClient
     objects as under ``flwr run``), sharing one registry (a method tuned inside the
-    federation: :func:`rowfed_flower.tuning.run_tuned_inprocess`)."""
-    clients = data.make_clients()
+    federation: :func:`rowfed_flower.tuning.run_tuned_inprocess`); ``guards``: the
+    clients' floors (the default ones when ``None``)."""
+    clients = data.make_clients(guards)
     registry = registry if registry is not None else rowfed_registry()
     out = {}
     for method in methods:

@@ -80,6 +80,7 @@ from strategies.experiments.design import (
     study_methods,
 )
 from strategies.experiments.runner import add_study_parser, run_study_args
+from strategies.problems import gic
 from strategies.tuning import KNOBS, CVOptions
 
 from . import sources as rsources
@@ -294,12 +295,9 @@ def load(path: str) -> tuple[Study, Settings]:
 # One task
 # ---------------------------------------------------------------------------------------
 def gic_nq(table: pd.DataFrame, n_total: int, p: int, q: int, m: int) -> np.ndarray:
-    """``log(RSS/(N q)) + log(log N) log(p q M) df / (N q)`` for every row of a GIC table."""
-    rss = table["rss"].to_numpy(dtype=float)
-    df = table["df"].to_numpy(dtype=float)
-    return np.log(rss / (n_total * q)) + np.log(np.log(n_total)) * np.log(p * q * m) * df / (
-        n_total * q
-    )
+    """``log(RSS/(N q)) + log(log N) log(p q M) df / (N q)`` for every row of a GIC table
+    (:func:`strategies.problems.gic` with ``per = "nq"``)."""
+    return gic(table["rss"], n_total, p, q, m, table["df"], per="nq")
 
 
 def fit_methods(st: Settings, data, cfg) -> tuple[dict, list[pd.DataFrame]]:

@@ -12,6 +12,7 @@ its responses).  The folds run in a process pool.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,17 @@ from .client import ClientSamples
 DEFAULT_LAM1_GRID = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01)
 DEFAULT_LAM2_GRID = (0.1, 0.05, 0.02, 0.01, 0.005)
 PARAMS = ("lam1", "lam2")
+#: The automatic grid of the federated tuning (docs/methods.md 2.5): ``N_LAM2`` sparsity
+#: levels below ``lam2_max`` and ``N_LAM1`` fusion levels from ``lam1_max`` down, each path
+#: spanning a factor ``LAM_RATIO``.
+N_LAM1, N_LAM2, LAM_RATIO = 6, 5, 1e-2
+#: A grid given as this word: the paths from the data (:func:`auto_levels`), for both levels.
+AUTO = "auto"
+#: A level far above any ``lam_max``: the fit at it is all fused (``lam1``) or zero (``lam2``).
+COMMON_LAM = 1e12
+#: ``--tune``'s information criteria and their df scaling (:func:`strategies.problems.gic`):
+#: the paper's GIC, and the GIC with its df term over the ``N q`` residuals.
+GIC_BY = {"gic": "n", "gic-nq": "nq"}
 #: The methods ``--tune gic`` chooses levels for (GIC needs a fused structure's df).
 TUNABLE = ("rowfed", "perfl-lsma", "mean-fusion", "nonfed")
 #: The methods ``--tune cv`` chooses settings for: also the FedAvg family (``lam2`` and the
@@ -102,6 +114,105 @@ def _levels(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid):
     ]
 
 
+def grid_values(text, default, key: str):
+    """A ``lam1``/``lam2`` grid option: :data:`AUTO`, or its numbers (``None``: ``default``)."""
+    if isinstance(text, str) and text.strip().lower() == AUTO:
+        return AUTO
+    return tuning.parse_grid(default if text is None else text, key)
+
+
+def check_auto(lam1_grid, lam2_grid, where: str = "") -> bool:
+    """Whether the grids are the paths from the data; both or neither (an error naming the
+    option otherwise)."""
+    auto1, auto2 = lam1_grid == AUTO, lam2_grid == AUTO
+    if auto1 != auto2:
+        key = "lam2-grid" if auto1 else "lam1-grid"
+        raise InputError(f"{where}{key}: give auto for both grids (the paths are drawn together)")
+    return auto1
+
+
+def sparsity_level(grads: np.ndarray, sparsity: str) -> float:
+    """``lam2_max``: the smallest sparsity level at which every client's own fit is zero,
+    from each client's gradient at ``Theta = 0`` ``(M, p, q)`` (working scale): the largest
+    entry (``entry`` sparsity) or row norm (``row``).  Fused clients are zero sooner."""
+    g = np.abs(np.asarray(grads, dtype=float))
+    if sparsity == "row":
+        return float(np.sqrt((g * g).sum(axis=-1)).max())
+    return float(g.max())
+
+
+def fusion_level(grads: np.ndarray, edges, weights, grouping: str, fusion: str) -> float:
+    """``lam1_max``: a fusion level at which the clients' common fit solves the fused problem,
+    from each client's gradient at that fit ``(M, p, q)``.  Each row (``grouping = "row"``)
+    or the whole matrix (``"block"``) is a group: :func:`strategies.tuning.lam_max` over the
+    edges (``None``: all pairs, weight 1), exact on a tree and an upper bound with cycles;
+    mean fusion: :func:`strategies.tuning.lam_max_mean`.  Returns the largest over groups."""
+    g = np.asarray(grads, dtype=float)
+    m = g.shape[0]
+    if edges is None:
+        edges = np.array(list(itertools.combinations(range(m), 2)), dtype=np.int64)
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    weights = np.ones(len(edges)) if weights is None else np.asarray(weights, dtype=float)
+    groups = [g.reshape(m, -1)] if grouping == "block" else [g[:, j, :] for j in range(g.shape[1])]
+    if fusion == "mean":
+        return max(tuning.lam_max_mean(x, True)[0] for x in groups)
+    return max(tuning.lam_max(edges, weights, x, True)[0] for x in groups)
+
+
+def _path(top: float, num: int, below: bool = False) -> list[float]:
+    """``num`` levels log-spaced over a factor :data:`LAM_RATIO` from ``top`` down (``below``:
+    starting one step under ``top``); ``[]`` when ``top`` is not positive."""
+    if not (np.isfinite(top) and top > 0):
+        return []
+    values = np.geomspace(top, top * LAM_RATIO, num + 1 if below else num)
+    return [float(v) for v in (values[1:] if below else values)]
+
+
+def _snake(lam1s, lam2s) -> list[tuple[float, float]]:
+    """``lam1`` descending; ``lam2`` descending then ascending alternately."""
+    return [(a, b) for i, a in enumerate(lam1s) for b in (lam2s if i % 2 == 0 else lam2s[::-1])]
+
+
+def auto_levels(cfg: RowFedConfig, method: str, powers, strategy, registry):
+    """The top of the path (a plan's stages, as ``yield from``): per site weighting in
+    ``powers``, a fit at ``Theta = 0`` gives each client's gradient there and so
+    :func:`sparsity_level`; ``N_LAM2`` levels below it; then the clients' common fit at the
+    smallest of them gives :func:`fusion_level` and ``N_LAM1`` levels from it down.  Returns
+    ``{power: [(lam1, lam2), ...]}`` in walking order (NonFed: ``lam1`` as ``cfg``'s), or
+    ``None`` when a fit gave no gradients."""
+    from strategies.batch import Job, Stage
+
+    top = cfg.replace(algorithm="pqn", inference="none")
+    own = "rowfed" if method == "nonfed" else method
+    zeros = {
+        a: Job(f"top/zero/a{a!r}", strategy(top.replace(lam1=COMMON_LAM, lam2=COMMON_LAM,
+                                                        size_power=a), registry, own))
+        for a in powers
+    }  # fmt: skip
+    yield Stage(list(zeros.values()), name="top of the path")
+    lam2s = {}
+    for a, job in zeros.items():
+        if job.strategy.qn is None:
+            return None
+        lam2s[a] = _path(sparsity_level(job.strategy.qn.grad, cfg.sparsity), N_LAM2, below=True)
+    if method == "nonfed":
+        return {a: [(cfg.lam1, b) for b in values] for a, values in lam2s.items()}
+    commons = {
+        a: Job(f"top/common/a{a!r}", strategy(top.replace(lam1=COMMON_LAM, lam2=lam2s[a][-1],
+                                                          size_power=a), registry, own))
+        for a in powers if lam2s[a]
+    }  # fmt: skip
+    yield Stage(list(commons.values()), name="top of the fusion path")
+    out = {}
+    for a, job in commons.items():
+        st = job.strategy
+        if st.qn is None:
+            return None
+        level = fusion_level(st.qn.grad, st.edges, st.weights, st.fusion_grouping, st.fusion)
+        out[a] = _snake(_path(level, N_LAM1), lam2s[a])
+    return out
+
+
 def tune_gic(
     cfg: RowFedConfig,
     data: rsources.FederatedData,
@@ -148,10 +259,11 @@ def tune_gic(
     return fits[best], table
 
 
-def gic_table(rows: list[dict]) -> tuple[pd.DataFrame, int]:
-    """The GIC table of a grid's rows with its ``selected`` column, and the chosen row."""
+def gic_table(rows: list[dict], column: str = "gic") -> tuple[pd.DataFrame, int]:
+    """The GIC table of a grid's rows with its ``selected`` column (the smallest
+    ``column``), and the chosen row."""
     table = pd.DataFrame(rows)
-    gics = table["gic"].to_numpy(dtype=float)
+    gics = table[column].to_numpy(dtype=float)
     if not np.isfinite(gics).any():
         raise InputError("tune: no grid point gave a finite GIC")
     best = int(np.nanargmin(gics))
@@ -266,21 +378,24 @@ def tune_cv(
 FEDERATED_TUNABLE = TUNABLE
 
 
-def check_folds(registry, k: int) -> list[str]:
-    """Refuse folds a client cannot form (fewer rows than ``k``), naming the client; return
-    the clients with fewer than :data:`strategies.tuning.SMALL_FOLD` validation rows per
-    fold."""
-    small = []
+def check_folds(registry, k: int) -> tuple[list, dict]:
+    """The clients with fewer than :data:`strategies.tuning.SMALL_FOLD` validation rows per
+    fold, and ``{client: folds it scores}`` for the clients with fewer rows than ``k``: such
+    a client trains in every fold and has a validation MSE in the folds that hold one of its
+    rows (they are dealt one a fold), its other folds adding nothing to the criterion."""
+    small, partial = [], {}
     for site in registry.order():
         n = registry.sites[site].n
         if n < k:
-            raise InputError(
-                f"folds: client {site!r} has {n} training rows, fewer than the {k} folds "
-                "(give fewer --folds)"
-            )
-        if n / k < tuning.SMALL_FOLD:
+            partial[site] = n
+        elif n / k < tuning.SMALL_FOLD:
             small.append(site)
-    return small
+    most = max((registry.sites[s].n for s in registry.order()), default=0)
+    if most < k:  # then some fold has validation rows at no client: it could score nothing
+        raise InputError(
+            f"folds: no client has {k} training rows (at most {most}); give fewer --folds"
+        )
+    return small, partial
 
 
 def federated_plan(
@@ -306,16 +421,23 @@ def federated_plan(
         )
     params = params_of(method) if by == "cv" else PARAMS
 
-    def strategy(point, registry):
-        return fed.make_strategy(method, point, len(registry.sites), registry)
+    def strategy(point, registry, own=method):
+        return fed.make_strategy(own, point, len(registry.sites), registry)
+
+    auto = check_auto(lam1_grid, lam2_grid)
+    if auto:  # if the paths cannot be drawn (a fit without gradients): the fixed grids
+        lam1_grid, lam2_grid = DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID
 
     def plan(batch):
         from strategies.batch import Job, Stage
 
         registry = batch.registry
         order = registry.order()
-        if by == "gic":
-            levels = _levels(method, cfg, lam1_grid, lam2_grid)
+        if by in GIC_BY:
+            found = None
+            if auto:
+                found = yield from auto_levels(cfg, method, (cfg.size_power,), strategy, registry)
+            levels = (found or {}).get(cfg.size_power) or _levels(method, cfg, lam1_grid, lam2_grid)
             jobs = [
                 Job(
                     f"gic/{i}",
@@ -334,6 +456,7 @@ def federated_plan(
                     {
                         **job.setting,
                         "gic": st.gic(),
+                        **({"gic_nq": st.gic("nq")} if by == "gic-nq" else {}),
                         "rss": st.rss(),
                         "df": degrees_of_freedom(labels, support),
                         "rounds": st.rounds,
@@ -341,16 +464,32 @@ def federated_plan(
                         "objective": st.objective(),
                     }
                 )
-            table, best = gic_table(rows)
-            batch.outputs = {"table": table, "by": "gic", "best": rows[best]}
+            column = "gic_nq" if by == "gic-nq" else "gic"
+            table, best = gic_table(rows, column)
+            batch.outputs = {"table": table, "by": by, "best": rows[best], "column": column,
+                             "lam_path": found is not None}  # fmt: skip
             return jobs[best].key
         sizes = [registry.sites[s].n for s in order]
         powers = ()
         if method in fed.FUSED_METHODS:
             powers = tuning.size_powers(sizes, cfg, size_power_grid)
-        settings = settings_grid(method, cfg, lam1_grid, lam2_grid, None, powers)
-        small = check_folds(registry, opts.folds)
+        found = None
+        if auto:
+            found = yield from auto_levels(cfg, method, powers or (cfg.size_power,), strategy,
+                                           registry)  # fmt: skip
+        if found and all(found.values()):
+            weighted = method in fed.FUSED_METHODS
+            settings = [
+                {"lam1": a, "lam2": b, **({"size_power": w} if weighted else {})}
+                for w, levels in found.items()
+                for a, b in levels
+            ]
+        else:
+            found = None
+            settings = settings_grid(method, cfg, lam1_grid, lam2_grid, None, powers)
+        small, partial = check_folds(registry, opts.folds)
         tuning.warn_small_folds(small, "client", "rows", "MSEs")
+        tuning.note_partial_folds(partial, opts.folds, "client", "rows", "MSE")
         base = opts.fit_config(cfg)
         speculative = cfg.inference == "none"
         cv_jobs, full = [], {}
@@ -376,7 +515,9 @@ def federated_plan(
         rows, site_rows = [], []
         for job in cv_jobs:
             ev = job.strategy.evaluation
-            mse = [ev[s]["mse_pred"] for s in order if s in ev]
+            # a client with fewer rows than folds has no validation rows in some folds
+            # (it then scores its training rows): those add nothing
+            mse = [ev[s]["mse_pred"] for s in order if ev.get(s, {}).get("split") == "test"]
             oof = batch.pooled.get(job.group, {})
             pooled = [oof[s]["mse"] for s in order if s in oof]
             rows.append({**job.setting, "val_mse": float(np.mean(mse)) if mse else np.nan,
@@ -396,7 +537,8 @@ def federated_plan(
         chosen, summary = tuning.choose(frame, params, score, False, opts.rule, simplest)
         i = next(j for j, s in enumerate(settings) if all(s[p] == chosen[p] for p in params))
         batch.outputs = {"table": table, "by": "cv", "summary": summary, "tuned": chosen,
-                         "score": score, "small_sites": small}  # fmt: skip
+                         "score": score, "small_sites": small, "partial_sites": partial,
+                         "lam_path": found is not None}  # fmt: skip
         if i not in full:
             full[i] = Job(f"full/{i}", strategy(cfg.replace(**settings[i]), registry))
             yield Stage([full[i]], name="refit")
@@ -411,8 +553,8 @@ def federated_options(tc) -> tuple[tuning.CVOptions, tuple, tuple, tuple | None]
         folds=tc.folds, rule=tc.rule, tol=tc.tol, max_rounds=tc.max_rounds, seed=tc.fold_seed,
         quiet=True, criterion=tc.criterion, repeats=tc.repeats, jobs=tc.jobs,
     )  # fmt: skip
-    lam1 = tuning.parse_grid(tc.lam1_grid or DEFAULT_LAM1_GRID, "tune.lam1-grid")
-    lam2 = tuning.parse_grid(tc.lam2_grid or DEFAULT_LAM2_GRID, "tune.lam2-grid")
+    lam1 = grid_values(tc.lam1_grid or None, DEFAULT_LAM1_GRID, "tune.lam1-grid")
+    lam2 = grid_values(tc.lam2_grid or None, DEFAULT_LAM2_GRID, "tune.lam2-grid")
     powers = tc.size_power_grid or None
     return opts, lam1, lam2, powers
 
@@ -422,7 +564,8 @@ def federated_strategy(cfg, method, by, tune, n_sites, registry, timeout=None, p
     from strategies.batch import BatchStrategy
 
     opts, lam1, lam2, powers = tune
-    _levels(method, cfg, lam1, lam2)  # the grids checked before any round
+    if not check_auto(lam1, lam2, "tune."):
+        _levels(method, cfg, lam1, lam2)  # the grids checked before any round
     plan = federated_plan(cfg, method, by, opts, lam1, lam2, powers)
     batch = BatchStrategy(
         plan, n_sites, registry, timeout=timeout, progress=progress, workers=opts.jobs
@@ -440,11 +583,11 @@ def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=
     return batch
 
 
-def run_tuned_inprocess(cfg, data, method: str, tune, progress=None, registry=None):
+def run_tuned_inprocess(cfg, data, method: str, tune, progress=None, registry=None, guards=None):
     """``method`` tuned inside the federation (``tune = (by, options)``, as ``tune.by``
     does) and refitted, through the in-process engine: its
-    :class:`~rowfed_flower.federation.MethodResult`."""
-    clients = data.make_clients()
+    :class:`~rowfed_flower.federation.MethodResult` (``guards``: the clients' floors)."""
+    clients = data.make_clients(guards)
     registry = registry if registry is not None else rowfed_registry()
     strategy = tuned_strategy(method, cfg, len(clients), registry, tune, progress)
     run_inprocess(strategy, clients, fed.max_rounds_for(method, cfg, True))
@@ -458,18 +601,25 @@ def federated_outputs(batch) -> dict:
 
     out = batch.outputs
     rounds = {"engine": "federated", "rounds": int(batch.rounds), "fits": int(batch.fits)}
-    if out["by"] == "gic":
+    # an automatic path's largest lam1 fuses every row: nothing lies beyond it
+    no_edge = (("lam1", "largest"),) if out["lam_path"] else ()
+    if out["by"] in GIC_BY:
         best = out["best"]
-        selected = {k: best[k] for k in ("lam1", "lam2", "gic")}
-        tuned = {"criterion": "gic", "grid_size": len(out["table"]), **rounds}
+        selected = {k: best[k] for k in ("lam1", "lam2", out["column"])}
+        tuned = {"criterion": out["by"], "grid_size": len(out["table"]),
+                 "grid": "lam_max" if out["lam_path"] else "fixed", **rounds}  # fmt: skip
         edges = tuning.grid_edges(out["table"], PARAMS, selected)
+        edges = {p: end for p, end in edges.items() if (p, end) not in no_edge}
         metrics = {"tuning": {**tuned, "selected": selected}, "at_grid_edge": edges}
         name = "gic.csv"
     else:
         opts = batch.opts
-        metrics = tuning_metrics(out["summary"], params_of(batch.method), out["score"], False, opts)
+        metrics = tuning_metrics(
+            out["summary"], params_of(batch.method), out["score"], False, opts, no_edge
+        )
         metrics["cv"].update(criterion=opts.criterion, repeats=opts.repeats)
-        metrics["tuning"] = {**rounds, "small_sites": list(out["small_sites"])}
+        metrics["tuning"] = {**rounds, "small_sites": list(out["small_sites"]),
+                             "partial_sites": dict(out["partial_sites"])}  # fmt: skip
         name = "cv.csv"
     metrics["tuning_time"] = batch.timing()
     return {"tuning_table": (name, out["table"]), "tuning_metrics": metrics,
@@ -477,11 +627,23 @@ def federated_outputs(batch) -> dict:
 
 
 __all__ = [
+    "COMMON_LAM",
     "FEDERATED_TUNABLE",
+    "GIC_BY",
+    "LAM_RATIO",
+    "N_LAM1",
+    "N_LAM2",
+    "AUTO",
+    "auto_levels",
+    "check_auto",
+    "grid_values",
+    "fusion_level",
+    "sparsity_level",
     "federated_options",
     "federated_outputs",
     "federated_plan",
     "federated_strategy",
+    "gic_table",
     "CV_TUNABLE",
     "DEFAULT_LAM1_GRID",
     "DEFAULT_LAM2_GRID",

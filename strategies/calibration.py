@@ -165,15 +165,20 @@ def calibration_metrics(prob, y, bins: int = ECE_BINS) -> dict:
             "cal_slope": fit["b"]}  # fmt: skip
 
 
+#: The fewest rows a reliability band describes when the site's floors are lower (``fit``
+#: in process applies no floor unless asked): a band of one or two rows says nothing.
+BAND_ROWS = 3
+
+
 def reliability_bins(prob, y, floor: int, bands: int = RELIABILITY_BANDS) -> list[list[float]]:
     """A site's reliability diagram: its rows grouped by predicted probability into
     ``bands`` equal bands of ``[0, 1]``, each band with fewer than ``floor`` rows (at least
-    1) merged into the next (the last into the one before), so that no band sent describes
-    fewer rows than the site's floor.  Each band: ``[lower, upper, rows, mean probability,
-    observed rate]``; empty bands are left out."""
+    :data:`BAND_ROWS`) merged into the next (the last into the one before), so that no band
+    sent describes fewer rows than the site's floor.  Each band: ``[lower, upper, rows,
+    mean probability, observed rate]``; empty bands are left out."""
     prob = np.asarray(prob, dtype=float).ravel()
     y = np.asarray(y, dtype=float).ravel()
-    floor = max(int(floor), 1)
+    floor = max(int(floor), BAND_ROWS)
     if len(prob) < floor:
         return []
     edges = np.linspace(0.0, 1.0, bands + 1)

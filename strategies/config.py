@@ -501,7 +501,9 @@ class TuneConfig:
     key_prefix = "tune."
 
     by: str = setting(
-        "", "tune inside the federation: cv, or gic (RowFed; empty: no tuning)", ("", "cv", "gic")
+        "",
+        "tune inside the federation: cv, or gic / gic-nq (RowFed; empty: no tuning)",
+        ("", "cv", "gic", "gic-nq"),
     )
     folds: int = setting(5, "folds within each site, >= 2", at_least=2)
     rule: str = setting("best", "the best mean score, or the simplest within 1 SE", ("best", "1se"))
@@ -522,11 +524,32 @@ class TuneConfig:
     w_dist_grid: str = setting("0,1,2", "GrAUC-PFL w_dist values")
     ridge_grid: str = setting("0.001,0.01,0.1,1", "GrAUC-PFL ridge values")
     size_power_grid: str = setting("", "site weightings (empty: 0 and 1 when sizes differ)")
-    lam1_grid: str = setting("", "RowFed lam1 values (empty: 0.5, 0.2, 0.1, 0.05, 0.02, 0.01)")
-    lam2_grid: str = setting("", "RowFed lam2 values (empty: 0.1, 0.05, 0.02, 0.01, 0.005)")
+    lam1_grid: str = setting(
+        "", "RowFed lam1 values (empty: 0.5, 0.2, 0.1, 0.05, 0.02, 0.01; auto: from lam1_max)"
+    )
+    lam2_grid: str = setting(
+        "", "RowFed lam2 values (empty: 0.1, 0.05, 0.02, 0.01, 0.005; auto: below lam2_max)"
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+@dataclass(frozen=True)
+class GuardsConfig(Section):
+    """The floors of sites simulated on one machine (run-config keys ``guards.<name>``;
+    :class:`strategies.guards.Guards`): ``flwr run``'s simulation and ``fit --engine flower``.
+    A SuperNode across hospitals takes its own from its node config, whatever these say."""
+
+    prefix = "guards"
+
+    min_rows: int = setting(3, "rows a site needs to take part, >= 0", at_least=0)
+    min_class_rows: int = setting(
+        3, "rows of each class a site has it needs to take part (GrAUC-PFL), >= 0", at_least=0
+    )
+    min_rows_per_feature: float = setting(
+        3.0, "rows per feature a site needs to send second moments, >= 0", at_least=0
+    )
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,35 @@ class Guards:
         return cls(**values)
 
     @classmethod
+    def from_config(cls, config) -> Guards:
+        """The guards of a :class:`strategies.config.GuardsConfig` (simulated sites)."""
+        return cls(config.min_rows, config.min_class_rows, float(config.min_rows_per_feature))
+
+    @classmethod
+    def off(cls) -> Guards:
+        """No floor: every row is on the user's own machine (``fit`` in process), so
+        nothing is disclosed (``fit``'s options set floors there only when asked)."""
+        return cls(min_rows=0, min_class_rows=0, min_rows_per_feature=0.0)
+
+    def refusals(
+        self, n: int, classes: dict[str, int] | None = None, p: int = 0, moments: str = ""
+    ) -> list[str]:
+        """What a site of ``n`` rows (``classes``: rows of each class it has) would refuse
+        at these floors, one phrase each: taking part, and with ``moments`` (what a run
+        asks for second moments) sending them for ``p`` features."""
+        out = []
+        if n < self.min_rows:
+            out.append(f"min-rows: {_rows(n)}, floor {self.min_rows}")
+        for name, count in (classes or {}).items():
+            if 0 < count < self.min_class_rows:
+                out.append(f"min-class-rows: {_rows(count)} of class {name}, floor "
+                           f"{self.min_class_rows}")  # fmt: skip
+        if moments and n < self.moment_floor(p):
+            out.append(f"min-rows-per-feature: {moments} from {_rows(n)}, floor "
+                       f"{self.moment_floor(p)}")  # fmt: skip
+        return out
+
+    @classmethod
     def for_benchmark(cls) -> Guards:
         """The guards of a benchmark's sites (the problem family: what is measured is
         rounds; its exact-curvature variant needs second moments of every member, and its

@@ -234,20 +234,30 @@ def degrees_of_freedom(labels: np.ndarray, support: np.ndarray) -> int:
     return df
 
 
-def gic(rss: float, n_total: int, p: int, q: int, n_sites: int, df: int) -> float:
+def gic(rss, n_total: int, p: int, q: int, n_sites: int, df, per: str = "n"):
     """Generalized information criterion (docs/methods.md 2.5; Fan & Tang 2013).
 
     Notes
     -----
     ``GIC = log(RSS / (N q)) + log(log N) log(p q M) df / N`` with ``RSS = sum_m
-    ||Y_m - X_m Theta_hat_m||_F^2`` (each client uploads its own) and ``N = sum_m n_m``.
+    ||Y_m - X_m Theta_hat_m||_F^2`` (each client uploads its own) and ``N = sum_m n_m``:
+    the paper's (``per = "n"``).  ``per = "nq"`` divides the df term by ``N q``, the number
+    of residuals the RSS sums (the same at ``q = 1``).  ``rss`` and ``df`` may be arrays.
     """
     if not n_total > 1:
         raise ValueError(f"n_total: GIC needs N > 1 (log log N), got {n_total}")
-    return float(
-        np.log(rss / (n_total * q))
-        + np.log(np.log(n_total)) * np.log(p * q * n_sites) / n_total * df
+    if per not in GIC_PER:
+        raise ValueError(f"per: must be one of {', '.join(GIC_PER)}, got {per!r}")
+    scale = n_total * (q if per == "nq" else 1)
+    value = (
+        np.log(np.asarray(rss, float) / (n_total * q))
+        + np.log(np.log(n_total)) * np.log(p * q * n_sites) * np.asarray(df, float) / scale
     )
+    return float(value) if np.ndim(value) == 0 else value
+
+
+#: The GIC's df scalings (:func:`gic`).
+GIC_PER = ("n", "nq")
 
 
 def canonical_labels(labels: np.ndarray) -> np.ndarray:

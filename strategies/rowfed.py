@@ -98,15 +98,16 @@ class _RowFedOutputs:
         # summed in federation order: the same number whichever order the answers came in
         return float(sum(self.evaluation[s]["rss"] for s in self.sites))
 
-    def gic(self) -> float:
-        """GIC of the fit from the uploaded RSS; ``nan`` before evaluation."""
+    def gic(self, per: str = "n") -> float:
+        """GIC of the fit from the uploaded RSS (:func:`strategies.problems.gic`, its df
+        term over ``N`` or, ``per = "nq"``, over ``N q``); ``nan`` before evaluation."""
         rss = self.rss()
         if not np.isfinite(rss):
             return float("nan")
         labels, support = self.structure()
         n_total = sum(self.registry.sites[s].n for s in self.sites)
         m, p, q = self.coefficients_std().shape
-        return gic(rss, n_total, p, q, m, degrees_of_freedom(labels, support))
+        return gic(rss, n_total, p, q, m, degrees_of_freedom(labels, support), per)
 
 
 def _local_config(cfg: RowFedConfig, init: str) -> dict:
@@ -360,7 +361,7 @@ class RowFedAvg(_RowFedOutputs, RegisteringFedAvg):
     def warm_start(self) -> np.ndarray:
         return self.coefficients_std()
 
-    def gic(self) -> float:
+    def gic(self, per: str = "n") -> float:
         return float("nan")
 
 

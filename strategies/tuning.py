@@ -173,6 +173,22 @@ def warn_small_folds(small: Sequence[str], entity: str, rows: str, score: str) -
     )
 
 
+def note_partial_folds(partial: dict, k: int, entity: str, rows: str, score: str) -> None:
+    """The one note naming the sites (``entity``) with fewer ``rows`` than the ``k`` folds
+    (``partial``: ``{site: folds it scores}``): they train in every fold and are scored
+    only in the folds that hold what their ``score`` needs."""
+    if not partial:
+        return
+    from .datasets.tables import named, warn
+
+    warn(
+        f"cv: {len(partial)} {entity}(s) have fewer {rows} than the {k} folds "
+        f"({named([f'{s} ({n} of {k})' for s, n in partial.items()])}): each trains in every "
+        f"fold and has a validation {score} in as many folds as it fills (the counts given); "
+        "the criterion averages what each fold scores"
+    )
+
+
 def holdout_mask(y: np.ndarray | None, n: int, fraction: float, rng) -> np.ndarray:
     """Rows held out for testing: ``fraction`` of each class (binary ``y``) or of all rows
     (``y`` is None), rounded half up and leaving at least one row of each class (or row)
@@ -348,7 +364,10 @@ def summarize(table: pd.DataFrame, params: Sequence[str], score: str) -> pd.Data
 def grid_edges(table: pd.DataFrame, params: Sequence[str], chosen: dict) -> dict[str, str]:
     """``{setting: "smallest" | "largest"}`` for each setting of ``chosen`` at an end of the
     values tried with the other settings at their chosen values (settings with one value
-    there left out): a choice at a grid's edge may have its optimum beyond it."""
+    there left out) that is also an end of that setting's whole grid: a choice there may
+    have its optimum beyond it, and only a wider grid can tell.  (Where one setting's
+    values depend on another's -- GrAUC-PFL's lam path on w_dist -- the values tried at the
+    chosen others may be fewer than the grid: a choice inside the grid is no edge.)"""
     out = {}
     for p in params:
         mask = np.ones(len(table), bool)
@@ -358,10 +377,11 @@ def grid_edges(table: pd.DataFrame, params: Sequence[str], chosen: dict) -> dict
         values = np.unique(table.loc[mask, p].to_numpy(dtype=float))
         if len(values) < 2:
             continue
+        grid = np.unique(table[p].to_numpy(dtype=float))
         value = float(chosen[p])
-        if value == values[0]:
+        if value == values[0] == grid[0]:
             out[p] = "smallest"
-        elif value == values[-1]:
+        elif value == values[-1] == grid[-1]:
             out[p] = "largest"
     return out
 

@@ -17,6 +17,7 @@ from rowfed_flower.sources import RowFedDataSpec
 from strategies.config import (
     CheckpointConfig,
     GrAUCConfig,
+    GuardsConfig,
     RegistrationConfig,
     RowFedConfig,
     TuneConfig,
@@ -68,6 +69,7 @@ def test_every_pyproject_key_is_a_setting_with_its_default():
         **to_run_config(RegistrationConfig(), "registration"),
         **to_run_config(TuneConfig(), "tune"),
         **to_run_config(CheckpointConfig(), "checkpoint"),
+        **GuardsConfig().to_run_config(),
     }
     assert set(app) == set(expected), set(app) ^ set(expected)
     for key, value in expected.items():
@@ -148,6 +150,7 @@ DECLARED = [
     (RowFedDataSpec, "rowfed-data", "rowfed"),
     (TuneConfig, "tune", None),
     (RegistrationConfig, "registration", None),
+    (GuardsConfig, "guards", None),
 ]
 
 

@@ -100,7 +100,7 @@ def _fold_sites(sites, k, repeat=0, folds=K, seed=SEED) -> list[SiteData]:
     return out
 
 
-def _alone(sites, lam, w_dist, ridge):
+def _alone(sites, lam, w_dist, ridge, guards=None):
     """The fit of one (fold, setting) run alone: the CLI's defaults at the CV tolerance."""
     from grauc_flower.federation import run_methods_inprocess
     from strategies.config import GrAUCConfig
@@ -110,7 +110,7 @@ def _alone(sites, lam, w_dist, ridge):
     point = GrAUCConfig().replace(
         lam=lam, w_dist=w_dist, ridge=ridge, tol=opts.tol, max_rounds=opts.max_rounds
     )
-    return run_methods_inprocess(point, sites, ["grauc"])["grauc"]
+    return run_methods_inprocess(point, sites, ["grauc"], guards=guards)["grauc"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -483,7 +483,7 @@ def test_refit_equals_a_plain_fit(files, tuned, tmp_path, criterion):
 @pytest.mark.parametrize(
     ("extra", "words", "absent"),
     [
-        (("--tune", "cv", "--folds", "5", "--lam-grid", "0.1"), ("folds:", "S3"), "S1"),
+        (("--tune", "cv", "--folds", "15", "--lam-grid", "0.1"), ("folds:", "at most 14"), "S3"),
         (("--tune", "cv", "--ridge-grid", "-1"), ("ridge-grid",), None),
         (
             ("--tune", "cv", "--cv-criterion", "pooled", "--method", "fedavg", "--folds", "2",
@@ -494,8 +494,9 @@ def test_refit_equals_a_plain_fit(files, tuned, tmp_path, criterion):
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line(files, capsys, tmp_path, extra, words, absent):
-    """Exit 2, one ``error:`` line naming the field (the folds: the site, S3 with 4
-    positive rows, not the sites with 14), no traceback, no output directory."""
+    """Exit 2, one ``error:`` line naming the field (the folds: more than any site can fill,
+    the largest 14 positive rows; S3 with 4 would take part), no traceback, no output
+    directory."""
     _, data, site_file, _ = files
     frame = pd.read_csv(data)
     few = frame[(frame["site"] == "S3") & (frame["y"] == 1)].index[4:]
@@ -779,17 +780,28 @@ def test_rowfed_gic_inside_the_federation_equals_the_warm_started_walk(rowfed_da
     assert res.extra["tuning_metrics"]["at_grid_edge"] == want
 
 
+def _rowfed_fold(data, k: int, folds: int = 3, seed: int = 4):
+    """Each client's rows outside fold ``k`` of its own folds for training, fold ``k`` for
+    validation (the folds rebuilt here from ``site_folds``)."""
+    from rowfed_flower.client import ClientSamples
+    from rowfed_flower.sources import FederatedData
+    from strategies.folds import site_folds
+
+    parts = []
+    for c in data.clients:
+        f = site_folds(np.zeros(c.n), folds, seed, 0, c.site, False)
+        parts.append(ClientSamples(c.site, c.x[f != k], c.y[f != k], c.x[f == k], c.y[f == k]))
+    return FederatedData(tuple(parts), data.features, data.responses)
+
+
 def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
     """A (fold, setting) row of the batched RowFed CV: the same fit run alone on that
     fold's rows (each client's own random folds) gives the same validation MSE (the mean
     over clients of each client's mean squared error, computed here) and rounds; the pooled
     MSE is each client's squared errors over all its folds' validation rows."""
     from rowfed_flower import federation as rfed
-    from rowfed_flower.client import ClientSamples
-    from rowfed_flower.sources import FederatedData
     from rowfed_flower.tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
-    from strategies.folds import site_folds
     from strategies.tuning import CVOptions
 
     cfg = RowFedConfig()
@@ -802,15 +814,7 @@ def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
         sse = {c.site: 0.0 for c in rowfed_data.clients}
         count = dict.fromkeys(sse, 0)
         for k in range(3):
-            folds = [site_folds(np.zeros(c.n), 3, 4, 0, c.site, False) for c in rowfed_data.clients]
-            alone = FederatedData(
-                tuple(
-                    ClientSamples(c.site, c.x[f != k], c.y[f != k], c.x[f == k], c.y[f == k])
-                    for c, f in zip(rowfed_data.clients, folds, strict=True)
-                ),
-                rowfed_data.features,
-                rowfed_data.responses,
-            )
+            alone = _rowfed_fold(rowfed_data, k)
             point = cfg.replace(lam1=0.05, lam2=lam2, tol=opts.tol, max_rounds=opts.max_rounds)
             fit = rfed.run_methods_inprocess(point, alone, ["rowfed"])["rowfed"]
             mses = []
@@ -832,15 +836,44 @@ def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
     np.testing.assert_array_equal(res.theta, plain.theta)
 
 
-def test_rowfed_folds_a_client_cannot_form_are_refused(rowfed_data):
+def test_rowfed_client_with_fewer_rows_than_folds_takes_part(rowfed_data):
+    """A client with 2 rows and 3 folds takes part: it trains in every fold, has a
+    validation MSE in the 2 folds that hold one of its rows, and in the third the fold's
+    criterion is the mean over the other clients only (counted here from the same fit run
+    alone on that fold); the output names it with the folds it scores."""
+    from rowfed_flower import federation as rfed
+    from rowfed_flower.client import ClientSamples
+    from rowfed_flower.sources import FederatedData
     from rowfed_flower.tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
-    from strategies.errors import InputError
+    from strategies.guards import Guards
     from strategies.tuning import CVOptions
 
-    tune = ("cv", (CVOptions(folds=41, quiet=True), *ROWFED_GRID, None))
-    with pytest.raises(InputError, match="folds: client 'c0' has 40 training rows"):
-        run_tuned_inprocess(RowFedConfig(), rowfed_data, "rowfed", tune)
+    first = rowfed_data.clients[0]
+    small = ClientSamples(first.site, first.x[:2], first.y[:2])
+    data = FederatedData(
+        (small, *rowfed_data.clients[1:]), rowfed_data.features, rowfed_data.responses
+    )
+    cfg = RowFedConfig(size_power=0.0)
+    opts = CVOptions(folds=3, quiet=True, seed=4)
+    tune = ("cv", (opts, (0.05,), (0.02,), (0.0,)))
+    res = run_tuned_inprocess(cfg, data, "rowfed", tune, guards=Guards.off())
+    _, table = res.extra["tuning_table"]
+    assert res.extra["tuning_metrics"]["tuning"]["partial_sites"] == {first.site: 2}
+    scored = 0
+    for k in range(3):
+        alone = _rowfed_fold(data, k)
+        point = cfg.replace(lam1=0.05, lam2=0.02, tol=opts.tol, max_rounds=opts.max_rounds)
+        fit = rfed.run_methods_inprocess(point, alone, ["rowfed"], guards=Guards.off())["rowfed"]
+        mses = [
+            np.mean((c.y_test - c.x_test @ fit.theta[z] - fit.intercept[z]) ** 2)
+            for z, c in enumerate(alone.clients)
+            if len(c.y_test)
+        ]
+        scored += len(alone.clients[0].y_test) > 0
+        row = table[table["fold"] == k]
+        assert row["val_mse"].iloc[0] == pytest.approx(np.mean(mses), rel=1e-9)
+    assert scored == 2  # the small client has validation rows in 2 of the 3 folds
 
 
 @pytest.mark.slow
@@ -877,3 +910,117 @@ def test_rowfed_gic_through_flwr_run_equals_inprocess(rowfed_data, tmp_path, cap
     ma, mb = _metrics(outs["inprocess"]), _metrics(outs["flower"])
     assert ma["tuning"]["selected"] == mb["tuning"]["selected"]
     assert ma["tuning"]["rounds"] == mb["tuning"]["rounds"] > 0
+
+
+def test_rowfed_sparsity_level_is_where_each_client_alone_is_zero():
+    """``lam2_max`` from the gradients at zero: a client's own lasso (NonFed, solved by
+    cvxpy here) is zero just above it and not just below, for entry and row sparsity."""
+    cp = pytest.importorskip("cvxpy")
+    from rowfed_flower.tuning import sparsity_level
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((30, 3))
+    y = x @ rng.standard_normal((3, 2)) + rng.standard_normal((30, 2))
+    x, y = x - x.mean(0), y - y.mean(0)
+    grads = (-(x.T @ y) / len(x))[None]  # one client's gradient of ||Y - X T||^2 / (2n) at 0
+    for sparsity in ("entry", "row"):
+        top = sparsity_level(grads, sparsity)
+        for factor, zero in ((1.01, True), (0.95, False)):
+            t = cp.Variable((3, 2))
+            pen = cp.sum(cp.abs(t)) if sparsity == "entry" else cp.sum(cp.norm(t, 2, axis=1))
+            loss = cp.sum_squares(y - x @ t) / (2 * len(x))
+            cp.Problem(cp.Minimize(loss + factor * top * pen)).solve()
+            assert (np.abs(t.value).max() < 1e-6) == zero, (sparsity, factor)
+
+
+def test_rowfed_fusion_level_fuses_every_row():
+    """``lam1_max`` from the gradients at the clients' common fit: the fused problem
+    (cvxpy) is all fused just above it; with two clients (one edge, a tree) it is exact, so
+    just below the rows part."""
+    cp = pytest.importorskip("cvxpy")
+    from rowfed_flower.tuning import fusion_level
+
+    rng = np.random.default_rng(11)
+    for m in (2, 4):
+        xs = [rng.standard_normal((25, 2)) for _ in range(m)]
+        ys = [x @ rng.standard_normal((2, 2)) + 0.3 * rng.standard_normal((25, 2)) for x in xs]
+        common = np.linalg.lstsq(np.vstack(xs), np.vstack(ys), rcond=None)[0]
+        grads = np.stack([-(x.T @ (y - x @ common)) / len(x) for x, y in zip(xs, ys, strict=True)])
+        top = fusion_level(grads, None, None, "row", "graph")
+        pairs = [(a, b) for a in range(m) for b in range(a + 1, m)]
+        for factor in (1.01, 0.95):
+            ts = [cp.Variable((2, 2)) for _ in range(m)]
+            loss = sum(
+                cp.sum_squares(y - x @ t) / (2 * len(x)) for x, y, t in zip(xs, ys, ts, strict=True)
+            )
+            fuse = sum(cp.sum(cp.norm(ts[a] - ts[b], 2, axis=1)) for a, b in pairs)
+            cp.Problem(cp.Minimize(loss + factor * top * fuse)).solve()
+            spread = max(np.abs(ts[a].value - ts[b].value).max() for a, b in pairs)
+            if factor > 1:
+                assert spread < 1e-5, m
+            elif m == 2:
+                assert spread > 1e-4
+
+
+def test_rowfed_auto_gic_path_starts_at_the_data(rowfed_data):
+    """With ``auto`` grids, the federated GIC walks paths from the data: the largest lam1 fuses
+    every row (one cluster a row), the lam2 levels lie below lam2_max and span a factor
+    100, and ``gic-nq`` chooses the smallest df-over-Nq GIC (computed here by hand); no
+    grid-edge note for the top of the lam1 path."""
+    from rowfed_flower.tuning import LAM_RATIO, N_LAM1, N_LAM2, run_tuned_inprocess
+    from strategies.config import RowFedConfig
+    from strategies.tuning import CVOptions
+
+    tune = ("gic-nq", (CVOptions(quiet=True), "auto", "auto", None))
+    res = run_tuned_inprocess(RowFedConfig(), rowfed_data, "rowfed", tune)
+    _, table = res.extra["tuning_table"]
+    lam1s, lam2s = np.unique(table["lam1"]), np.unique(table["lam2"])
+    assert len(table) == N_LAM1 * N_LAM2 and len(lam1s) == N_LAM1 and len(lam2s) == N_LAM2
+    np.testing.assert_allclose(lam1s[-1] / lam1s[0], 1 / LAM_RATIO)
+    clients = rowfed_data.clients
+    n, q, p, m = sum(c.n for c in clients), clients[0].q, clients[0].p, len(clients)
+    hand = np.log(table["rss"] / (n * q)) + np.log(np.log(n)) * np.log(p * q * m) * table["df"] / (
+        n * q
+    )
+    np.testing.assert_allclose(table["gic_nq"], hand, rtol=1e-12)
+    assert table["selected"].to_numpy().argmax() == int(np.argmin(hand))
+    top = table[table["lam1"] == lam1s[-1]]
+    assert (top["df"] <= p * q).all()  # one cluster a row: at most p q numbers
+    edges = res.extra["tuning_metrics"]["at_grid_edge"]
+    assert edges.get("lam1") != "largest"
+    assert res.extra["tuning_metrics"]["tuning"]["grid"] == "lam_max"
+
+
+def test_a_site_with_fewer_rows_of_a_class_than_folds_takes_part(tmp_path):
+    """A site with 2 positive rows and 3 folds takes part in ``fit --tune cv``: it trains
+    in every fold and has a validation AUC in the 2 folds that hold one of its positives;
+    each fold's ``val_auc`` is the mean over the sites that fold can score (counted here,
+    brute force over pairs, from the same fit run alone); metrics.json names the site."""
+    from strategies.guards import Guards
+
+    sites = simulate(1, 4, 3, 36, 60, 0.4, 3, seed=4242)
+    pos = np.flatnonzero(sites[1].y_train == 1)
+    keep = np.ones(len(sites[1].y_train), bool)
+    keep[pos[2:]] = False
+    s = sites[1]
+    sites[1] = SiteData(s.site, s.lat, s.lon, s.x_train[keep], s.y_train[keep], s.x_test,
+                        s.y_test, s.features)  # fmt: skip
+    data, site_file = write_grauc_csv(str(tmp_path), sites)
+    out = str(tmp_path / "fit")
+    _ok("fit", "--data", data, "--sites", site_file, "--out", out, "--quiet", "--tune", "cv",
+        "--folds", K, "--data-seed", SEED, "--lam-grid", "0.2", "--w-dist-grid", "1",
+        "--ridge-grid", "0.1", "--size-power-grid", "0")  # fmt: skip
+    assert _metrics(out)["tuning"]["partial_sites"] == {sites[1].site: 2}
+    table = _read(out, "cv.csv")
+    scored = 0
+    for k in range(K):
+        fold = _fold_sites(sites, k)
+        fit = _alone(fold, 0.2, 1.0, 0.1, Guards.off())
+        aucs = []
+        for z, f in enumerate(fold):
+            if 0 < f.y_test.sum() < len(f.y_test):  # both classes in this fold
+                aucs.append(_pairs(f.x_test @ fit.coefficients[z], f.y_test)[0])
+        scored += 0 < fold[1].y_test.sum()
+        row = table[table["fold"] == k]
+        assert len(row) == 1 and row["val_auc"].iloc[0] == pytest.approx(np.mean(aucs), rel=1e-9)
+    assert scored == 2

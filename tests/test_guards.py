@@ -143,7 +143,12 @@ def test_rowfed_server_names_the_guard(tmp_path):
         rfed.run_methods_inprocess(RowFedConfig(curvature="exact"), data, ["rowfed"])
 
 
-def test_the_fit_command_says_it_in_one_line(tmp_path, capsys):
+def test_fit_applies_a_floor_only_when_asked_and_names_the_sites(tmp_path, capsys):
+    """In ``fit`` every row is on the user's machine: a site below the default floors takes
+    part, named in one note and in ``metrics.json``; the same floor given as an option
+    stops the fit in one line (exit 2, nothing written), as a site's node config would."""
+    import json
+
     sites = simulate(n_sites=3, n_features=2, n_train=30, seed=5)
     sites[0] = _with_positives(sites[0], 1)
     rows, places = [], []
@@ -155,13 +160,24 @@ def test_the_fit_command_says_it_in_one_line(tmp_path, capsys):
         places.append({"site": s.site, "lat": s.lat, "lon": s.lon})
     pd.concat(rows).to_csv(tmp_path / "data.csv", index=False)
     pd.DataFrame(places).to_csv(tmp_path / "sites.csv", index=False)
+    base = ["fit", "--data", str(tmp_path / "data.csv"), "--sites", str(tmp_path / "sites.csv")]
     out = tmp_path / "fit"
-    code = grauc_main(["fit", "--data", str(tmp_path / "data.csv"), "--sites",
-                       str(tmp_path / "sites.csv"), "--out", str(out)])  # fmt: skip
+    assert grauc_main([*base, "--out", str(out), "--quiet"]) == 0
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1, err
-    assert f"site {sites[0].site}: min-class-rows: refuses to take part with 1 row of" in err
-    assert not out.exists()
+    note = [line for line in err.splitlines() if line.startswith("note: across hospitals")]
+    assert len(note) == 1 and f"{sites[0].site} (min-class-rows: 1 row of class 1" in note[0]
+    guards = json.loads((out / "metrics.json").read_text())["guards"]
+    assert guards["applied"] == {"min_rows": 0, "min_class_rows": 0, "min_rows_per_feature": 0}
+    assert list(guards["refused_at_default_floors"]) == [sites[0].site]
+    strict = tmp_path / "strict"
+    code = grauc_main([*base, "--out", str(strict), "--min-class-rows", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: site "), err
+    assert "min-class-rows: refuses to take part with 1 row of class 1" in err[-1]
+    assert not strict.exists()
+    assert grauc_main([*base, "--out", str(strict), "--min-rows", "-1"]) == 2
+    assert capsys.readouterr().err.strip().endswith("error: min-rows: must be >= 0, got -1")
+    assert not strict.exists()
 
 
 def test_a_fold_is_checked_for_moments_not_rows():

@@ -245,3 +245,27 @@ def test_cv_options_are_checked():
     ):
         with pytest.raises(InputError, match=key):
             tuning.CVOptions(**kwargs)
+
+
+def test_grid_edge_only_where_a_wider_grid_could_help():
+    """w_dist = 1 chosen at a lam tried only with w_dist 1 and 2 (lam's path depends on
+    w_dist) is the smallest value tried there but inside the grid 0, 1, 2: no edge (the
+    rule before named it); the same choice where 0 and 1 were tried at that lam would be
+    the smallest of the grid: an edge; on a product grid the edges are each setting's
+    ends."""
+    import pandas as pd
+
+    from strategies.tuning import grid_edges
+
+    dependent = pd.DataFrame({"lam": [0.5, 0.4, 0.3, 0.1, 0.3, 0.2], "w_dist": [0, 0, 1, 1, 2, 2]})
+    assert grid_edges(dependent, ["lam", "w_dist"], {"lam": 0.3, "w_dist": 1}) == {}
+    shared = pd.DataFrame({"lam": [0.5, 0.3, 0.3, 0.1, 0.2], "w_dist": [0, 0, 1, 1, 2]})
+    want = {"w_dist": "largest"}
+    assert grid_edges(shared, ["lam", "w_dist"], {"lam": 0.3, "w_dist": 1}) == {}
+    assert grid_edges(shared, ["lam", "w_dist"], {"lam": 0.3, "w_dist": 0}) == {
+        "w_dist": "smallest"
+    }
+    assert grid_edges(shared.assign(w_dist=[0, 1, 2, 2, 2]), ["lam", "w_dist"],
+                      {"lam": 0.3, "w_dist": 2}) == want  # fmt: skip
+    product = pd.DataFrame({"a": [1, 1, 2, 2], "b": [5, 6, 5, 6]})
+    assert grid_edges(product, ["a", "b"], {"a": 2, "b": 5}) == {"a": "largest", "b": "smallest"}

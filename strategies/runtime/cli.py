@@ -204,6 +204,85 @@ def add_test_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_guard_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sites' disclosure floors as ``fit`` options, named as in a SuperNode's node
+    config (:mod:`strategies.guards`).  In ``fit`` every row is on this machine, so a floor
+    applies only when given; the output names the sites a federation at the default floors
+    would refuse."""
+    for flag, kind, what in (
+        ("min-rows", int, "rows a site needs to take part"),
+        ("min-class-rows", int, "rows of each class a site has it needs to take part"),
+        ("min-rows-per-feature", float, "rows per feature a site needs to send second moments"),
+    ):
+        parser.add_argument(
+            "--" + flag, type=kind, default=None, metavar="N",
+            help=f"{what} (default here: no floor; a federation's sites: 3)",
+        )  # fmt: skip
+
+
+def guards_from_args(args: argparse.Namespace):
+    """The floors ``fit`` applies: the ones given (>= 0, else an error naming the option),
+    none for the rest (:meth:`strategies.guards.Guards.off`)."""
+    from ..guards import Guards
+
+    given = {}
+    for name in ("min_rows", "min_class_rows", "min_rows_per_feature"):
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if not value >= 0:  # also nan
+            raise InputError(f"{name.replace('_', '-')}: must be >= 0, got {plain(value)}")
+        given[name] = value
+    return dataclasses.replace(Guards.off(), **given)
+
+
+def guards_run_config(guards) -> dict:
+    """The ``guards.*`` run-config keys of ``guards`` (``fit --engine flower``: the floors
+    of the simulated sites)."""
+    from ..config import GuardsConfig
+
+    return GuardsConfig(
+        guards.min_rows, guards.min_class_rows, guards.min_rows_per_feature
+    ).to_run_config()
+
+
+def moments_asked(cfg, what: str) -> str:
+    """What a fit at ``cfg`` asks each site second moments for (``what``: the method's
+    name for them), or empty: exact curvature or oracle inference."""
+    return what if cfg.curvature == "exact" or cfg.inference == "oracle" else ""
+
+
+def guards_record(guards, refused: dict) -> dict:
+    """``metrics.json``'s ``guards``: the floors applied and what the default floors of a
+    federation would have refused (:func:`note_default_floors`)."""
+    return {"applied": dataclasses.asdict(guards), "refused_at_default_floors": refused}
+
+
+def note_default_floors(sites: list[tuple], moments: str, stream=None) -> dict[str, list[str]]:
+    """What a federation's sites at the default floors (:class:`strategies.guards.Guards`)
+    would refuse, from ``sites`` as ``(site, rows, {class: rows} or None, features)``
+    (``moments``: what the run asks second moments for, or empty): one note line naming
+    them on ``stream`` (stderr), and ``{site: [refusal, ...]}`` for ``metrics.json``."""
+    from ..guards import Guards
+
+    floors = Guards()
+    out = {}
+    for site, n, classes, p in sites:
+        found = floors.refusals(n, classes, p, moments)
+        if found:
+            out[str(site)] = found
+    if out:
+        named = "; ".join(f"{s} ({', '.join(r)})" for s, r in list(out.items())[:5])
+        more = f"; and {len(out) - 5} more (metrics.json: guards)" if len(out) > 5 else ""
+        print(
+            f"note: across hospitals at the default floors, {len(out)} site(s) would refuse: "
+            f"{named}{more}. Here every row is on this machine and no floor applies unless "
+            "given (--min-rows, --min-class-rows, --min-rows-per-feature)",
+            file=stream or sys.stderr,
+        )
+    return out
+
+
 def check_test_arguments(args: argparse.Namespace) -> None:
     """``--test-data`` and ``--holdout``: one of them, a share in (0, 1) (``--holdout 0``
     is refused: no test set is the flag left out), a file there.  ``args.holdout`` is then a
@@ -234,8 +313,9 @@ def tune_run_config(by: str, opts, grids: dict) -> dict:
         "tune.tol": opts.tol,
         "tune.max-rounds": opts.max_rounds,
     }
-    for key, values in grids.items():
-        out[f"tune.{key}"] = ",".join(repr(float(v)) for v in values)
+    for key, values in grids.items():  # numbers, or a word (RowFed's "auto")
+        text = values if isinstance(values, str) else ",".join(repr(float(v)) for v in values)
+        out[f"tune.{key}"] = text
     return out
 
 

@@ -372,8 +372,8 @@ def plan_run_config(args, sites: list[PlanSite]) -> dict:
         )
     rc["round-timeout"] = float(args.round_timeout)
     if args.tune:  # the tuning inside the federation, then the refit (docs/methods.md 3.12)
-        if args.tune == "gic" and args.task != "rowfed":
-            raise InputError("tune: gic is RowFed's; GrAUC-PFL is tuned by cv")
+        if args.tune.startswith("gic") and args.task != "rowfed":
+            raise InputError(f"tune: {args.tune} is RowFed's; GrAUC-PFL is tuned by cv")
         rc.update(
             {"tune.by": args.tune, "tune.folds": args.folds, "tune.criterion": args.cv_criterion}
         )
@@ -440,9 +440,9 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default="", help="absolute results directory on the coordinator")
     p.add_argument(
         "--tune",
-        choices=("cv", "gic"),
+        choices=("cv", "gic", "gic-nq"),
         default="",
-        help="tune the levels inside the federation first (gic: RowFed), then refit",
+        help="tune the levels inside the federation first (gic, gic-nq: RowFed), then refit",
     )
     p.add_argument("--folds", type=int, default=5, help="--tune cv: folds within each site")
     p.add_argument(
