@@ -317,6 +317,10 @@ def scaled_by_feature(coef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return coef / scale, scale
 
 
+#: The fit report's heatmap shows at most this many features (those that differ most).
+HEATMAP_FEATURES = 30
+
+
 def fig_coef_heatmap(
     coef: pd.DataFrame, cell: dict, rep: int, path: str, method: str = "grauc", title: str = ""
 ) -> tuple[str, np.ndarray]:
@@ -762,9 +766,21 @@ def fit_report(out_dir: str) -> str:
     metrics = report.read_metrics(out_dir)
     method = metrics["method"]
     coef = report.read_csv(out_dir, "coefficients.csv")
+    names = [c for c in coef.columns if c not in ("site", "lat", "lon")]
+    shown = names
+    if len(names) > HEATMAP_FEATURES:  # the features whose coefficients differ most
+        spread = coef[names].std(ddof=0).to_numpy()
+        top = set(np.argsort(-spread, kind="stable")[:HEATMAP_FEATURES])
+        shown = [f for k, f in enumerate(names) if k in top]
+    few = (
+        ""
+        if shown == names
+        else f" Shown: the {len(shown)} of {len(names)} features whose coefficients differ most "
+        "between the sites (their SD over the sites, input scale)."
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path, labels = fig_coef_heatmap(
-            coef.assign(method=method),
+            coef[[c for c in coef.columns if c not in names or c in shown]].assign(method=method),
             {},
             0,
             os.path.join(tmp, "heatmap.png"),
@@ -782,6 +798,7 @@ def fit_report(out_dir: str) -> str:
                 "ordered by average-linkage clustering of their coefficient vectors (input "
                 "scale), so fused sites sit together with a dendrogram merge at distance 0. "
                 "The values themselves (coefficients.csv, input scale) are in the table below."
+                + few
             )
             + report.image(path)
             + report.table(coef.round(4))

@@ -304,28 +304,48 @@ def fig_client_graph(clients, fused: np.ndarray, edges: np.ndarray, n_features: 
     return fig
 
 
+def shown_predictors(coef: pd.DataFrame, responses, most: int = MAX_VARIABLES) -> list[str]:
+    """The predictors a coefficient heatmap shows: all of them up to ``most``, else the
+    ``most`` whose rows differ most across clients (the sum over ``responses`` of the SD
+    across clients), in file order."""
+    rows = coef[coef["feature"] != "(intercept)"]
+    features = list(dict.fromkeys(rows["feature"]))
+    if len(features) <= most:
+        return features
+    spread = rows.groupby("feature", sort=False)[list(responses)].std(ddof=0).sum(axis=1)
+    top = set(spread.loc[features].to_numpy().argsort(kind="stable")[::-1][:most])
+    return [f for k, f in enumerate(features) if k in top]
+
+
 def fig_coefficients(coef: pd.DataFrame, responses, order: list[int]):
-    """Heatmaps of each response's coefficients (clients x predictors, input scale)."""
+    """Heatmaps of the first four responses' coefficients (clients x predictors, input
+    scale); beyond :data:`MAX_VARIABLES` predictors, those that differ most across clients
+    (:func:`shown_predictors`)."""
     plt = pyplot()
     clients = list(dict.fromkeys(coef["client"]))
     rows = coef[coef["feature"] != "(intercept)"]
-    features = list(dict.fromkeys(rows["feature"]))
     shown = list(responses)[:4]
+    features = shown_predictors(coef, shown)
     p = len(features)
     cw = 0.45 if p <= 20 else max(0.1, 9.0 / p)
+    cols = min(2, len(shown))  # two panels a row
+    n_rows = -(-len(shown) // cols)
+    tall = 0.26 * len(clients) if len(clients) <= 30 else 0.16 * len(clients)
     fig, axes = plt.subplots(
-        1,
-        len(shown),
-        figsize=(1.8 + len(shown) * (cw * p + 1.4), 1.8 + 0.26 * len(clients)),
+        n_rows,
+        cols,
+        figsize=(1.8 + cols * (cw * p + 1.4), n_rows * (1.8 + tall)),
         squeeze=False,
     )
+    for ax in axes.flat[len(shown) :]:
+        ax.set_axis_off()
     ordered = [clients[k] for k in order]
-    for ax, name in zip(axes[0], shown, strict=True):
+    for ax, name in zip(axes.flat, shown, strict=False):
         mat = rows.pivot(index="client", columns="feature", values=name).loc[ordered, features]
         vmax = float(np.nanmax(np.abs(mat.to_numpy(float)))) or 1.0
         im = ax.imshow(mat.to_numpy(float), aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax)
         ax.set_yticks(range(len(ordered)))
-        ax.set_yticklabels(ordered, fontsize=8)
+        ax.set_yticklabels(ordered, fontsize=8 if len(ordered) <= 30 else 6)
         ax.set_xticks(range(p))
         ax.set_xticklabels(features, rotation=90, fontsize=7 if p > 20 else 9)
         ax.set_title(f"response {name}")
@@ -395,15 +415,24 @@ def fit_report(out_dir: str) -> str:
     cl = clusters.set_index("feature")[clients].T.reset_index(names="client")
     with tempfile.TemporaryDirectory() as tmp:
         path = fig_clusters(
-            cl.assign(method=method), {"method": method}, 0, os.path.join(tmp, "c.png")
-        )
+            cl.assign(method=method), {"method": method}, 0, os.path.join(tmp, "c.png"),
+            "Client groups per predictor (a colour and number = a group of clients sharing "
+            "the row; colours repeat after 20 groups)",
+        )  # fmt: skip
         sections["coefficients"] = report.Section(
             "coefficients",
             "Coefficients",
             report.text(
-                "Each response's coefficients on the input scale (coefficients.csv), clients "
-                "ordered by average-linkage clustering; below, the client groups of each "
-                "predictor (clusters.csv)."
+                f"{'Each' if len(responses) <= 4 else 'The first four'} response's "
+                "coefficients on the input scale (coefficients.csv), clients ordered by "
+                "average-linkage clustering"
+                + (
+                    f", for the {MAX_VARIABLES} of {len(features)} predictors whose rows "
+                    "differ most across clients"
+                    if len(features) > MAX_VARIABLES
+                    else ""
+                )
+                + "; below, the client groups of each predictor (clusters.csv)."
             )
             + report.image(fig_coefficients(coef, responses, order))
             + report.image(path)
@@ -460,6 +489,18 @@ def _accuracy_section(out_dir: str, metrics: dict, responses):
     title = "Accuracy per client"
     if frame.empty:
         return report.Section("accuracy", title, report.text("No client has an MSE."))
+    many = frame["response"].nunique() > 4
+    if many:  # a panel per response is unreadable: the mean over responses, per client
+        mean = frame.groupby("client", sort=False)["mse"].mean().reset_index()
+        note = report.text(
+            f"Each client's {what} mean squared prediction error averaged over the "
+            f"{frame['response'].nunique()} responses; the dashed line is the mean over "
+            "clients. Per response, with 95% Wald intervals: the table below and the files."
+        )
+        fig = report.fig_forest(mean, "client", "mse", None, "MSE (mean over responses)")
+        return report.Section(
+            "accuracy", title, note + report.image(fig) + report.table(frame, 200)
+        )
     note = report.text(
         f"Each client's {what} mean squared prediction error per response with a 95% Wald "
         "interval (from the spread of its squared errors); the dashed line is the mean over "

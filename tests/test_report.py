@@ -208,3 +208,80 @@ def test_coefficient_colours_are_scaled_per_feature_and_the_values_shown(
     np.testing.assert_allclose(
         shown[:, 1:].astype(float), table.iloc[:, 1:].to_numpy(), rtol=1e-3, atol=1e-4
     )
+
+
+def _quiet_report(fit_report, out_dir) -> list[str]:
+    """``fit_report(out_dir)`` again, recording every warning it raises (a library's
+    warning would reach the user's terminal)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit_report(str(out_dir))
+    return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+def test_reports_at_the_papers_sizes_are_readable_and_quiet(tmp_path, capsys):
+    """RowFed's report of 50 clients at p = q = 100 and GrAUC-PFL's of 50 sites at p = 100:
+    no warning from any library, figures of a readable size (no side over 30 inches),
+    at most 20 predictors (RowFed) or 30 features (GrAUC-PFL) in the coefficient heatmaps,
+    chosen by how much they differ across sites, and the page under 2 MB."""
+    import matplotlib.pyplot as plt
+
+    from grauc_flower.figures import HEATMAP_FEATURES
+    from grauc_flower.figures import fit_report as grauc_report
+    from rowfed_flower.figures import MAX_VARIABLES, shown_predictors
+    from rowfed_flower.figures import fit_report as rowfed_report
+
+    rng = np.random.default_rng(3)
+    m, p, q, n = 50, 100, 100, 25
+    frames = []
+    for k in range(m):
+        x = rng.standard_normal((n, p))
+        y = x[:, :2] @ rng.standard_normal((2, q)) + rng.standard_normal((n, q))
+        cols = {f"x{j}": x[:, j] for j in range(p)} | {f"Y{j}": y[:, j] for j in range(q)}
+        frames.append(pd.DataFrame({"client": f"c{k:02d}", **cols}))
+    data = tmp_path / "rowfed.csv"
+    pd.concat(frames).to_csv(data, index=False)
+    out = tmp_path / "rowfed"
+    responses = ",".join(f"Y{j}" for j in range(q))
+    args = ["fit", "--data", str(data), "--responses", responses, "--method", "nonfed"]
+    assert rowfed_main([*args, "--out", str(out), "--quiet"]) == 0
+    sizes = []
+    real = plt.Figure.savefig
+
+    def measured(fig, *a, **kw):
+        sizes.append(tuple(fig.get_size_inches()))
+        return real(fig, *a, **kw)
+
+    plt.Figure.savefig = measured
+    try:
+        assert _quiet_report(rowfed_report, out) == []
+        coef = pd.read_csv(out / "coefficients.csv")
+        shown = shown_predictors(coef, [f"Y{j}" for j in range(4)])
+        assert len(shown) == MAX_VARIABLES and {"x0", "x1"} <= set(shown)
+        # GrAUC-PFL: 50 sites, 100 features
+        rows, places = [], []
+        for k in range(m):
+            x = rng.standard_normal((60, p))
+            y = (x[:, 0] + rng.standard_normal(60) > 0).astype(int)
+            frame = pd.DataFrame(x, columns=[f"f{j}" for j in range(p)])
+            frame.insert(0, "y", y)
+            frame.insert(0, "site", f"H{k:02d}")
+            rows.append(frame)
+            places.append({"site": f"H{k:02d}", "lat": 30 + 15 * rng.random(),
+                           "lon": -120 + 45 * rng.random()})  # fmt: skip
+        pd.concat(rows).to_csv(tmp_path / "grauc.csv", index=False)
+        pd.DataFrame(places).to_csv(tmp_path / "sites.csv", index=False)
+        gout = tmp_path / "grauc"
+        assert grauc_main(["fit", "--data", str(tmp_path / "grauc.csv"), "--sites",
+                           str(tmp_path / "sites.csv"), "--method", "individual", "--out",
+                           str(gout), "--quiet"]) == 0  # fmt: skip
+        assert _quiet_report(grauc_report, gout) == []
+    finally:
+        plt.Figure.savefig = real
+    assert sizes and max(max(s) for s in sizes) <= 30, sizes
+    page = (gout / "report.html").read_text()
+    assert f"the {HEATMAP_FEATURES} of {p} features whose coefficients differ most" in page
+    for where in (out, gout):
+        assert os.path.getsize(where / "report.html") < 2_000_000
