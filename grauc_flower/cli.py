@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -88,6 +89,14 @@ def _fit_parser(sub) -> None:
     )
     add_test_arguments(p)
     add_guard_arguments(p)
+    p.add_argument(
+        "--calibration",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="grauc, mean-fusion without --tune: calibrate the risks from a cross-validation "
+        "of the fit's own setting (--folds), run beside the fit; predict --probability reads "
+        "it (default: on)",
+    )
     add_settings(p, GrAUCConfig)
     add_tuning_arguments(p, ("cv",))
     p.add_argument(
@@ -330,6 +339,26 @@ def _load(a, spec):
     return list(sites), table.features
 
 
+def _calibration_only(tmp: str, run: dict, opts) -> dict:
+    """A plain fit's outputs after the cross-validation that calibrated it: ``metrics.json``
+    without a choice (``tuned``, ``at_grid_edge``, ``cv``), with the calibration's folds and
+    rounds, and no ``cv.csv`` (one setting, nothing chosen)."""
+    for key in ("tuned", "at_grid_edge"):
+        run.pop(key, None)
+    cv = run.pop("cv", {})
+    run["calibration"] = {
+        **run.get("calibration", {}),
+        "from": "each site's pooled out-of-fold scores at the fit's own setting",
+        "folds": opts.folds,
+        "cv_auc": cv.get("mean"),
+    }
+    run["tuning"] = {**run.get("tuning", {}), "purpose": "calibration"}
+    with open(os.path.join(tmp, "metrics.json"), "w") as fh:
+        json.dump(run, fh, indent=2)
+    os.remove(os.path.join(tmp, "cv.csv"))
+    return run
+
+
 def cmd_fit(a) -> int:
     from strategies.runtime.launch import stream_echo
 
@@ -348,13 +377,28 @@ def cmd_fit(a) -> int:
         sizes = [len(s.y_train) for s in sites]
         powers = size_powers(sizes, cfg, a.size_power_grid or None)
         grid = replace(grid, size_power=powers)
+    # a fused method's plain fit is calibrated too: the cross-validation of its own setting,
+    # batched with the fit (docs/methods.md 3.14); its result is the plain fit
+    calibrate = (
+        not a.tune and a.method in GRAUC_FUSED_METHODS and a.calibration
+        and not (a.checkpoint or a.resume)
+    )  # fmt: skip
+    if calibrate and max(min(s.n_pos, s.n_neg) for s in sites) < a.folds:
+        calibrate = False  # no site fills the folds: a plain fit, without risks
+        sys.stderr.write(
+            f"note: no calibration (no site has {a.folds} training rows of each class for "
+            "the folds; give fewer --folds)\n"
+        )
+    if calibrate:
+        grid = tuning.Grid(lam=(cfg.lam,), w_dist=(cfg.w_dist,), ridge=(cfg.ridge,),
+                           size_power=(cfg.size_power,))  # fmt: skip
     t0 = time.perf_counter()
     extra: dict = {}
     with atomic_output_dir(a.out) as tmp:
         # a fused method is tuned inside the federation (one batched run, either engine);
         # the comparators by the in-process cross-validation, then refitted
-        federated = a.tune == "cv" and a.method in GRAUC_FUSED_METHODS
-        opts = cv_options(a, a.data_seed) if a.tune == "cv" else None
+        federated = (a.tune == "cv" or calibrate) and a.method in GRAUC_FUSED_METHODS
+        opts = cv_options(a, a.data_seed) if a.tune == "cv" or calibrate else None
         if a.tune == "cv" and not federated:
             cfg, table, summary = tuning.tune(sites, cfg, a.method, grid, opts, widen=True)
             table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
@@ -412,7 +456,9 @@ def cmd_fit(a) -> int:
             os.remove(os.path.join(tmp, "auc.csv"))
         with open(os.path.join(tmp, "metrics.json")) as fh:
             run = json.load(fh)
-        if federated and not a.quiet:
+        if calibrate:  # the one setting's cross-validation gave the calibration, no choice
+            run = _calibration_only(tmp, run, opts)
+        elif federated and not a.quiet:
             chosen = ", ".join(f"{k} = {v:g}" for k, v in run["tuned"].items())
             t = run["tuning"]
             sys.stderr.write(

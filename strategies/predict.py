@@ -277,8 +277,8 @@ def read_calibration(model_dir: str, sites: Sequence[str]) -> tuple[np.ndarray, 
     path = os.path.join(model_dir, "calibration.csv")
     if not os.path.isfile(path):
         raise InputError(
-            f"probability: no calibration.csv in {model_dir} (fit with --tune cv: the "
-            "calibration comes from the tuning's out-of-fold scores)"
+            f"probability: no calibration.csv in {model_dir} (a GrAUC-PFL fit writes it "
+            "unless --no-calibration; it comes from out-of-fold scores)"
         )
     frame = read_table(path, "probability", dtype={"site": str})
     need = ["site", "intercept", "slope", "site_intercept", "site_slope"]

@@ -264,13 +264,13 @@ def test_calibration_is_each_sites_recalibration_of_its_out_of_fold_scores(
     mu_b = shrink(cal["site_slope"], cal["site_slope_se"] ** 2)[1]
     np.testing.assert_allclose(pred["probability"], expit(mu_a + mu_b * pred["score"]))
 
-    plain = str(tmp_path / "plain")  # a fit without the tuning has no calibration
-    _ok(*_fit_args(files, plain, "--lam", "0.1"))
+    plain = str(tmp_path / "plain")  # a fit without its calibration
+    _ok(*_fit_args(files, plain, "--lam", "0.1", "--no-calibration"))
     gone = str(tmp_path / "none.csv")
     code, err = _main(capsys, "predict", "--model", plain, "--data", data, "--out", gone,
                       "--probability", "--site", "NEW", "--lat", "40", "--lon", "-100")  # fmt: skip
-    _rejected(code, err, gone, "probability: no calibration.csv", "--tune cv")
-    # the report's accuracy section shows the calibration of a tuned fit only
+    _rejected(code, err, gone, "probability: no calibration.csv", "--no-calibration")
+    # the report's accuracy section shows the calibration of a calibrated fit only
     with open(os.path.join(out, "report.html")) as fh:
         page = fh.read()
     # the table's numbers: rounded to 4 decimals, shown to 4 significant digits
@@ -1024,3 +1024,43 @@ def test_a_site_with_fewer_rows_of_a_class_than_folds_takes_part(tmp_path):
         row = table[table["fold"] == k]
         assert len(row) == 1 and row["val_auc"].iloc[0] == pytest.approx(np.mean(aucs), rel=1e-9)
     assert scored == 2
+
+
+def test_a_plain_fit_is_calibrated_from_its_own_settings_folds(files, tmp_path, capsys):
+    """A fit without --tune: calibration.csv is each site's Firth recalibration of the
+    out-of-fold scores of its own setting's fold fits (each run alone here), the
+    coefficients are those of the fit without calibration (to the last digit), nothing is
+    chosen (no cv.csv, no ``tuned``), and predict --probability works."""
+    from test_calibration import _firth_reference
+
+    sites = files[0]
+    out, bare = str(tmp_path / "calibrated"), str(tmp_path / "bare")
+    setting = ("--lam", "0.2", "--w-dist", "1", "--ridge", "0.1")
+    _ok(*_fit_args(files, out, *setting, "--folds", K, "--data-seed", SEED))
+    _ok(*_fit_args(files, bare, *setting, "--no-calibration"))
+    got, want = _read(out, "coefficients.csv"), _read(bare, "coefficients.csv")
+    assert np.array_equal(got.iloc[:, 1:].to_numpy(), want.iloc[:, 1:].to_numpy())
+    m = _metrics(out)
+    assert "tuned" not in m and not os.path.exists(os.path.join(out, "cv.csv"))
+    assert m["calibration"]["folds"] == K and m["tuning"]["purpose"] == "calibration"
+    cal = _read(out, "calibration.csv")
+    for z, s in enumerate(sites):
+        scores, ys = [], []
+        for k in range(K):
+            fold_sites = _fold_sites(sites, k)
+            res = _alone(fold_sites, 0.2, 1.0, 0.1)
+            scores.append(fold_sites[z].x_test @ res.coefficients[z])
+            ys.append(fold_sites[z].y_test)
+        row = cal[cal["site"] == s.site].iloc[0]
+        ref = _firth_reference(np.concatenate(scores), np.concatenate(ys))
+        np.testing.assert_allclose(
+            row[["site_intercept", "site_slope"]].to_numpy(float), ref, rtol=1e-4, atol=1e-6
+        )
+    rows = pd.DataFrame(np.random.default_rng(5).normal(size=(4, 3)), columns=got.columns[1:])
+    rows.insert(0, "site", [s.site for s in sites])
+    data, pred = str(tmp_path / "new.csv"), str(tmp_path / "pred.csv")
+    rows.to_csv(data, index=False)
+    code, err = _main(capsys, "predict", "--model", out, "--data", data, "--out", pred,
+                      "--probability")  # fmt: skip
+    assert code == 0, err
+    assert pd.read_csv(pred)["probability"].between(0, 1).all()

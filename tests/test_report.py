@@ -41,7 +41,9 @@ def _grauc_fit(small_federation, out, *extra) -> dict:
 
 def test_grauc_fit_report(small_federation, tmp_path, capsys):
     out = tmp_path / "out"
-    page = _grauc_fit(small_federation, out, "--holdout", "0.3", "--inference", "oracle")
+    page = _grauc_fit(
+        small_federation, out, "--holdout", "0.3", "--inference", "oracle", "--no-calibration"
+    )
     assert page["sections"] == list(FIT_SECTIONS)
     assert_self_contained(page)
     images = _images(page)
