@@ -452,8 +452,10 @@ def new_site_run(out: str, seeds: int) -> pd.DataFrame:
 #: and each site's shrunk toward that mean (the one ``predict --probability`` uses).
 CALIBRATIONS = ("site", "pooled", "shrunk")
 #: The methods whose risks the study calibrates: GrAUC-PFL tuned inside the federation
-#: (its calibration.csv), FedAvg and each site alone tuned by their own cross-validation.
-CALIBRATED_METHODS = ("grauc", "fedavg", "individual")
+#: (its calibration.csv), GrAUC-PFL at its default setting (``grauc-default``: the
+#: calibration a plain ``fit`` writes, the cross-validation of its own setting), FedAvg and
+#: each site alone tuned by their own cross-validation.
+CALIBRATED_METHODS = ("grauc", "grauc-default", "fedavg", "individual")
 
 
 def out_of_fold_calibration(sites, cfg: GrAUCConfig, method: str, folds: int, seed: int):
@@ -510,9 +512,13 @@ def calibration_table(seeds=3, designs=None, methods=CALIBRATED_METHODS) -> list
             opts = CVOptions(folds=folds, quiet=True, seed=seed)
             fitted = {}
             for method in methods:
-                if method == "grauc":
+                if method in ("grauc", "grauc-default"):
+                    c = GrAUCConfig()
                     grid = tuning.Grid(w_dist=w_dist, ridge=ridge)
-                    res = tuning.run_tuned_inprocess(GrAUCConfig(), sites, "grauc", (opts, grid))
+                    if method == "grauc-default":  # one setting: a plain fit's calibration
+                        grid = tuning.Grid(lam=(c.lam,), w_dist=(c.w_dist,), ridge=(c.ridge,),
+                                           size_power=(c.size_power,))  # fmt: skip
+                    res = tuning.run_tuned_inprocess(c, sites, "grauc", (opts, grid))
                     fitted[method] = (res.coefficients, res.extra["calibration"])
                     continue
                 cfg, _, _ = tuning.tune(
