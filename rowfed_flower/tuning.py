@@ -107,11 +107,7 @@ def _levels(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid):
     lam1s, lam2s = _checked("lam1", lam1_grid), _checked("lam2", lam2_grid)
     if method == "nonfed":
         lam1s = [cfg.lam1]
-    return [
-        (lam1, lam2)
-        for i, lam1 in enumerate(lam1s)
-        for lam2 in (lam2s if i % 2 == 0 else lam2s[::-1])
-    ]
+    return _snake(lam1s, lam2s)
 
 
 def grid_values(text, default, key: str):
@@ -159,15 +155,6 @@ def fusion_level(grads: np.ndarray, edges, weights, grouping: str, fusion: str) 
     return max(tuning.lam_max(edges, weights, x, True)[0] for x in groups)
 
 
-def _path(top: float, num: int, below: bool = False) -> list[float]:
-    """``num`` levels log-spaced over a factor :data:`LAM_RATIO` from ``top`` down (``below``:
-    starting one step under ``top``); ``[]`` when ``top`` is not positive."""
-    if not (np.isfinite(top) and top > 0):
-        return []
-    values = np.geomspace(top, top * LAM_RATIO, num + 1 if below else num)
-    return [float(v) for v in (values[1:] if below else values)]
-
-
 def _snake(lam1s, lam2s) -> list[tuple[float, float]]:
     """``lam1`` descending; ``lam2`` descending then ascending alternately."""
     return [(a, b) for i, a in enumerate(lam1s) for b in (lam2s if i % 2 == 0 else lam2s[::-1])]
@@ -182,11 +169,11 @@ def auto_levels(cfg: RowFedConfig, method: str, powers, strategy, registry):
     ``None`` when a fit gave no gradients."""
     from strategies.batch import Job, Stage
 
-    top = cfg.replace(algorithm="pqn", inference="none")
+    base = cfg.replace(algorithm="pqn", inference="none")
     own = "rowfed" if method == "nonfed" else method
     zeros = {
-        a: Job(f"top/zero/a{a!r}", strategy(top.replace(lam1=COMMON_LAM, lam2=COMMON_LAM,
-                                                        size_power=a), registry, own))
+        a: Job(f"top/zero/a{a!r}", strategy(base.replace(lam1=COMMON_LAM, lam2=COMMON_LAM,
+                                                         size_power=a), registry, own))
         for a in powers
     }  # fmt: skip
     yield Stage(list(zeros.values()), name="top of the path")
@@ -194,12 +181,13 @@ def auto_levels(cfg: RowFedConfig, method: str, powers, strategy, registry):
     for a, job in zeros.items():
         if job.strategy.qn is None:
             return None
-        lam2s[a] = _path(sparsity_level(job.strategy.qn.grad, cfg.sparsity), N_LAM2, below=True)
+        top = sparsity_level(job.strategy.qn.grad, cfg.sparsity)  # its fits are all zero
+        lam2s[a] = list(tuning.log_path(top, N_LAM2 + 1, LAM_RATIO, zero=False)[1:])
     if method == "nonfed":
         return {a: [(cfg.lam1, b) for b in values] for a, values in lam2s.items()}
     commons = {
-        a: Job(f"top/common/a{a!r}", strategy(top.replace(lam1=COMMON_LAM, lam2=lam2s[a][-1],
-                                                          size_power=a), registry, own))
+        a: Job(f"top/common/a{a!r}", strategy(base.replace(lam1=COMMON_LAM, lam2=lam2s[a][-1],
+                                                           size_power=a), registry, own))
         for a in powers if lam2s[a]
     }  # fmt: skip
     yield Stage(list(commons.values()), name="top of the fusion path")
@@ -209,7 +197,7 @@ def auto_levels(cfg: RowFedConfig, method: str, powers, strategy, registry):
         if st.qn is None:
             return None
         level = fusion_level(st.qn.grad, st.edges, st.weights, st.fusion_grouping, st.fusion)
-        out[a] = _snake(_path(level, N_LAM1), lam2s[a])
+        out[a] = _snake(list(tuning.log_path(level, N_LAM1, LAM_RATIO, zero=False)), lam2s[a])
     return out
 
 

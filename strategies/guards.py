@@ -79,22 +79,33 @@ class Guards:
         nothing is disclosed (``fit``'s options set floors there only when asked)."""
         return cls(min_rows=0, min_class_rows=0, min_rows_per_feature=0.0)
 
+    def misses(
+        self, n: int, classes: dict[str, int] | None = None, p: int = 0, moments: str = ""
+    ) -> list[tuple[str, int, int, str]]:
+        """The floors that ``n`` rows (``classes``: rows of each class the site has) miss,
+        as ``(key, rows, floor, what)``: ``what`` is empty for taking part, ``class <name>``
+        for a class's rows, and ``moments`` (what a run asks second moments for, if any) for
+        sending second moments of ``p`` features.  The one place the floors are compared."""
+        out = []
+        if n < self.min_rows:
+            out.append(("min-rows", n, self.min_rows, ""))
+        for name, count in (classes or {}).items():
+            if 0 < count < self.min_class_rows:
+                out.append(("min-class-rows", count, self.min_class_rows, f"class {name}"))
+        if moments and n < self.moment_floor(p):
+            out.append(("min-rows-per-feature", n, self.moment_floor(p), moments))
+        return out
+
     def refusals(
         self, n: int, classes: dict[str, int] | None = None, p: int = 0, moments: str = ""
     ) -> list[str]:
-        """What a site of ``n`` rows (``classes``: rows of each class it has) would refuse
-        at these floors, one phrase each: taking part, and with ``moments`` (what a run
-        asks for second moments) sending them for ``p`` features."""
+        """What a site of ``n`` rows would refuse at these floors (:meth:`misses`), one
+        phrase each."""
         out = []
-        if n < self.min_rows:
-            out.append(f"min-rows: {_rows(n)}, floor {self.min_rows}")
-        for name, count in (classes or {}).items():
-            if 0 < count < self.min_class_rows:
-                out.append(f"min-class-rows: {_rows(count)} of class {name}, floor "
-                           f"{self.min_class_rows}")  # fmt: skip
-        if moments and n < self.moment_floor(p):
-            out.append(f"min-rows-per-feature: {moments} from {_rows(n)}, floor "
-                       f"{self.moment_floor(p)}")  # fmt: skip
+        for key, rows, floor, what in self.misses(n, classes, p, moments):
+            of = f" of {what}" if what.startswith("class ") else ""
+            lead = f"{what} from " if key == "min-rows-per-feature" else ""
+            out.append(f"{key}: {lead}{_rows(rows)}{of}, floor {floor}")
         return out
 
     @classmethod
@@ -116,28 +127,24 @@ class Guards:
 
     def check_rows(self, site: str, n: int, classes: dict[str, int] | None = None) -> None:
         """Refuse to take part (raise, marked with ``site``) when the rows, or the rows of
-        a class the site has, are below their floor."""
-        if n < self.min_rows:
+        a class the site has, are below their floor (:meth:`misses`)."""
+        for key, rows, floor, what in self.misses(n, classes):
+            of = f" of {what}" if what else ""
             raise at_site(site, InputError(
-                f"min-rows: refuses to take part with {_rows(n)}, below its floor of "
-                f"{self.min_rows} (node config)"
+                f"{key}: refuses to take part with {_rows(rows)}{of}, below its floor of "
+                f"{floor} (node config)"
             ))  # fmt: skip
-        for name, count in (classes or {}).items():
-            if 0 < count < self.min_class_rows:
-                raise at_site(site, InputError(
-                    f"min-class-rows: refuses to take part with {_rows(count)} of class "
-                    f"{name}, below its floor of {self.min_class_rows} (node config)"
-                ))  # fmt: skip
 
     def check_moments(self, site: str, n: int, p: int, what: str) -> None:
         """Refuse to send a second moment (``what``) of ``p`` features from ``n`` rows
         below :meth:`moment_floor`."""
-        floor = self.moment_floor(p)
-        if n < floor:
+        for key, rows, floor, _ in self.misses(n, p=p, moments=what):
+            if key != "min-rows-per-feature":
+                continue  # taking part was settled at registration
             raise at_site(site, InputError(
-                f"min-rows-per-feature: refuses to send {what} with {_rows(n)}, below its "
-                f"floor of {floor} ({plain(self.min_rows_per_feature)} per feature, "
-                f"{p} features; node config)"
+                f"{key}: refuses to send {what} with {_rows(rows)}, below its floor of "
+                f"{floor} ({plain(self.min_rows_per_feature)} per feature, {p} features; "
+                "node config)"
             ))  # fmt: skip
 
 
