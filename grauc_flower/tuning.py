@@ -473,8 +473,12 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
         sizes = [registry.sites[s].n for s in order]
         powers = tuple(dict.fromkeys(grid.size_power)) or tuning.size_powers(sizes, cfg)
         small, partial = check_folds(registry, opts.folds, cfg.missing_class == "borrow")
-        tuning.warn_small_folds(small, "site", "rows of a class", "AUCs")
-        tuning.note_partial_folds(partial, opts.folds, "site", "rows of a class", "AUC")
+        # the notes are about choosing: a one-setting plan (a plain fit's calibration)
+        # chooses nothing, and its pooled out-of-fold scores take every fold a site fills
+        one = len(grid.lam) == 1 and len(w_grid) == 1 and len(grid.ridge) == 1
+        if not (one and len(powers) == 1):
+            tuning.warn_small_folds(small, "site", "rows of a class", "AUCs")
+            tuning.note_partial_folds(partial, opts.folds, "site", "rows of a class", "AUC")
         # 1. the top of each path
         lams: dict[tuple, tuple] = {}
         if grid.lam:
