@@ -249,16 +249,22 @@ def predict(model: FittedModel, data_path: str, ignore: tuple[str, ...] = (), ev
 def write_csv_atomic(frame, out_path: str) -> str:
     """``frame`` to ``out_path`` through a temporary file beside it (no half-written file);
     returns the absolute path."""
+    return write_bytes_atomic(frame.to_csv(index=False).encode(), out_path)
+
+
+def write_bytes_atomic(content: bytes, out_path: str) -> str:
+    """``content`` to the file ``out_path`` through a temporary file beside it; returns
+    the absolute path."""
     out_path = os.path.abspath(out_path)
     parent = os.path.dirname(out_path)
     if not os.path.isdir(parent):
         raise InputError(f"out: parent directory does not exist: {parent}")
     if os.path.isdir(out_path):
         raise InputError(f"out: a directory, not a file: {out_path}")
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".csv", dir=parent)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
     try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            frame.to_csv(fh, index=False)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(content)
         os.replace(tmp, out_path)
     finally:
         if os.path.exists(tmp):
@@ -335,11 +341,11 @@ def add_predict_parser(sub, what: str, new_sites: bool = False, probability: boo
     )
 
 
-def cmd_predict(args, read_model, ignore_outputs: bool, extend=None) -> int:
-    """``predict``: read the model, score the data, write ``--out``; prints one line (and
-    one per site outside the federation, said to be an extrapolation).  ``extend(args,
-    model)`` returns the model with the new sites of ``args`` and what each borrowed
-    (:class:`Borrowed`)."""
+def predicted_rows(args, read_model, ignore_outputs: bool, extend=None):
+    """``predict``'s table for ``args`` (``model``, ``data`` and, where the method has
+    them, ``probability`` and the new-site options): returns the table, the model and what
+    each site outside the federation borrowed (:class:`Borrowed`).  ``extend(args, model)``
+    returns the model with the new sites of ``args`` and what each borrowed."""
     model = read_model(args.model)
     borrowed: list[Borrowed] = []
     if extend is not None:
@@ -355,6 +361,14 @@ def cmd_predict(args, read_model, ignore_outputs: bool, extend=None) -> int:
         score = result["score"].to_numpy(dtype=float)
         at_col = list(result.columns).index("score") + 1
         result.insert(at_col, "probability", expit(a[z] + b[z] * score))
+    return result, model, borrowed
+
+
+def cmd_predict(args, read_model, ignore_outputs: bool, extend=None) -> int:
+    """``predict``: read the model, score the data (:func:`predicted_rows`), write
+    ``--out``; prints one line (and one per site outside the federation, said to be an
+    extrapolation)."""
+    result, model, borrowed = predicted_rows(args, read_model, ignore_outputs, extend)
     path = write_csv_atomic(result, args.out)
     for b in borrowed:
         rows = int((result[model.site_column] == b.site).sum())

@@ -41,8 +41,10 @@ def _imports(mod: str, path: str, known) -> list[tuple[str, list[str]]]:
             for name in names:  # `from pkg import module`
                 if f"{target}.{name}" in known:
                     found.append((f"{target}.{name}", []))
-            if target in known:
-                found.append((target, names))
+            # the package itself only for what is not a module of it (its attributes)
+            attributes = [n for n in names if f"{target}.{n}" not in known]
+            if target in known and attributes:
+                found.append((target, attributes))
     return found
 
 

@@ -1,0 +1,520 @@
+"""GrAUC-PFL from Python: the :class:`GrAUCPFL` estimator and the fit's flow
+(:func:`fit_to_dir`) that it and ``python -m grauc_flower fit`` both run.
+
+>>> from grauc_flower import GrAUCPFL
+>>> model = GrAUCPFL(lam=0.1).fit(data, sites)     # data: site, y, features; sites: lat, lon
+>>> model.coef_                                     # sites x features, input scale
+
+docs/api.md has a worked session; every parameter is a ``fit`` option (docs/usage.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from strategies.api import FederatedModel, as_csv
+from strategies.config import GRAUC_FUSED_METHODS, CheckpointConfig, GrAUCConfig, to_run_config
+from strategies.errors import InputError
+from strategies.runtime.cli import (
+    RoundProgress,
+    atomic_output_dir,
+    check_test_arguments,
+    cv_options,
+    finish_outputs,
+    from_flags,
+    guards_from_args,
+    guards_record,
+    guards_run_config,
+    line_to_stderr,
+    moments_asked,
+    note_default_floors,
+    project_dir,
+    settings_from_args,
+    tune_run_config,
+    tuning_metrics,
+)
+from strategies.tuning import size_powers
+
+from . import tuning
+from .sources import DataSpec
+
+
+def config_from_args(a) -> GrAUCConfig:
+    return settings_from_args(GrAUCConfig, a)
+
+
+def _data_spec(a):
+    """The fit command's data as a :class:`~grauc_flower.sources.DataSpec` (what the Flower
+    engine's ClientApps load); checks which files each source needs."""
+    if a.source == "csv":
+        for key in ("data", "sites"):
+            if not getattr(a, key):
+                raise InputError(f"{key}: --source csv needs --data and --sites")
+    elif a.test_data or a.holdout:
+        key = "test-data" if a.test_data else "holdout"
+        raise InputError(
+            f"{key}: --source {a.source} has its own test set "
+            + ("(the simulation's test rows)" if a.source == "simulated" else "(--train-fraction)")
+        )
+    if a.source == "simulated" and (a.data or a.sites):
+        raise InputError("data: --source simulated takes no --data or --sites")
+    check_test_arguments(a)
+    if a.source == "cdc" and not a.data:
+        raise InputError("data: --source cdc needs --data (the CDC COVID-19 case file)")
+    if a.source in ("cdc", "crime") and a.sites:
+        raise InputError(f"sites: --source {a.source} places sites at the shipped centroids")
+    return from_flags(
+        DataSpec,
+        a,
+        source=a.source,
+        data_path=os.path.abspath(a.data) if a.data else "",
+        sites_path=os.path.abspath(a.sites) if a.sites else "",
+        allow_missing_class=a.missing_class == "borrow",
+        test_path=os.path.abspath(a.test_data) if a.test_data else "",
+        holdout=a.holdout,
+    )
+
+
+def _checkpoint(a) -> CheckpointConfig:
+    """The checkpoint options, their paths made absolute."""
+    return from_flags(
+        CheckpointConfig,
+        a,
+        path=os.path.abspath(a.checkpoint) if a.checkpoint else "",
+        resume=os.path.abspath(a.resume) if a.resume else "",
+    )
+
+
+def _grid(a) -> tuning.Grid:
+    """The cross-validation grid of the options (each value checked)."""
+    from strategies.tuning import parse_grid
+
+    def given(name: str, default, minimum: float = 0.0):
+        text = getattr(a, name.replace("-", "_") + "_grid")
+        return parse_grid(text, f"{name}-grid", minimum) if text else default
+
+    rounds = given("rounds", tuning.ROUNDS_GRID, 1)
+    if any(r != int(r) for r in rounds):
+        raise InputError(f"rounds-grid: values must be integers >= 1, got {a.rounds_grid!r}")
+    return tuning.Grid(
+        lam=given("lam", ()),
+        w_dist=given("w-dist", tuning.W_DIST_GRID),
+        ridge=given("ridge", tuning.RIDGE_GRID),
+        fedavg_rounds=tuple(int(r) for r in rounds),
+        knob=a.knob_grid or None,
+        size_power=a.size_power_grid or (),  # checked once the sites are known
+    )
+
+
+def _check_tuning(a) -> None:
+    from strategies.tuning import KNOBS
+
+    grids = (
+        "lam_grid",
+        "w_dist_grid",
+        "ridge_grid",
+        "rounds_grid",
+        "knob_grid",
+        "size_power_grid",
+    )
+    if not a.tune:
+        for g in grids:
+            if getattr(a, g):
+                raise InputError(f"{g.replace('_', '-')}: grids need --tune cv")
+        return
+    if a.method not in tuning.PARAMS:
+        raise InputError(f"tune: cv is available for {', '.join(tuning.PARAMS)}, not {a.method}")
+    if (a.cv_criterion != "folds" or a.cv_repeats > 1) and a.method not in GRAUC_FUSED_METHODS:
+        key = "cv-criterion" if a.cv_criterion != "folds" else "cv-repeats"
+        raise InputError(f"{key}: for the fused methods' federated tuning ({a.method} is not one)")
+    if a.knob_grid and a.method not in KNOBS:
+        raise InputError(f"knob-grid: {a.method} has no setting to tune besides its levels")
+    if a.size_power_grid and a.method not in GRAUC_FUSED_METHODS:
+        raise InputError(
+            f"size-power-grid: {a.method} does not weight its sites (a fused method does)"
+        )
+    knob = KNOBS[a.method].name if a.method in KNOBS else None
+    for name in tuning.PARAMS[a.method]:
+        if getattr(a, name, None) is not None:
+            key = name.replace("_", "-")
+            grid = {"fedavg_rounds": "rounds", knob: "knob"}.get(name, key)
+            raise InputError(f"{key}: chosen by --tune cv; give --{grid}-grid to set its values")
+
+
+def _load(a, spec):
+    """The sites (with their test rows, if any) and the feature names."""
+    from .sources import load_real_spec, load_sites
+
+    if a.source in ("csv", "simulated"):
+        sites, features = load_sites(spec)
+        if not sites:
+            raise InputError("data: no site of the data is in the sites file")
+        return list(sites), features
+    sites, table = load_real_spec(spec)
+    if not a.quiet:
+        for note in table.notes:
+            sys.stderr.write(f"note: {note}\n")
+        n_train = sum(len(s.y_train) for s in sites)
+        n_test = sum(len(s.y_test) for s in sites)
+        sys.stderr.write(
+            f"{a.source}: {len(sites)} sites, {len(table.features)} features, "
+            f"{n_train} training and {n_test} test rows\n"
+        )
+    return list(sites), table.features
+
+
+def _calibration_only(tmp: str, run: dict, opts) -> dict:
+    """A plain fit's outputs after the cross-validation that calibrated it: ``metrics.json``
+    without a choice (``tuned``, ``at_grid_edge``, ``cv``), with the calibration's folds and
+    rounds, and no ``cv.csv`` (one setting, nothing chosen)."""
+    for key in ("tuned", "at_grid_edge"):
+        run.pop(key, None)
+    cv = run.pop("cv", {})
+    run["calibration"] = {
+        **run.get("calibration", {}),
+        "from": "each site's pooled out-of-fold scores at the fit's own setting",
+        "folds": opts.folds,
+        "cv_auc": cv.get("mean"),
+    }
+    run["tuning"] = {**run.get("tuning", {}), "purpose": "calibration"}
+    with open(os.path.join(tmp, "metrics.json"), "w") as fh:
+        json.dump(run, fh, indent=2)
+    os.remove(os.path.join(tmp, "cv.csv"))
+    return run
+
+
+def fit_to_dir(a) -> dict:
+    """The fit of ``fit``'s options ``a`` (an :mod:`argparse` namespace of the ``fit``
+    subcommand, or :class:`GrAUCPFL`'s) into the directory ``a.out``: every file the
+    command line writes, all or nothing.  Returns ``metrics.json``'s content."""
+    from strategies.runtime.launch import stream_echo
+
+    from . import federation as fed
+    from .figures import fit_report
+
+    cfg = config_from_args(a)
+    _check_tuning(a)
+    grid = _grid(a) if a.tune else None
+    spec = _data_spec(a)
+    guards = guards_from_args(a)
+    sites, features = _load(a, spec)
+    counts = [(s.site, len(s.y_train), {"1": s.n_pos, "0": s.n_neg}, s.n_features) for s in sites]
+    refused = note_default_floors(counts, moments_asked(cfg, "a Hessian or covariance"))
+    if grid is not None:
+        sizes = [len(s.y_train) for s in sites]
+        powers = size_powers(sizes, cfg, a.size_power_grid or None)
+        grid = replace(grid, size_power=powers)
+    # a fused method's plain fit is calibrated too: the cross-validation of its own setting,
+    # batched with the fit (docs/methods.md 3.14); its result is the plain fit
+    calibrate = (
+        not a.tune and a.method in GRAUC_FUSED_METHODS and a.calibration
+        and not (a.checkpoint or a.resume)
+    )  # fmt: skip
+    if calibrate and max(min(s.n_pos, s.n_neg) for s in sites) < a.folds:
+        calibrate = False  # no site fills the folds: a plain fit, without risks
+        sys.stderr.write(
+            f"note: no calibration (no site has {a.folds} training rows of each class for "
+            "the folds; give fewer --folds)\n"
+        )
+    if calibrate:
+        grid = tuning.Grid(lam=(cfg.lam,), w_dist=(cfg.w_dist,), ridge=(cfg.ridge,),
+                           size_power=(cfg.size_power,))  # fmt: skip
+    t0 = time.perf_counter()
+    extra: dict = {}
+    with atomic_output_dir(a.out) as tmp:
+        # a fused method is tuned inside the federation (one batched run, either engine);
+        # the comparators by the in-process cross-validation, then refitted
+        federated = (a.tune == "cv" or calibrate) and a.method in GRAUC_FUSED_METHODS
+        opts = cv_options(a, a.data_seed) if a.tune == "cv" or calibrate else None
+        if a.tune == "cv" and not federated:
+            cfg, table, summary = tuning.tune(sites, cfg, a.method, grid, opts, widen=True)
+            table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
+            extra = tuning_metrics(summary, tuning.PARAMS[a.method], "val_auc", True, opts)
+            if table.attrs.get("extended"):
+                extra["cv"]["extended"] = table.attrs["extended"]
+            if not a.quiet:
+                chosen = ", ".join(f"{k} = {v:g}" for k, v in extra["tuned"].items())
+                sys.stderr.write(
+                    f"cv: chose {chosen} (mean validation AUC {extra['cv']['mean']:.4f} over "
+                    f"{opts.folds} folds); refitting on all training data\n"
+                )
+        if opts is not None and (opts.criterion != "folds" or opts.repeats > 1) and not federated:
+            key = "cv-criterion" if opts.criterion != "folds" else "cv-repeats"
+            raise InputError(
+                f"{key}: for the fused methods' federated tuning ({a.method} is not one)"
+            )
+        if a.engine == "inprocess":
+            limit = fed.round_limit(a.method, cfg)
+            progress = RoundProgress(a.method, limit, a.quiet)
+            if federated:
+                progress = None if a.quiet else line_to_stderr
+            ckpt = _checkpoint(a).strategy_kwargs()
+            if ckpt["resume"] and not os.path.isfile(ckpt["resume"]):
+                raise InputError(f"resume: file not found: {a.resume}")
+            if federated and (ckpt["checkpoint"] or ckpt["resume"]):
+                raise InputError("checkpoint: not with --tune cv (the tuning runs many fits)")
+            if federated:
+                res = tuning.run_tuned_inprocess(
+                    cfg, sites, a.method, (opts, grid), progress, guards
+                )
+            else:
+                res = fed.run_methods_inprocess(
+                    cfg, sites, [a.method], progress=progress, checkpoint=ckpt, guards=guards
+                )[a.method]
+            fed.write_result(tmp, res, features, cfg)
+        else:
+            from strategies.runtime.simulation import flwr_run
+
+            rc = {
+                **to_run_config(cfg, "grauc"),
+                "task": "grauc",
+                "method": a.method,
+                "out-dir": tmp,
+                **spec.to_run_config(),
+                "data.num-sites": len(sites),
+                **_checkpoint(a).to_run_config(),
+                **guards_run_config(guards),
+            }
+            if federated:
+                grids = {"lam-grid": grid.lam, "w-dist-grid": grid.w_dist}
+                grids.update({"ridge-grid": grid.ridge, "size-power-grid": grid.size_power})
+                rc.update(tune_run_config("cv", opts, grids))
+            flwr_run(project_dir(), rc, len(sites), echo=stream_echo(a.quiet, a.verbose))
+            os.remove(os.path.join(tmp, "auc.csv"))
+        with open(os.path.join(tmp, "metrics.json")) as fh:
+            run = json.load(fh)
+        if calibrate:  # the one setting's cross-validation gave the calibration, no choice
+            run = _calibration_only(tmp, run, opts)
+        elif federated and not a.quiet:
+            chosen = ", ".join(f"{k} = {v:g}" for k, v in run["tuned"].items())
+            t = run["tuning"]
+            sys.stderr.write(
+                f"cv: chose {chosen} (criterion {opts.criterion}, {run['cv']['score']} "
+                f"{run['cv']['mean']:.4f}); tuning and refit took {t['rounds']} rounds "
+                f"for {t['fits']} fits\n"
+            )
+        updates = dict(
+            engine=a.engine,
+            features=list(features),
+            n_sites=len(sites),
+            seconds=round(time.perf_counter() - t0, 3),
+            source=a.source,
+            data=_named(a, "data"),
+            sites=_named(a, "sites"),
+            guards=guards_record(guards, refused),
+            **extra,
+        )
+        n_test = sum(len(s.y_test) for s in sites)
+        split = {
+            "test": "none"
+            if not n_test
+            else ("file" if a.test_data else "holdout" if a.holdout else "source"),
+            "holdout": a.holdout or None,
+            "train-fraction": spec.train_fraction if a.source in ("cdc", "crime") else None,
+            "data-seed": spec.data_seed,
+            "n_train": sum(len(s.y_train) for s in sites),
+            "n_test": n_test,
+        }
+        metrics = finish_outputs(
+            tmp,
+            updates,
+            split,
+            lambda m: fed.write_test_table(tmp, m, [s.site for s in sites]),
+            lambda d: fed.sites_table(sites).to_csv(os.path.join(d, "sites.csv"), index=False),
+            fit_report,
+        )
+    return metrics
+
+
+def _named(a, key: str) -> str:
+    """How ``metrics.json`` names the fit's data or sites: the file, ``(built in)``, or
+    what the API was given (a data frame)."""
+    given = getattr(a, f"{key}_name", "")
+    path = getattr(a, key)
+    return given or (os.path.abspath(path) if path else "(built in)")
+
+
+#: The ``fit`` options that describe the data: arguments of :meth:`GrAUCPFL.fit`.
+DATA_OPTIONS = (
+    "source", "data", "sites", "test_data", "holdout", "train_fraction", "counties",
+    "num_counties", "min_per_class", "max_per_class", "missing_levels",
+)  # fmt: skip
+
+
+class GrAUCPFL(FederatedModel):
+    """GrAUC-PFL (or a comparator, ``method=``) fitted across sites, from Python.
+
+    Parameters
+    ----------
+    **params
+        Any option of ``python -m grauc_flower fit`` by its Python name (``lam``,
+        ``w_dist``, ``ridge``, ``method``, ``engine``, ``tune``, ``folds``,
+        ``lam_grid``, ``min_rows``, ``calibration``, ``data_seed``, ...; docs/usage.md),
+        with the same defaults and checks; grids may be lists.  ``GrAUCPFL.param_names()``
+        lists them.
+
+    Attributes
+    ----------
+    coef_ : pandas.DataFrame
+        Each site's coefficients (rows: sites; columns: features), on the input scale.
+    fused_groups_ : pandas.DataFrame
+        Per feature, the label of each site's fused group (sites sharing a label share the
+        coefficient).
+    sites_ : pandas.DataFrame
+        The sites' locations and row counts.
+    calibration_ : pandas.DataFrame or None
+        Each site's risk calibration (``predict_proba``), when the fit has one.
+    history_, metrics_, test_, tuned_, n_rounds_, converged_, objective_, settings_
+        The fit's rounds, ``metrics.json``, test table, tuned levels, rounds, whether it
+        converged, its objective and the settings it ran with.
+    """
+
+    command = "grauc_flower.cli"
+    settings = GrAUCConfig
+    inputs = DATA_OPTIONS
+
+    def fit(self, data=None, sites=None, *, test_data=None, **options) -> GrAUCPFL:
+        """Fit on ``data`` (a data frame or CSV path: ``site``, ``y`` in {0, 1} and the
+        features) at ``sites`` (``site``, ``lat``, ``lon``: a data frame, a CSV path or a
+        mapping ``{site: (lat, lon)}``); ``test_data`` (same columns as ``data``) is
+        scored into ``test_``.  Without ``data``, ``source=`` names built-in data
+        (``"simulated"``, ``"crime"``; ``"cdc"`` with ``data`` the case file), with that
+        source's options (``train_fraction``, ...).  Returns ``self``."""
+        import tempfile
+
+        unknown = [k for k in options if k not in DATA_OPTIONS or k in ("data", "sites")]
+        if unknown:
+            raise InputError(f"{unknown[0]}: not an argument of fit() (a parameter of "
+                             f"{type(self).__name__}?)")  # fmt: skip
+        source = options.pop("source", "csv" if data is not None else None)
+        if source is None:
+            raise InputError("data: give data and sites, or source='simulated' (or 'crime')")
+        with tempfile.TemporaryDirectory(prefix="grauc-fit-") as work:
+            inputs = {"source": source, **options}
+            if data is not None:
+                inputs["data"], inputs["data_name"] = as_csv(data, work, "data", "data")
+            if sites is not None:
+                inputs["sites"], inputs["sites_name"] = as_csv(
+                    _sites_frame(sites), work, "sites", "sites"
+                )
+            if test_data is not None:
+                inputs["test_data"], _ = as_csv(test_data, work, "test", "test_data")
+            return self._run(inputs, work)
+
+    @staticmethod
+    def _fit_to_dir(a) -> dict:
+        return fit_to_dir(a)
+
+    def _read_fit(self) -> None:
+        self.coef_ = self._frame("coefficients.csv", dtype={"site": str}).set_index("site")
+        self.feature_names_in_ = np.asarray(self.coef_.columns, dtype=object)
+        groups = self._frame("clusters.csv", dtype={"site": str})
+        self.fused_groups_ = groups.set_index("site") if groups is not None else None
+        self.sites_ = self._frame("sites.csv", dtype={"site": str})
+        self.calibration_ = self._frame("calibration.csv", dtype={"site": str})
+
+    def _predict_reader(self) -> tuple:
+        from strategies.predict import read_grauc_model
+
+        from .federation import new_site_model
+
+        return read_grauc_model, False, new_site_model
+
+    def _predict_args(self, model_dir, path, work, new_sites=None, new_site_rule="nearest",
+                      probability=False):  # fmt: skip
+        import argparse
+
+        from strategies.predict import NEW_SITE_RULES
+
+        if new_site_rule not in NEW_SITE_RULES:
+            raise InputError(
+                f"new_site_rule: must be one of {', '.join(NEW_SITE_RULES)}; got {new_site_rule!r}"
+            )
+        where = ""
+        if new_sites is not None:
+            where, _ = as_csv(_sites_frame(new_sites), work, "new_sites", "new_sites")
+        return argparse.Namespace(model=model_dir, data=path, site="", lat=None, lon=None,
+                                  sites=where, new_site_rule=new_site_rule,
+                                  probability=probability)  # fmt: skip
+
+    def predict(self, data, new_sites=None, new_site_rule: str = "nearest") -> np.ndarray:
+        """Each row's risk score ``x'beta`` by its site's coefficients (a ranking within
+        a site).  A site outside the federation borrows coefficients from the fitted sites
+        near it when its location is in ``new_sites`` (``site, lat, lon``; by
+        ``new_site_rule``: nearest, graph or inverse-distance; docs/methods.md 3.13)."""
+        table = self.predict_table(data, new_sites=new_sites, new_site_rule=new_site_rule)
+        return table["score"].to_numpy()
+
+    def predict_proba(self, data, new_sites=None, new_site_rule: str = "nearest") -> np.ndarray:
+        """The calibrated risks as scikit-learn gives them: columns P(y = 0), P(y = 1)."""
+        table = self.predict_table(
+            data, new_sites=new_sites, new_site_rule=new_site_rule, probability=True
+        )
+        p = table["probability"].to_numpy()
+        return np.column_stack([1.0 - p, p])
+
+    def score(self, data, level: float = 0.95) -> pd.DataFrame:
+        """Each site's AUC on ``data`` (with its ``y``), DeLong's standard error and the
+        ``level`` interval: ``site, auc, auc_se, lower, upper, n_pos, n_neg`` (a site
+        whose rows hold one class has no AUC)."""
+        from .metrics import auc_interval, delong
+
+        if not 0 < level < 1:
+            raise InputError(f"level: must be in (0, 1), got {level!r}")
+        frame = data if isinstance(data, pd.DataFrame) else pd.read_csv(data)
+        if "y" not in frame.columns:
+            raise InputError("data: no 'y' column (the outcome the AUC is of)")
+        table = self.predict_table(frame)
+        y = pd.to_numeric(frame["y"], errors="coerce").to_numpy()
+        rows = []
+        for site, idx in table.groupby("site", sort=False).indices.items():
+            s, t = table["score"].to_numpy()[idx], y[idx]
+            n_pos, n_neg = int((t == 1).sum()), int((t == 0).sum())
+            a = se = lo = hi = float("nan")
+            if n_pos and n_neg:
+                a, se = delong(s, t)
+                lo, hi = auc_interval(a, se, level)
+            rows.append(dict(site=site, auc=a, auc_se=se, lower=lo, upper=hi, n_pos=n_pos,
+                             n_neg=n_neg))  # fmt: skip
+        return pd.DataFrame(rows)
+
+
+def _sites_frame(sites):
+    """Sites given as a mapping ``{site: (lat, lon)}`` as a data frame; else as given."""
+    if isinstance(sites, dict) and sites and not {"site", "lat", "lon"} <= set(sites):
+        return pd.DataFrame(
+            [(str(k), *v) for k, v in sites.items()], columns=["site", "lat", "lon"]
+        )
+    return sites
+
+
+def example_data(seed: int = 0, **simulation) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The main job's simulated federation as data frames: ``(train, test, sites)``, the
+    rows ``site, y, x1..`` and the sites ``site, lat, lon`` (simulation 1 of the GrAUC-PFL
+    paper, 20 sites; ``simulation`` takes the ``data.*`` settings by their Python names,
+    e.g. ``n_sites=12, n_train=300``; docs/methods.md 1.8)."""
+    from .sources import load_sites
+
+    spec = DataSpec(source="simulated", data_seed=seed, **simulation)
+    sites, features = load_sites(spec)
+
+    def rows(x_of, y_of) -> pd.DataFrame:
+        parts = []
+        for s in sites:
+            part = pd.DataFrame(x_of(s), columns=list(features))
+            part.insert(0, "y", y_of(s).astype(int))
+            part.insert(0, "site", s.site)
+            parts.append(part)
+        return pd.concat(parts, ignore_index=True)
+
+    train = rows(lambda s: s.x_train, lambda s: s.y_train)
+    test = rows(lambda s: s.x_test, lambda s: s.y_test)
+    where = pd.DataFrame([(s.site, s.lat, s.lon) for s in sites], columns=["site", "lat", "lon"])
+    return train, test, where

@@ -1,0 +1,354 @@
+"""RowFed from Python: the :class:`RowFed` estimator and the fit's flow
+(:func:`fit_to_dir`) that it and ``python -m rowfed_flower fit`` both run.
+
+>>> from rowfed_flower import RowFed
+>>> model = RowFed(lam1=0.2, lam2=0.1).fit(data, responses=["y1", "y2"])
+>>> model.coef_                     # (client, feature) x responses, input scale
+
+docs/api.md has a worked session; every parameter is a ``fit`` option (docs/usage.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+
+from strategies.api import FederatedModel, as_csv
+from strategies.config import FEDAVG_FAMILY, RowFedConfig, rowfed_run_config
+from strategies.errors import InputError
+from strategies.fedavg import round_limit
+from strategies.predict import INTERCEPT
+from strategies.runtime.cli import (
+    RoundProgress,
+    atomic_output_dir,
+    check_test_arguments,
+    cv_options,
+    finish_outputs,
+    from_flags,
+    guards_from_args,
+    guards_record,
+    guards_run_config,
+    line_to_stderr,
+    moments_asked,
+    note_default_floors,
+    project_dir,
+    settings_from_args,
+    tune_run_config,
+    tuning_metrics,
+)
+from strategies.tuning import KNOBS, parse_grid
+
+from . import tuning as grid_search
+from .federation import FUSED_METHODS
+from .sources import RowFedDataSpec
+
+#: The command line's default grids, as it reads them.
+DEFAULT_LAM1_GRID = ",".join(f"{v:g}" for v in grid_search.DEFAULT_LAM1_GRID)
+DEFAULT_LAM2_GRID = ",".join(f"{v:g}" for v in grid_search.DEFAULT_LAM2_GRID)
+
+
+def _config(args) -> RowFedConfig:
+    return settings_from_args(RowFedConfig, args)
+
+
+def _run_flower(
+    cfg: RowFedConfig, args, data, tmp: str, tune: dict | None = None, guards=None
+) -> None:  # fmt: skip
+    """``flwr run`` the app on Flower's simulation engine (one SuperNode per client) with
+    this file as the data (``rowfed-data.source = csv``) and the clients' floors
+    ``guards``; outputs land in ``tmp``."""
+    from strategies.runtime.simulation import flwr_run
+
+    spec = from_flags(
+        RowFedDataSpec,
+        args,
+        source="csv",
+        path=os.path.abspath(args.data),
+        responses=",".join(data.responses),
+        num_clients=len(data.clients),
+        test_path=os.path.abspath(args.test_data) if args.test_data else "",
+        holdout=args.holdout,
+    )
+    rc = {
+        **rowfed_run_config(cfg),
+        "task": "rowfed",
+        "method": args.method,
+        "out-dir": tmp,
+        **spec.to_run_config(),
+        **(tune or {}),
+        **(guards_run_config(guards) if guards is not None else {}),
+    }
+    from strategies.runtime.launch import stream_echo
+
+    flwr_run(project_dir(), rc, len(data.clients), echo=stream_echo(False, args.verbose))
+    os.remove(os.path.join(tmp, "summary.csv"))
+
+
+def fit_to_dir(args) -> dict:
+    """The fit of ``fit``'s options ``args`` (an :mod:`argparse` namespace of the ``fit``
+    subcommand, or :class:`RowFed`'s) into the directory ``args.out``: every file the
+    command line writes, all or nothing.  Returns ``metrics.json``'s content."""
+    cfg = _config(args)
+    if args.tune is None and (args.lam1_grid is not None or args.lam2_grid is not None):
+        key = "lam1-grid" if args.lam1_grid is not None else "lam2-grid"
+        raise InputError(f"{key}: grids need --tune gic or --tune cv")
+    if args.knob_grid and args.tune != "cv":
+        raise InputError("knob-grid: grids need --tune cv")
+    if args.size_power_grid is not None and args.tune != "cv":
+        raise InputError("size-power-grid: grids need --tune cv")
+    if args.size_power_grid is not None and args.method not in FUSED_METHODS:
+        raise InputError(
+            f"size-power-grid: {args.method} does not weight its clients (a fused method does)"
+        )
+    if args.tune == "cv" and args.size_power is not None and args.method in FUSED_METHODS:
+        raise InputError(
+            "size-power: chosen by --tune cv; give --size-power-grid to set its values"
+        )
+    fused = args.method not in FEDAVG_FAMILY  # the comparators have no lam1
+    if args.tune is not None and (args.lam1 is not None and fused or args.lam2 is not None):
+        key = "lam1" if args.lam1 is not None and fused else "lam2"
+        raise InputError(
+            f"{key}: chosen by --tune {args.tune}; give --{key}-grid to set its values"
+        )
+    if args.tune in grid_search.GIC_BY and args.method in FEDAVG_FAMILY:
+        raise InputError(
+            f"tune: {args.tune} is available for rowfed, perfl-lsma and nonfed; use --tune cv"
+        )
+    knob = KNOBS[args.method].name if args.method in KNOBS else None
+    if args.tune == "cv" and knob and getattr(args, knob) is not None:
+        flag = knob.replace("_", "-")
+        raise InputError(f"{flag}: chosen by --tune cv; give --knob-grid to set its values")
+    check_test_arguments(args)
+    lam1_grid = grid_search.grid_values(args.lam1_grid, DEFAULT_LAM1_GRID, "lam1-grid")
+    lam2_grid = grid_search.grid_values(args.lam2_grid, DEFAULT_LAM2_GRID, "lam2-grid")
+    auto = grid_search.check_auto(lam1_grid, lam2_grid)
+
+    from . import federation as fed
+    from . import sources as rsources
+    from .figures import fit_report
+    from .graph import read_graph
+
+    guards = guards_from_args(args)
+    data = rsources.read_fit_csv(args.data, args.responses, args.client_column)
+    data = rsources.with_test_set(
+        data, args.test_data, args.holdout, args.data_seed, args.client_column
+    )
+    counts = [(c.site, c.n, None, c.p) for c in data.clients]
+    refused = note_default_floors(counts, moments_asked(cfg, "X'X"))
+    edges, weights = read_graph(cfg.graph, data.sites)  # validates it against the client ids
+    if cfg.graph != "all-pairs":
+        cfg = cfg.replace(graph=os.path.abspath(cfg.graph))
+
+    t0 = time.perf_counter()
+    named = getattr(args, "data_name", "") or os.path.abspath(args.data)
+    extra = {"engine": args.engine, "data": named,
+             "guards": guards_record(guards, refused)}  # fmt: skip
+    with atomic_output_dir(args.out) as tmp:
+        # a fused method (or NonFed) is tuned inside the federation: one batched run on
+        # either engine; the FedAvg family by the in-process cross-validation, then refitted
+        federated = args.tune is not None and args.method in grid_search.FEDERATED_TUNABLE
+        if auto and not federated:
+            raise InputError(
+                f"lam1-grid: auto is for the federated tuning of "
+                f"{', '.join(grid_search.FEDERATED_TUNABLE)}, not {args.method}"
+            )
+        fed_grids = (lam1_grid, lam2_grid)
+        opts = cv_options(args, args.data_seed)
+        if federated and args.knob_grid:
+            raise InputError(f"knob-grid: {args.method} has no setting to tune besides its levels")
+        if not federated and (opts.criterion != "folds" or opts.repeats > 1):
+            key = "cv-criterion" if opts.criterion != "folds" else "cv-repeats"
+            raise InputError(f"{key}: for the federated tuning ({args.method} is not tuned so)")
+        if args.tune == "cv" and not federated:
+            cfg, table, summary = grid_search.tune_cv(
+                cfg,
+                data,
+                args.method,
+                lam1_grid,
+                lam2_grid,
+                opts,
+                args.knob_grid or None,
+                args.size_power_grid,
+            )
+            table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
+            params = grid_search.params_of(args.method)
+            extra.update(tuning_metrics(summary, params, "val_mse", False, opts))
+            chosen = ", ".join(f"{k} = {v:g}" for k, v in extra["tuned"].items())
+            print(
+                f"cv: chose {chosen} (mean validation MSE {extra['cv']['mean']:.6g} over "
+                f"{opts.folds} folds); refitting on all training data",
+                file=sys.stderr,
+            )
+        if args.engine == "flower":
+            tune = None
+            if federated:
+                powers = args.size_power_grid
+                powers = parse_grid(powers, "size-power-grid") if powers else ()
+                grids = {"lam1-grid": fed_grids[0], "lam2-grid": fed_grids[1],
+                         "size-power-grid": powers}  # fmt: skip
+                tune = tune_run_config(args.tune, opts, grids)
+            _run_flower(cfg, args, data, tmp, tune, guards)
+        else:
+            tune = None
+            if federated:
+                tune = (args.tune, (opts, *fed_grids, args.size_power_grid))
+            progress = RoundProgress(args.method, round_limit(args.method, cfg), args.quiet)
+            if federated:
+                progress = None if args.quiet else line_to_stderr
+            if tune is not None:
+                from .tuning import run_tuned_inprocess
+
+                res = run_tuned_inprocess(cfg, data, args.method, tune, progress, guards=guards)
+            else:
+                res = fed.run_methods_inprocess(cfg, data, [args.method], progress, guards=guards)[
+                    args.method
+                ]
+            fed.write_result(tmp, res, data, cfg)
+        n_test = sum(c.x_test.shape[0] for c in data.clients)
+        split = {
+            "test": "none" if not n_test else ("file" if args.test_data else "holdout"),
+            "holdout": args.holdout or None,
+            "n_train": sum(c.n for c in data.clients),
+            "n_test": n_test,
+        }
+
+        def own_files(where: str) -> None:
+            if edges is not None:
+                pd.DataFrame(
+                    {
+                        "client_u": [data.sites[u] for u in edges[:, 0]],
+                        "client_v": [data.sites[v] for v in edges[:, 1]],
+                        "weight": weights if weights is not None else 1.0,
+                    }
+                ).to_csv(os.path.join(where, "edges.csv"), index=False)
+
+        metrics = finish_outputs(
+            tmp,
+            {**extra, "seconds": round(time.perf_counter() - t0, 3)},
+            split,
+            lambda m: fed.write_test_table(tmp, m, data.responses),
+            own_files,
+            fit_report,
+        )
+    return metrics
+
+
+#: The ``fit`` options that describe the data: arguments of :meth:`RowFed.fit`.
+DATA_OPTIONS = ("data", "responses", "test_data", "holdout", "client_column")
+
+
+class RowFed(FederatedModel):
+    """RowFed (or a comparator, ``method=``) fitted across clients, from Python.
+
+    Parameters
+    ----------
+    **params
+        Any option of ``python -m rowfed_flower fit`` by its Python name (``lam1``,
+        ``lam2``, ``penalty``, ``method``, ``engine``, ``tune``, ``lam1_grid``,
+        ``min_rows``, ``data_seed``, ...; docs/usage.md), with the same defaults and
+        checks; grids may be lists.  ``RowFed.param_names()`` lists them.
+
+    Attributes
+    ----------
+    coef_ : pandas.DataFrame
+        Each client's coefficients: rows (client, feature), columns the responses, on the
+        input scale.
+    intercept_ : pandas.DataFrame or None
+        Each client's intercepts (rows: clients; columns: responses), when fitted.
+    fused_groups_ : pandas.DataFrame
+        Per feature, the number of client groups and each client's group label.
+    history_, metrics_, test_, tuned_, n_rounds_, converged_, objective_, settings_
+        The fit's rounds, ``metrics.json``, test table, tuned levels, rounds, whether it
+        converged, its objective and the settings it ran with.
+    """
+
+    command = "rowfed_flower.cli"
+    settings = RowFedConfig
+    inputs = DATA_OPTIONS
+    site_column = "client"
+
+    def fit(self, data, responses, *, test_data=None, **options) -> RowFed:
+        """Fit on ``data`` (a data frame or CSV path: a ``client`` column, the response
+        columns ``responses`` (a list or comma-separated names) and the predictors, every
+        other column); ``test_data`` (same columns) or ``holdout=`` (a share of each
+        client's rows) is scored into ``test_``; ``client_column=`` names another client
+        column.  Returns ``self``."""
+        import tempfile
+
+        unknown = [k for k in options if k not in ("holdout", "client_column")]
+        if unknown:
+            raise InputError(f"{unknown[0]}: not an argument of fit() (a parameter of "
+                             f"{type(self).__name__}?)")  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="rowfed-fit-") as work:
+            inputs = {"responses": responses, **options}
+            inputs["data"], inputs["data_name"] = as_csv(data, work, "data", "data")
+            if test_data is not None:
+                inputs["test_data"], _ = as_csv(test_data, work, "test", "test_data")
+            return self._run(inputs, work)
+
+    @staticmethod
+    def _fit_to_dir(a) -> dict:
+        return fit_to_dir(a)
+
+    def _read_fit(self) -> None:
+        frame = self._frame("coefficients.csv", dtype={"client": str, "feature": str})
+        is_b = (frame["feature"] == INTERCEPT).to_numpy()
+        self.coef_ = frame.loc[~is_b].set_index(["client", "feature"])
+        self.intercept_ = (
+            frame.loc[is_b].drop(columns="feature").set_index("client") if is_b.any() else None
+        )
+        self.feature_names_in_ = np.asarray(
+            list(dict.fromkeys(self.coef_.index.get_level_values("feature"))), dtype=object
+        )
+        groups = self._frame("clusters.csv", dtype={"feature": str})
+        self.fused_groups_ = groups.set_index("feature") if groups is not None else None
+
+    def _predict_reader(self) -> tuple:
+        from strategies.predict import read_rowfed_model
+
+        return read_rowfed_model, True, None
+
+    def predict(self, data) -> np.ndarray:
+        """Each row's predicted responses ``b_m + Theta_m' x`` by its client's
+        coefficients (rows x responses; a ``client`` column picks them)."""
+        table = self.predict_table(data)
+        return table.iloc[:, 2:].to_numpy()
+
+    def score(self, data) -> pd.DataFrame:
+        """Each client's mean squared prediction error on ``data`` (with the responses),
+        over its rows and responses: ``client, n, mse``."""
+        frame = data if isinstance(data, pd.DataFrame) else pd.read_csv(data)
+        table = self.predict_table(frame)
+        outputs = list(table.columns[2:])
+        missing = [r for r in outputs if r not in frame.columns]
+        if missing:
+            raise InputError(f"data: no {missing[0]!r} column (a response the fit predicts)")
+        err = frame[outputs].to_numpy(dtype=float) - table[outputs].to_numpy()
+        sq = pd.DataFrame({"client": table["client"], "se": (err**2).mean(axis=1)})
+        out = sq.groupby("client", sort=False)["se"].agg(["size", "mean"]).reset_index()
+        return out.rename(columns={"size": "n", "mean": "mse"})
+
+
+def example_data(seed: int = 1, **simulation) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """The RowFed paper's simulated federation as data frames: ``(train, test,
+    responses)``, the rows ``client, y1.., x1..`` (10 clients, p = q = 20 by default;
+    ``simulation`` takes ``num_clients``, ``n_train``, ``n_test``, ``num_features``,
+    ``num_responses``; docs/methods.md 2.8)."""
+    from .sources import simulated_data
+
+    data = simulated_data(RowFedDataSpec(seed=seed, **simulation))
+
+    def rows(test: bool) -> pd.DataFrame:
+        parts = []
+        for c in data.clients:
+            x, y = (c.x_test, c.y_test) if test else (c.x, c.y)
+            part = pd.DataFrame(np.hstack([y, x]), columns=[*data.responses, *data.features])
+            part.insert(0, "client", c.site)
+            parts.append(part)
+        return pd.concat(parts, ignore_index=True)
+
+    return rows(False), rows(True), list(data.responses)

@@ -1,0 +1,336 @@
+"""The Python API of both methods, in scikit-learn's idiom.
+
+One estimator per method (``grauc_flower.GrAUCPFL``, ``rowfed_flower.RowFed``) shares this
+base.  Its parameters are the ``fit`` command's options under their Python names (``lam``,
+``w_dist``, ``tune``, ``engine``, ``min_rows``, ...): the settings declarations' own names,
+defaults and checks, read from the command line's parser, so a setting is declared once for
+both.  ``fit`` runs the same flow as the command line (each method's ``fit_to_dir``) and
+returns ``self``; the fitted attributes end in ``_``; ``save`` writes the very files the
+command line writes, and ``load`` reads them back.
+
+A bad value raises :class:`~strategies.errors.InputError` (a ``ValueError``) whose message
+starts with the parameter's name; the command line turns the same error into one
+``error:`` line.  Data given as data frames are written to a temporary CSV file and read
+as the command line reads its files (exactly: the shortest decimal of a float reads back
+to the same float), so an API fit equals the command line's fit of the same rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from .errors import InputError
+
+#: The command line options that are neither parameters nor ``fit`` arguments.
+_NOT_PARAMS = ("help", "out", "command")
+
+#: The file a saved fit must hold.
+_COEFFICIENTS = "coefficients.csv"
+
+
+def fit_parser(build_parser) -> argparse.ArgumentParser:
+    """The ``fit`` subcommand's parser of a method's command line."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["fit"]
+
+
+def _text(value) -> str:
+    """A grid value as the command line would read it (a float by its shortest decimal,
+    which reads back to the same float)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return repr(float(value))
+    if isinstance(value, str):
+        return value
+    raise TypeError
+
+
+def convert(action: argparse.Action, name: str, value):
+    """``value`` for the option ``action`` as its parser would have made it from text,
+    checked as the parser checks it (its type, choices, a flag's True/False); a list for
+    a text option (a grid, the responses) is joined by commas."""
+    if value is None:
+        return action.default
+    if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise InputError(f"{name}: must be True or False, got {value!r}")
+        return bool(value)
+    kind = action.type
+    if kind in (int, float):
+        if isinstance(value, (bool, np.bool_, str)) or not isinstance(
+            value, (int, float, np.integer, np.floating)
+        ):
+            raise InputError(f"{name}: must be a number, got {value!r}")
+        if kind is int and float(value) != int(value):
+            raise InputError(f"{name}: must be an integer, got {value!r}")
+        value = kind(value)
+    else:
+        try:
+            if isinstance(value, (list, tuple, np.ndarray, pd.Index, range)):
+                value = ",".join(_text(v) for v in value)
+            else:
+                value = _text(value)
+        except TypeError:
+            raise InputError(f"{name}: must be text or a list, got {value!r}") from None
+    if action.choices is not None and value not in action.choices:
+        allowed = ", ".join(str(c) for c in action.choices)
+        raise InputError(f"{name}: must be one of {allowed}; got {value!r}")
+    return value
+
+
+def as_csv(data, folder: str, name: str, what: str) -> tuple[str, str]:
+    """``data`` as a CSV file: a path is used as it is, a data frame (or a mapping of
+    columns) written into ``folder``; returns the path and how ``metrics.json`` names it
+    (empty: the file's own path)."""
+    if isinstance(data, (str, os.PathLike)):
+        return os.fspath(data), ""
+    if isinstance(data, Mapping):
+        data = pd.DataFrame(data)
+    if not isinstance(data, pd.DataFrame):
+        kind = type(data).__name__
+        raise InputError(f"{what}: must be a pandas DataFrame or a CSV path, got {kind}")
+    path = os.path.join(folder, f"{name}.csv")
+    data.to_csv(path, index=False)
+    return path, f"(a data frame: {data.shape[0]} rows, {data.shape[1]} columns)"
+
+
+class FederatedModel:
+    """What both methods' estimators share: parameters, the fit's run, its files, scoring.
+
+    A subclass sets :attr:`command` (its command line module, whose ``build_parser``
+    declares the options), :attr:`settings` (its settings class), :attr:`inputs` (the
+    ``fit`` options that describe the data, given to :meth:`fit`, not to the constructor),
+    runs its flow in :meth:`_fit_to_dir` and reads its own files in :meth:`_read_fit`.
+    """
+
+    command: str = ""
+    settings: type = object
+    inputs: tuple[str, ...] = ()
+    #: the column that names each row's site (GrAUC-PFL) or client (RowFed)
+    site_column: str = "site"
+
+    def __init__(self, **params) -> None:
+        self._params: dict = {}
+        self.set_params(**params)
+
+    # -- parameters ---------------------------------------------------------------------------
+    @classmethod
+    def _actions(cls) -> dict[str, argparse.Action]:
+        module = __import__(cls.command, fromlist=["build_parser"])
+        return {
+            a.dest: a for a in fit_parser(module.build_parser)._actions if a.dest not in _NOT_PARAMS
+        }
+
+    @classmethod
+    def param_names(cls) -> list[str]:
+        """Every parameter the constructor takes (the ``fit`` command's options)."""
+        return [d for d in cls._actions() if d not in cls.inputs]
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The parameters given (the others keep the command line's defaults)."""
+        return dict(self._params)
+
+    def set_params(self, **params) -> FederatedModel:
+        """Set parameters, each checked now (its type, choices and range); returns self."""
+        actions = self._actions()
+        for name, value in params.items():
+            if name not in actions or name in self.inputs:
+                where = "an argument of fit()" if name in self.inputs else "not a parameter"
+                raise InputError(f"{name}: {where} of {type(self).__name__}")
+            convert(actions[name], name, value)
+        merged = {**self._params, **params}
+        self._namespace(merged, {})  # the settings' own checks, raised now
+        self._params = merged
+        return self
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self._params.items())
+        return f"{type(self).__name__}({shown})"
+
+    def _namespace(self, params: dict, inputs: dict) -> argparse.Namespace:
+        """The ``fit`` options: the parser's defaults, ``params`` and ``inputs`` over them;
+        the method's settings built once so that a bad setting is raised here."""
+        actions = self._actions()
+        a = argparse.Namespace(**{d: act.default for d, act in actions.items()})
+        a.quiet = True  # no progress lines unless asked (a notebook)
+        for name, value in {**params, **inputs}.items():
+            setattr(a, name, convert(actions[name], name, value) if name in actions else value)
+        with self._named():
+            from .runtime.cli import settings_from_args
+
+            settings_from_args(self.settings, a)
+        return a
+
+    @staticmethod
+    def _pythonic(exc: InputError) -> InputError:
+        """The error with its option named as the parameter (``w_dist``, not ``w-dist``)."""
+        text = str(exc)
+        head, sep, rest = text.partition(":")
+        if sep and head.strip() and " " not in head.strip():
+            text = head.replace("-", "_") + sep + rest
+        return type(exc)(text)
+
+    class _named:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, kind, exc, tb):
+            if isinstance(exc, InputError):
+                raise FederatedModel._pythonic(exc) from None
+            return False
+
+    # -- the fit ------------------------------------------------------------------------------
+    def _run(self, inputs: dict, work: str) -> FederatedModel:
+        """Run the command line's flow on ``inputs`` (paths inside ``work``) and keep the
+        files it wrote."""
+        a = self._namespace(self._params, inputs)
+        a.out = os.path.join(work, "model")
+        with self._named():
+            metrics = self._fit_to_dir(a)
+        files = {}
+        for root, _, names in os.walk(a.out):
+            for f in names:
+                path = os.path.join(root, f)
+                rel = os.path.relpath(path, a.out)
+                if not rel.startswith("."):
+                    with open(path, "rb") as fh:
+                        files[rel] = fh.read()
+        self._set_fitted(files)
+        self._warn(metrics)
+        return self
+
+    @staticmethod
+    def _warn(metrics: dict) -> None:
+        """What the command line prints as warnings, as Python warnings."""
+        from .config import FEDAVG_FAMILY
+        from .runtime.cli import warn_grid_edge
+
+        stream = io.StringIO()
+        warn_grid_edge(metrics, stream)
+        info = metrics.get("inference") or {}
+        if "error" in info:
+            stream.write(f"warning: no confidence intervals: {info['error']}\n")
+        if not metrics.get("converged", True) and metrics.get("method") not in FEDAVG_FAMILY:
+            stream.write("warning: stopped at the round limit; see history_\n")
+        for line in stream.getvalue().splitlines():
+            text = re.sub(r"--([a-z0-9-]+)", lambda m: m[1].replace("-", "_"), line)
+            # warn -> _warn -> _run -> fit -> the caller
+            warnings.warn(text.removeprefix("warning: "), UserWarning, stacklevel=4)
+
+    def _set_fitted(self, files: dict[str, bytes]) -> None:
+        if _COEFFICIENTS not in files or "metrics.json" not in files:
+            raise InputError(f"model: no {_COEFFICIENTS} or metrics.json (a fit's --out)")
+        self._files = dict(files)
+        self.metrics_ = json.loads(files["metrics.json"])
+        self.method_ = self.metrics_.get("method")
+        self.settings_ = self.metrics_.get("config", {})
+        self.n_rounds_ = self.metrics_.get("rounds")
+        self.converged_ = self.metrics_.get("converged")
+        self.objective_ = self.metrics_.get("objective")
+        self.tuned_ = self.metrics_.get("tuned") or (self.metrics_.get("tuning") or {}).get(
+            "selected"
+        )
+        self.history_ = self._frame("history.csv")
+        self.test_ = self._frame("test.csv")
+        self._read_fit()
+
+    def _frame(self, name: str, **read_csv) -> pd.DataFrame | None:
+        if name not in self._files:
+            return None
+        return pd.read_csv(io.BytesIO(self._files[name]), **read_csv)
+
+    @staticmethod
+    def _fit_to_dir(a) -> dict:  # pragma: no cover - each method's flow
+        raise NotImplementedError
+
+    def _read_fit(self) -> None:  # pragma: no cover - each method reads its own files
+        raise NotImplementedError
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "_files"):
+            raise InputError(f"model: this {type(self).__name__} is not fitted; call fit first")
+
+    # -- files --------------------------------------------------------------------------------
+    def save(self, path: str) -> str:
+        """Write the fit's files into the directory ``path`` (what ``fit --out`` writes;
+        ``predict --model path`` and ``report --model path`` read it); returns its path."""
+        from .runtime.cli import atomic_output_dir
+
+        self._check_fitted()
+        with atomic_output_dir(os.fspath(path)) as tmp:
+            self._write_files(tmp)
+        return os.path.abspath(path)
+
+    def _write_files(self, folder: str, skip: tuple[str, ...] = ()) -> str:
+        for rel, content in self._files.items():
+            if rel in skip:
+                continue
+            target = os.path.join(folder, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as fh:
+                fh.write(content)
+        return folder
+
+    @classmethod
+    def load(cls, path: str) -> FederatedModel:
+        """A fitted estimator from a fit's directory (the API's ``save`` or ``fit --out``)."""
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise InputError(f"model: not a directory: {path}")
+        files = {}
+        for root, _, names in os.walk(path):
+            for f in names:
+                full = os.path.join(root, f)
+                rel = os.path.relpath(full, path)
+                if not rel.startswith("."):
+                    with open(full, "rb") as fh:
+                        files[rel] = fh.read()
+        if _COEFFICIENTS not in files:
+            raise InputError(f"model: no {_COEFFICIENTS} in {path} (a fit's --out)")
+        method = json.loads(files.get("metrics.json", b"{}")).get("method")
+        model = cls(method=method) if method else cls()
+        model._set_fitted(files)
+        return model
+
+    def report(self, path: str) -> str:
+        """Write the fit's one-page report (``report.html``) to the file ``path``."""
+        from .predict import write_bytes_atomic
+
+        self._check_fitted()
+        return write_bytes_atomic(self._files["report.html"], os.fspath(path))
+
+    # -- scoring ------------------------------------------------------------------------------
+    def predict_table(self, data, **options) -> pd.DataFrame:
+        """The table ``predict`` writes for ``data`` (a data frame or CSV path with the
+        site column and the features): ``row``, the site, the outputs."""
+        from .predict import predicted_rows
+
+        self._check_fitted()
+        with tempfile.TemporaryDirectory(prefix="pfl-predict-") as work:
+            model_dir = self._write_files(os.path.join(work, "model"), skip=("report.html",))
+            path, _ = as_csv(data, work, "data", "data")
+            args = self._predict_args(model_dir, path, work, **options)
+            result, _, _ = predicted_rows(args, *self._predict_reader())
+        return result
+
+    def _predict_args(self, model_dir: str, path: str, work: str, **options):
+        if options:
+            raise InputError(f"{next(iter(options))}: not an option of predict")
+        return argparse.Namespace(model=model_dir, data=path)
+
+    def _predict_reader(self) -> tuple:  # pragma: no cover - each method's reader
+        raise NotImplementedError
