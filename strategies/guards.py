@@ -25,7 +25,7 @@ the floor (and ``K`` rows of a class to form its folds at all).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .errors import InputError, at_site, plain
 
@@ -47,6 +47,9 @@ class Guards:
     min_rows: int = 3
     min_class_rows: int = 3
     min_rows_per_feature: float = 3.0
+    #: where the floors were set, as a refusal names it: ``node config`` (a SuperNode's),
+    #: ``run config`` (``guards.*``: simulated sites) or ``fit`` (its options)
+    origin: str = field(default="node config", compare=False, repr=False)
 
     @classmethod
     def from_node_config(cls, node) -> Guards:
@@ -71,7 +74,10 @@ class Guards:
     @classmethod
     def from_config(cls, config) -> Guards:
         """The guards of a :class:`strategies.config.GuardsConfig` (simulated sites)."""
-        return cls(config.min_rows, config.min_class_rows, float(config.min_rows_per_feature))
+        return cls(
+            config.min_rows, config.min_class_rows, float(config.min_rows_per_feature),
+            origin="run config",
+        )  # fmt: skip
 
     @classmethod
     def off(cls) -> Guards:
@@ -121,6 +127,18 @@ class Guards:
         second moment is still refused below its floor of the view's rows."""
         return replace(self, min_rows=0, min_class_rows=0)
 
+    def set_by(self, key: str) -> str:
+        """Where the floor ``key`` was set, as a refusal names it."""
+        if self.origin == "fit":
+            return f"fit's --{key}"
+        if self.origin == "run config":
+            return f"run config guards.{key}"
+        return "node config"
+
+    def floors(self) -> dict:
+        """The three floors by field name (what ``metrics.json`` records)."""
+        return {k.replace("-", "_"): getattr(self, k.replace("-", "_")) for k in NODE_KEYS}
+
     def moment_floor(self, p: int) -> int:
         """The rows a site needs to send a second moment of ``p`` features."""
         return math.ceil(self.min_rows_per_feature * p)
@@ -132,7 +150,7 @@ class Guards:
             of = f" of {what}" if what else ""
             raise at_site(site, InputError(
                 f"{key}: refuses to take part with {_rows(rows)}{of}, below its floor of "
-                f"{floor} (node config)"
+                f"{floor} ({self.set_by(key)})"
             ))  # fmt: skip
 
     def check_moments(self, site: str, n: int, p: int, what: str) -> None:
@@ -144,7 +162,7 @@ class Guards:
             raise at_site(site, InputError(
                 f"{key}: refuses to send {what} with {_rows(rows)}, below its floor of "
                 f"{floor} ({plain(self.min_rows_per_feature)} per feature, {p} features; "
-                "node config)"
+                f"{self.set_by(key)})"
             ))  # fmt: skip
 
 

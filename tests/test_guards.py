@@ -174,6 +174,7 @@ def test_fit_applies_a_floor_only_when_asked_and_names_the_sites(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: site "), err
     assert "min-class-rows: refuses to take part with 1 row of class 1" in err[-1]
+    assert err[-1].endswith("below its floor of 3 (fit's --min-class-rows)"), err[-1]
     assert not strict.exists()
     assert grauc_main([*base, "--out", str(strict), "--min-rows", "-1"]) == 2
     assert capsys.readouterr().err.strip().endswith("error: min-rows: must be >= 0, got -1")

@@ -233,7 +233,7 @@ def guards_from_args(args: argparse.Namespace):
         if not value >= 0:  # also nan
             raise InputError(f"{name.replace('_', '-')}: must be >= 0, got {plain(value)}")
         given[name] = value
-    return dataclasses.replace(Guards.off(), **given)
+    return dataclasses.replace(Guards.off(), **given, origin="fit")
 
 
 def guards_run_config(guards) -> dict:
@@ -255,7 +255,7 @@ def moments_asked(cfg, what: str) -> str:
 def guards_record(guards, refused: dict) -> dict:
     """``metrics.json``'s ``guards``: the floors applied and what the default floors of a
     federation would have refused (:func:`note_default_floors`)."""
-    return {"applied": dataclasses.asdict(guards), "refused_at_default_floors": refused}
+    return {"applied": guards.floors(), "refused_at_default_floors": refused}
 
 
 def note_default_floors(sites: list[tuple], moments: str, stream=None) -> dict[str, list[str]]:
