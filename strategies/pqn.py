@@ -66,7 +66,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -618,6 +618,13 @@ class QuasiNewtonState:
     damping: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z,) mu_z
     first_damping: float = 0.0  # exact model: mu_z = first_damping tr(H_z)/p at first answer
 
+    def copy(self) -> QuasiNewtonState:
+        """A state that shares no array with this one: a round works on it, so the state
+        it was given (a caller's, a checkpoint's) stays as it was."""
+        own = {f.name: getattr(self, f.name).copy() for f in fields(self)
+               if isinstance(getattr(self, f.name), np.ndarray)}  # fmt: skip
+        return replace(self, **own)
+
     def arrays(self) -> dict[str, np.ndarray]:
         out = {
             k: np.asarray(getattr(self, k))
@@ -898,7 +905,7 @@ def qn_round(
     strategy reads the last approximation from ``lla.at``'s calls."""
     t0 = time.perf_counter()
     advance = _advance_incremental if st.incremental else _advance
-    st, step = advance(problem, st, answered, tol, lla)
+    st, step = advance(problem, st.copy(), answered, tol, lla)
     return st, replace(step, seconds=time.perf_counter() - t0)
 
 

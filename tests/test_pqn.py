@@ -766,3 +766,39 @@ def test_a_nonconvex_fit_ends_on_a_model_solution_solved_to_the_floor(name, seed
             break
     assert step.converged
     assert asked[-1] == pytest.approx(pqn.inner_floor(tol))
+
+
+def _snapshot(st) -> dict:
+    """Every array a state holds (its inner solution's too), copied."""
+    out = {k: np.array(v, copy=True) for k, v in st.arrays().items()}
+    if st.inner is not None:
+        out["inner_b"] = np.array(st.inner.b, copy=True)
+    return out
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_round_leaves_the_state_it_was_given_unchanged(incremental):
+    """``qn_round`` returns a new state and never writes into its input: a state kept from
+    an earlier round (a caller's, a checkpoint's) has the same arrays after the next
+    rounds, and those rounds go exactly as from a fresh copy of it."""
+    fs, prob = _sites(), problem()
+    rng = np.random.default_rng(11)
+    st = pqn.init_qn(
+        np.zeros((Z, P)), 0.25 * np.array([f.lipschitz() for f in fs]), incremental=incremental
+    )
+    kept = []
+    for _ in range(8):
+        drawn = np.flatnonzero(rng.random(Z) < 0.6) if incremental else range(Z)
+        before = _snapshot(st)
+        answers = {z: fs[z].value_and_grad(st.trial[z]) for z in drawn}
+        new, _ = pqn.qn_round(prob, st, answers, 1e-10)
+        after = _snapshot(st)
+        assert before.keys() == after.keys()
+        for key in before:
+            assert np.array_equal(before[key], after[key]), key
+        kept.append((st, answers, new))
+        st = new
+    old, answers, new = kept[3]  # the round again from the kept state: the same result
+    again, _ = pqn.qn_round(prob, old, answers, 1e-10)
+    for key, value in _snapshot(new).items():
+        assert np.array_equal(value, _snapshot(again)[key]), key
