@@ -364,7 +364,6 @@ def test_ray_local_gives_the_same_results(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_study_on_a_ray_cluster_started_elsewhere(tmp_path, capsys):
     """``--ray-address host:port`` runs the cells on a cluster that someone else started with
     ``ray start --head`` (here in its own process group, ended by its id afterwards), with the
