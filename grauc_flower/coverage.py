@@ -99,7 +99,10 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
     st = parse_settings(settings, tuple(cell))
     sites, features = simulated_sites(st, cell, seed)
     args = simulation_arguments(st, cell)
-    means = site_means(args["simulation"], args["n_sites"], args["n_features"], args["level"], seed)
+    means = site_means(
+        args["simulation"], args["n_sites"], args["n_features"], args["level"], seed,
+        counties=args["counties"],
+    )  # fmt: skip
     truth = population_coefficients(means, st.cfg.ridge)
     cfg = st.cfg.replace(seed=seed)
     res = run_methods_inprocess(cfg, sites, ["grauc"])["grauc"]

@@ -73,23 +73,81 @@ def _draw(rng, n_pos: int, n_neg: int, mu: np.ndarray) -> tuple[np.ndarray, np.n
     return x, y
 
 
-def _layout(rng, simulation: int, n_sites: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first draws of a simulation: site coordinates ``(Z, 2)`` and mean groups ``(Z,)``."""
+def _layout(
+    rng, simulation: int, n_sites: int, places: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first draws of a simulation: site coordinates ``(Z, 2)`` and mean groups ``(Z,)``.
+    With ``places`` (``(Z, 2)`` latitudes and longitudes: sites at given locations, e.g.
+    county centroids) each site is in the group of the nearer centre of
+    :data:`GROUP_CENTRES` (by great-circle distance), and nothing is drawn for the layout."""
     if simulation not in (1, 2, 3, 4):
         raise InputError(f"simulation: must be 1, 2, 3 or 4, got {simulation}")
-    geo = np.repeat([0, 1], [n_sites // 2, n_sites - n_sites // 2])
-    centres = np.array(GROUP_CENTRES)[geo]
-    coords = centres + rng.uniform(-1.0, 1.0, size=(n_sites, 2))
+    if places is not None:
+        from .graph import geodesic_km
+
+        coords = np.asarray(places, dtype=float)
+        geo = np.array(
+            [np.argmin([geodesic_km(a, b, *c) for c in GROUP_CENTRES]) for a, b in coords]
+        )
+    else:
+        geo = np.repeat([0, 1], [n_sites // 2, n_sites - n_sites // 2])
+        centres = np.array(GROUP_CENTRES)[geo]
+        coords = centres + rng.uniform(-1.0, 1.0, size=(n_sites, 2))
     mean_group = rng.permutation(geo) if simulation == 3 else geo
     return coords, mean_group
 
 
+def county_places(counties) -> tuple[tuple[str, ...], np.ndarray]:
+    """The 5-digit FIPS codes of ``counties`` (a list or ``"06037,17031"``) and their
+    shipped centroids ``(Z, 2)`` (an unknown code is an error naming ``counties``)."""
+    codes = parse_counties(counties)
+    where = centroids(codes)
+    return codes, np.array([where[c] for c in codes], dtype=float)
+
+
+def centroids(fips) -> dict[str, tuple[float, float]]:
+    """``{code: (lat, lon)}`` of the county FIPS codes ``fips`` in the shipped centroid
+    table (codes not in it are left out)."""
+    from strategies.datasets import county_centroids
+
+    cc = county_centroids().set_index("county_fips")
+    return {f: (float(cc.at[f, "lat"]), float(cc.at[f, "lon"])) for f in fips if f in cc.index}
+
+
+def parse_counties(counties) -> tuple[str, ...]:
+    """A user's county list (``"06037,17031"`` or a sequence) as 5-digit codes, each in the
+    shipped centroid table; a bad or unknown code is an :class:`InputError`."""
+    if isinstance(counties, str):
+        counties = [c for c in counties.split(",") if c.strip()]
+    counties = [str(c).strip() for c in counties]
+    if not counties:
+        return ()
+    import pandas as pd
+
+    for c in counties:
+        if not pd.Series([c]).str.fullmatch(r"\d{1,5}").iloc[0]:
+            raise InputError(f"data.counties: {c!r} is not a county FIPS code (1 to 5 digits)")
+    codes = [c.zfill(5) for c in counties]
+    if len(set(codes)) != len(codes):
+        dup = next(c for c in codes if codes.count(c) > 1)
+        raise InputError(f"data.counties: county {dup} is listed twice")
+    known = centroids(codes)
+    for c in codes:
+        if c not in known:
+            raise InputError(
+                f"data.counties: {c} is not a county FIPS code of the shipped centroid table"
+            )
+    return tuple(codes)
+
+
 def site_means(
-    simulation: int = 1, n_sites: int = 20, n_features: int = 10, level: int = 3, seed: int = 0
-) -> np.ndarray:
+    simulation: int = 1, n_sites: int = 20, n_features: int = 10, level: int = 3, seed: int = 0,
+    counties=(),
+) -> np.ndarray:  # fmt: skip
     """The positives' mean ``mu*`` of every site of :func:`simulate` with the same
     arguments, ``(Z, p)`` (the negatives' mean is 0; both classes have identity covariance)."""
-    _, mean_group = _layout(np.random.default_rng(seed), simulation, n_sites)
+    places = county_places(counties)[1] if counties else None
+    _, mean_group = _layout(np.random.default_rng(seed), simulation, n_sites, places)
     return _means(simulation, level, mean_group, n_features)
 
 
@@ -107,6 +165,7 @@ def simulate(
     prevalence: float = 0.3,
     level: int = 3,
     seed: int = 0,
+    counties=(),
 ) -> list[SiteData]:
     """The paper's simulations 1–4 (docs/methods.md 1.8).
 
@@ -114,9 +173,17 @@ def simulate(
     uniformly by up to 1 degree.  Simulation 1: mean groups follow geography.  2: as 1 with
     each site's training size drawn once from {30, 50, 100, 200, 300}.  3: the two mean groups
     are assigned at random, unrelated to location.  4: one mean for all (shift 0).
+    With ``counties`` (FIPS codes) the sites are those counties, named by their codes, at
+    their shipped centroids (``n_sites`` is their number), each in the mean group of the
+    nearer of Los Angeles and New York (:func:`_layout`).
     """
     rng = np.random.default_rng(seed)
-    coords, mean_group = _layout(rng, simulation, n_sites)
+    names = None
+    places = None
+    if counties:
+        names, places = county_places(counties)
+        n_sites = len(names)
+    coords, mean_group = _layout(rng, simulation, n_sites, places)
     sizes = rng.choice(SIM2_SIZES, size=n_sites) if simulation == 2 else np.full(n_sites, n_train)
     means = _means(simulation, level, mean_group, n_features)
     width = len(str(n_sites))
@@ -127,7 +194,7 @@ def simulate(
         x_te, y_te = _draw(rng, *class_sizes(n_test, prevalence), mu)
         sites.append(
             SiteData(
-                site=f"S{z + 1:0{width}d}",
+                site=names[z] if names else f"S{z + 1:0{width}d}",
                 lat=float(coords[z, 0]),
                 lon=float(coords[z, 1]),
                 x_train=x_tr,

@@ -42,7 +42,7 @@ import numpy as np
 from strategies.errors import InputError
 from strategies.tuning import site_rng
 
-from .data import SiteData
+from .data import SiteData, centroids, parse_counties
 
 #: The 19 columns of the CDC file (docs/methods.md 1.9), in the file's order.
 CDC_COLUMNS = (
@@ -280,44 +280,11 @@ def _count_classes(path: str, chunksize: int):
     return table.astype(np.int64), no_county
 
 
-def _centroids(fips: Sequence[str]) -> dict[str, tuple[float, float]]:
-    from strategies.datasets import county_centroids
-
-    cc = county_centroids().set_index("county_fips")
-    return {f: (float(cc.at[f, "lat"]), float(cc.at[f, "lon"])) for f in fips if f in cc.index}
-
-
-def parse_counties(counties) -> tuple[str, ...]:
-    """A user's county list (``"06037,17031"`` or a sequence) as 5-digit codes, each in the
-    shipped centroid table; a bad or unknown code is an :class:`InputError`."""
-    if isinstance(counties, str):
-        counties = [c for c in counties.split(",") if c.strip()]
-    counties = [str(c).strip() for c in counties]
-    if not counties:
-        return ()
-    import pandas as pd
-
-    for c in counties:
-        if not pd.Series([c]).str.fullmatch(r"\d{1,5}").iloc[0]:
-            raise InputError(f"data.counties: {c!r} is not a county FIPS code (1 to 5 digits)")
-    codes = [c.zfill(5) for c in counties]
-    if len(set(codes)) != len(codes):
-        dup = next(c for c in codes if codes.count(c) > 1)
-        raise InputError(f"data.counties: county {dup} is listed twice")
-    known = _centroids(codes)
-    for c in codes:
-        if c not in known:
-            raise InputError(
-                f"data.counties: {c} is not a county FIPS code of the shipped centroid table"
-            )
-    return tuple(codes)
-
-
 def _select(table, num_counties: int, min_per_class: int, notes: list[str]) -> list[str]:
     """The ``num_counties`` counties with the most cases that have a centroid and at least
     ``min_per_class`` cases of each class (ties: lower FIPS first)."""
     eligible = table[(table["pos"] >= min_per_class) & (table["neg"] >= min_per_class)]
-    located = _centroids(list(eligible.index))
+    located = centroids(list(eligible.index))
     for f in eligible.index:
         if f not in located:
             n = int(eligible.at[f, "pos"] + eligible.at[f, "neg"])
@@ -481,7 +448,7 @@ def read_cdc(
     data = data[data["fips"].isin(wanted)].reset_index(drop=True)
     x, features, refs = encode_covariates(data)
     notes.append("reference levels: " + "; ".join(f"{k}={v}" for k, v in refs.items()))
-    where = _centroids(wanted)
+    where = centroids(wanted)
     fips_all = data["fips"].to_numpy()
     y_all = data["y"].to_numpy().astype(np.int64)
     xs, ys = [], []

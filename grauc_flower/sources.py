@@ -58,7 +58,8 @@ class DataSpec(Section):
         False, "a site may lack a class (grauc.missing-class = borrow)", key=False
     )
     counties: str = setting(
-        "", "cdc: comma-separated county FIPS codes (empty: the largest)", flag="counties",
+        "", "cdc: comma-separated county FIPS codes (empty: the largest); simulated: sites at "
+        "these counties' centroids (empty: around Los Angeles and New York)", flag="counties",
         metavar="LIST",
     )  # fmt: skip
     num_counties: int = setting(
@@ -119,6 +120,7 @@ def load_sites(spec: DataSpec) -> tuple[tuple[SiteData, ...], tuple[str, ...]]:
             spec.prevalence,
             spec.level,
             spec.data_seed,
+            counties=spec.counties,
         )
         return tuple(sites), tuple(f"x{k + 1}" for k in range(spec.n_features))
     if spec.source == "csv":

@@ -143,6 +143,10 @@ class SimulatedData(Table):
     n_sites: int = setting(20, "institutions", at_least=1)
     n_features: int = setting(10, "features", at_least=1)
     n_test: int = setting(200, "test rows per institution", at_least=1)
+    counties: tuple[str, ...] = listing(
+        (), "FIPS codes: sites at these counties' centroids (empty: n_sites around Los "
+        "Angeles and New York)", "code", nonempty=False,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -375,6 +379,7 @@ def simulation_arguments(st: Settings, cell: dict) -> dict:
         "n_test": data["n_test"],
         "prevalence": cell["prevalence"],
         "level": cell["level"],
+        "counties": tuple(data.get("counties", ())),
     }
 
 

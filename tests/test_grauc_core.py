@@ -704,3 +704,34 @@ def test_csv_missing_file(tmp_path):
         read_sites(str(tmp_path / "nope.csv"))
     with pytest.raises(InputError, match="not found"):
         read_data(str(tmp_path / "nope.csv"))
+
+
+def test_simulated_sites_at_counties():
+    """``counties``: the sites are those counties, named by their codes, at the shipped
+    centroids; each is in the mean group of the nearer of Los Angeles and New York (by a
+    haversine distance computed here); a code not in the table names the field."""
+    import pandas as pd
+
+    from grauc_flower.data import GROUP_CENTRES, mean_shift, site_means
+    from strategies.datasets import dataset_path
+
+    codes = ["06037", "17031", "48113", "36059", "53033", "12086"]
+    table = pd.read_csv(dataset_path("us_county_centroids.csv"), dtype={"county_fips": str})
+    table = table.set_index("county_fips")
+    sites = simulate(1, n_sites=99, n_features=3, n_train=40, level=2, seed=4, counties=codes)
+    assert [s.site for s in sites] == codes
+    means = site_means(1, n_features=3, level=2, seed=4, counties=",".join(codes))
+
+    def haversine(a, b):
+        (la1, lo1), (la2, lo2) = np.radians(a), np.radians(b)
+        h = np.sin((la2 - la1) / 2) ** 2 + np.cos(la1) * np.cos(la2) * np.sin((lo2 - lo1) / 2) ** 2
+        return 2 * 6371.0 * np.arcsin(np.sqrt(h))
+
+    for s, mu in zip(sites, means, strict=True):
+        assert (s.lat, s.lon) == (table.at[s.site, "lat"], table.at[s.site, "lon"])
+        group = int(np.argmin([haversine((s.lat, s.lon), c) for c in GROUP_CENTRES]))
+        assert_allclose(mu, mean_shift(2, group, 3))
+    west = [s.site for s, mu in zip(sites, means, strict=True) if np.allclose(mu, means[0])]
+    assert west == ["06037", "48113", "53033"]  # Los Angeles, Dallas, Seattle's King
+    with pytest.raises(InputError, match="data.counties: 99999 is not a county FIPS code"):
+        simulate(1, counties=["06037", "99999"])
