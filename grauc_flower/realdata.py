@@ -471,7 +471,7 @@ def read_cdc(
 # Communities and Crime (states as institutions)
 # ---------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=2)
-def read_crime(
+def load_crime(
     path: str = "",
     min_per_class: int = 5,
     outcome: str = "high_crime",
@@ -571,7 +571,7 @@ def load_real(
         )
     elif source == "crime":
         d = CRIME_DEFAULTS
-        table = read_crime(path, int(min_per_class or d["min_per_class"]))
+        table = load_crime(path, int(min_per_class or d["min_per_class"]))
     else:
         raise InputError(f"data.source: must be cdc or crime here, got {source!r}")
     fraction = float(train_fraction or d["train_fraction"])
@@ -588,6 +588,6 @@ __all__ = [
     "normalize_fips",
     "parse_counties",
     "read_cdc",
-    "read_crime",
+    "load_crime",
     "stratified_split",
 ]

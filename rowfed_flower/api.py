@@ -44,7 +44,7 @@ from strategies.tuning import KNOBS, parse_grid
 
 from . import tuning as grid_search
 from .federation import FUSED_METHODS
-from .sources import RowFedDataSpec
+from .sources import DataSpec
 
 #: The command line's default grids, as it reads them.
 DEFAULT_LAM1_GRID = ",".join(f"{v:g}" for v in grid_search.DEFAULT_LAM1_GRID)
@@ -64,7 +64,7 @@ def _run_flower(
     from strategies.runtime.simulation import flwr_run
 
     spec = from_flags(
-        RowFedDataSpec,
+        DataSpec,
         args,
         source="csv",
         path=os.path.abspath(args.data),
@@ -130,7 +130,7 @@ def fit_to_dir(args) -> dict:
     from . import federation as fed
     from . import sources as rsources
     from .figures import fit_report
-    from .graph import read_graph
+    from .graph import build_graph
 
     guards = guards_from_args(args)
     data = rsources.read_fit_csv(args.data, args.responses, args.client_column)
@@ -139,7 +139,7 @@ def fit_to_dir(args) -> dict:
     )
     counts = [(c.site, c.n, None, c.p) for c in data.clients]
     refused = note_default_floors(counts, moments_asked(cfg, "X'X"))
-    edges, weights = read_graph(cfg.graph, data.sites)  # validates it against the client ids
+    edges, weights = build_graph(cfg.graph, data.sites)  # validates it against the client ids
     if cfg.graph != "all-pairs":
         cfg = cfg.replace(graph=os.path.abspath(cfg.graph))
 
@@ -164,7 +164,7 @@ def fit_to_dir(args) -> dict:
             key = "cv-criterion" if opts.criterion != "folds" else "cv-repeats"
             raise InputError(f"{key}: for the federated tuning ({args.method} is not tuned so)")
         if args.tune == "cv" and not federated:
-            cfg, table, summary = grid_search.tune_cv(
+            cfg, table, summary = grid_search.tune(
                 cfg,
                 data,
                 args.method,
@@ -340,7 +340,7 @@ def example_data(seed: int = 1, **simulation) -> tuple[pd.DataFrame, pd.DataFram
     ``num_responses``; docs/methods.md 2.8)."""
     from .sources import simulated_data
 
-    data = simulated_data(RowFedDataSpec(seed=seed, **simulation))
+    data = simulated_data(DataSpec(seed=seed, **simulation))
 
     def rows(test: bool) -> pd.DataFrame:
         parts = []

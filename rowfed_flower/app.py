@@ -42,7 +42,7 @@ def run(grid: Grid, context: Context) -> dict:
             raise InputError(f'{key}: checkpoints are kept for task = "grauc" only')
     cfg = rowfed_config(rc)
     methods = rowfed_methods(rc)
-    spec = rsources.RowFedDataSpec.from_run_config(rc)
+    spec = rsources.DataSpec.from_run_config(rc)
     out = out_dir(rc)
     timeout = round_timeout(rc)
     # deployment: the server has no data; each SuperNode reads its own file
@@ -103,7 +103,7 @@ def make_client(context: Context):
     one client when the file holds several)."""
     rc = context.run_config
     node = context.node_config
-    spec = rsources.RowFedDataSpec.from_run_config(rc)
+    spec = rsources.DataSpec.from_run_config(rc)
     if "data-path" in node:
         data = rsources.read_fit_csv(str(node["data-path"]), spec.responses, spec.client_column)
         wanted = str(node.get("client", ""))

@@ -38,9 +38,9 @@ def rounds_table(quick: bool = False) -> list[dict]:
     that ``flwr run`` uses), from the same ridge start, without an intercept (§2.8 has
     none)."""
     from .federation import run_methods_inprocess
-    from .sources import RowFedDataSpec, simulated_data
+    from .sources import DataSpec, simulated_data
 
-    data = simulated_data(RowFedDataSpec(seed=1))
+    data = simulated_data(DataSpec(seed=1))
     base = RowFedConfig(intercept=False)
     limit = 1500 if quick else 4000
     rows = []
@@ -124,7 +124,7 @@ def tuning_rows(quick: bool) -> list[dict]:
     from . import sources as rsources
     from .tuning import DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID, tuned_strategy
 
-    data = rsources.load_data(rsources.RowFedDataSpec())
+    data = rsources.load_data(rsources.DataSpec())
     cfg = RowFedConfig()
     single = fed.run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"].rounds
     lam1 = DEFAULT_LAM1_GRID[:2] if quick else DEFAULT_LAM1_GRID
@@ -170,9 +170,9 @@ def family_run(out: str, quick: bool = False) -> pd.DataFrame:
 # bench --scale: cost against clients, (p, q) and rows a client (strategies/experiments/scale.py)
 # ---------------------------------------------------------------------------------------
 def _scale_data(clients: int, pq: int, rows: int):
-    from .sources import RowFedDataSpec, simulated_data
+    from .sources import DataSpec, simulated_data
 
-    spec = RowFedDataSpec(seed=1, num_clients=clients, n_train=rows, num_features=pq,
+    spec = DataSpec(seed=1, num_clients=clients, n_train=rows, num_features=pq,
                           num_responses=pq)  # fmt: skip
     return simulated_data(spec)
 

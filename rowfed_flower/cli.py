@@ -39,7 +39,7 @@ from strategies.runtime.cli import (
 
 from . import tuning as grid_search
 from .api import DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID
-from .sources import RowFedDataSpec
+from .sources import DataSpec
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_test_arguments(fit)
     add_guard_arguments(fit)
-    add_flags(fit, RowFedDataSpec)  # --client-column, --data-seed
+    add_flags(fit, DataSpec)  # --client-column, --data-seed
     add_tuning_arguments(fit, ("gic", "gic-nq", "cv"))
     fit.add_argument(
         "--lam1-grid",
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def fit(args) -> int:
+def cmd_fit(args) -> int:
     """``fit``: the flow (:func:`rowfed_flower.api.fit_to_dir`, which the API runs too),
     then its one line and warnings."""
     from .api import fit_to_dir
@@ -157,7 +157,7 @@ def dispatch(args) -> int:
         run = bench.family_run if args.family else bench.run
         print(bench.format_table(run(args.out, quick=args.quick)))
         return 0
-    return fit(args)
+    return cmd_fit(args)
 
 
 def main(argv=None) -> int:

@@ -65,7 +65,7 @@ from strategies.penalties import Penalty
 from strategies.registry import registration_properties, rowfed_meta
 from strategies.wire import unpack
 
-from .datafit import LocalLeastSquares, initial_theta
+from .datafit import LocalLeastSquares, start_fit
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ class RowFedClient(SiteClient):
     def local_fit(self, f, config):
         if str(config.get("init", "ridge")) == "nonfed":
             return f.local_fit(_penalty(config), float(config["lam2"]), str(config["sparsity"]))
-        return initial_theta([f], method="ridge")[0]
+        return start_fit([f], method="ridge")[0]
 
     def local_steps(self, f, start, steps, lr, proximal_mu, config):
         lam2, sparsity = float(config["lam2"]), str(config["sparsity"])

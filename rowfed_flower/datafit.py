@@ -242,7 +242,7 @@ def objective(datafits: Sequence[LocalLeastSquares], problem: Problem, theta: np
     return float(loss + problem.penalty_value(theta))
 
 
-def initial_theta(
+def start_fit(
     datafits: Sequence[LocalLeastSquares],
     problem: Problem | None = None,
     method: str = "ridge",
@@ -330,7 +330,7 @@ def fit_rowfed(
         Boyd's absolute and relative tolerances on the primal/dual residuals.
     max_rounds : int
     theta0 : ndarray, shape (M, p, q), optional
-        Start; by default :func:`initial_theta` with ``method=init``.
+        Start; by default :func:`start_fit` with ``method=init``.
     init : {"ridge", "nonfed"}
     record_objective : bool
         Evaluate ``F(Theta)`` every round for the history (``nan`` otherwise).
@@ -363,7 +363,7 @@ def fit_rowfed(
     for s in problem.splits:
         s.penalty.check_rho(rho)
     if theta0 is None:
-        theta0 = initial_theta(datafits, problem, method=init)
+        theta0 = start_fit(datafits, problem, method=init)
     theta0 = np.array(theta0, dtype=float)
     shape = (n_sites, datafits[0].n_features, datafits[0].n_responses)
     if theta0.shape != shape:

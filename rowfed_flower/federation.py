@@ -19,7 +19,7 @@ from strategies.registry import Registry
 from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy, rowfed_registry
 from strategies.runtime.engine import run_inprocess
 
-from .graph import read_graph
+from .graph import build_graph
 from .metrics import mean_rand_index, mse_est
 from .sources import FederatedData
 
@@ -45,7 +45,7 @@ def make_strategy(
     round wait for the clients)."""
     if method in FUSED_METHODS:
         grouping = "block" if method == "perfl-lsma" else "row"
-        graph = functools.partial(read_graph, cfg.graph)
+        graph = functools.partial(build_graph, cfg.graph)
         return RowFedStrategy(
             cfg,
             n_sites,
@@ -103,7 +103,7 @@ def oracle_inference(strategy, theta: np.ndarray, clusters: np.ndarray):
     """With ``inference = oracle``: the refit on the fit's structure from the moments in
     the clients' evaluation answers (:mod:`rowfed_flower.inference`); ``None`` otherwise or
     when a client's moments are missing."""
-    from .inference import oracle_refit, read_moments
+    from .inference import oracle_fit, read_moments
 
     if strategy.cfg.inference != "oracle":
         return None
@@ -111,7 +111,7 @@ def oracle_inference(strategy, theta: np.ndarray, clusters: np.ndarray):
     moments = [read_moments(strategy.evaluation.get(s, {}), p, q) for s in strategy.sites]
     if any(mo is None for mo in moments):
         return None
-    return oracle_refit(clusters, theta != 0.0, moments, bool(strategy.cfg.intercept))
+    return oracle_fit(clusters, theta != 0.0, moments, bool(strategy.cfg.intercept))
 
 
 def collect(method: str, strategy) -> MethodResult:

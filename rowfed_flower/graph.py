@@ -12,7 +12,7 @@ from strategies.datasets.tables import read_table
 from strategies.errors import InputError
 
 
-def read_graph(graph: str, sites: list[str]) -> tuple[np.ndarray | None, np.ndarray | None]:
+def build_graph(graph: str, sites: list[str]) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Fusion graph over ``sites`` (client ids, in federation order).
 
     Parameters

@@ -6,7 +6,7 @@ zero, its estimator behaves like the least-squares fit that knows that structure
 needs from client m only ``S_m = X̃_mᵀX̃_m`` (p × p), ``X̃_mᵀỸ_m`` (p × q), the diagonal of
 ``Ỹ_mᵀỸ_m`` and ``n_m`` -- with an intercept, X̃ and Ỹ are centred at the client's own means
 (the intercept is the client's own).  :func:`client_moments` is what a client sends (in its
-evaluation answer, only with ``inference = oracle``); :func:`oracle_refit` is the server's
+evaluation answer, only with ``inference = oracle``); :func:`oracle_fit` is the server's
 computation.
 
 Per response k, the parameters are one coefficient per (predictor j, group g of clients
@@ -89,7 +89,7 @@ class OracleFit:
     support: np.ndarray  # (M, p, q): the entries that are parameters of the refit
 
 
-def oracle_refit(
+def oracle_fit(
     labels: np.ndarray, support: np.ndarray, moments: list[Moments], intercept: bool
 ) -> OracleFit:
     """Least squares on the structure ``labels`` ``(M, p)`` (clients with the same label
@@ -153,7 +153,7 @@ __all__ = [
     "OracleFit",
     "client_moments",
     "inference_table",
-    "oracle_refit",
+    "oracle_fit",
     "read_moments",
     "without_moments",
 ]

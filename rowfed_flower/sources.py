@@ -26,7 +26,7 @@ SOURCES = ("simulated", "csv", "deployment")
 
 
 @dataclass(frozen=True)
-class RowFedDataSpec(Section):
+class DataSpec(Section):
     """Where a RowFed federation's data come from (run-config keys ``rowfed-data.*``; the
     ``fit`` options named by ``flag``): one declaration for the keys, the options, their
     defaults and their checks (:func:`strategies.config.setting`).
@@ -84,7 +84,7 @@ class FederatedData:
         return [RowFedClient(c, k, self.features, guards) for k, c in enumerate(self.clients)]
 
 
-def simulated_data(spec: RowFedDataSpec, n_clusters=N_CLUSTERS) -> FederatedData:
+def simulated_data(spec: DataSpec, n_clusters=N_CLUSTERS) -> FederatedData:
     """docs/methods.md 2.8 simulated federation; client ids ``"0" .. "M-1"`` (the partition
     ids); ``n_clusters``: the client clusters of each non-zero row."""
     d = simulate(
@@ -169,7 +169,7 @@ def read_fit_csv(
 
 
 @functools.lru_cache(maxsize=4)
-def load_data(spec: RowFedDataSpec) -> FederatedData:
+def load_data(spec: DataSpec) -> FederatedData:
     """The federation's data for ``spec`` (cached per process)."""
     if spec.source == "simulated":
         return simulated_data(spec)
@@ -221,7 +221,7 @@ def with_test_set(
 __all__ = [
     "DATA_PREFIX",
     "FederatedData",
-    "RowFedDataSpec",
+    "DataSpec",
     "load_data",
     "read_fit_csv",
     "simulated_data",

@@ -336,7 +336,7 @@ def fit_methods(st: Settings, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
             own = point
             if st.comparators and method in KNOBS:  # its own setting, by CV
                 opts = CVOptions(folds=5, jobs=1, seed=int(cfg.seed), quiet=True)
-                own, _, _ = grid_search.tune_cv(point, data, method, [], [point.lam2], opts)
+                own, _, _ = grid_search.tune(point, data, method, [], [point.lam2], opts)
             fits.update(fed.run_methods_inprocess(own, data, [method]))
             if own is not point:
                 name = KNOBS[method].name
@@ -370,7 +370,7 @@ def response_mse(res, data) -> np.ndarray:
 def simulated_federation(st: Settings, cell: dict, seed: int):
     """The §2.8 federation of a simulated cell (``[data] n_test`` and ``clusters``)."""
 
-    spec = rsources.RowFedDataSpec(
+    spec = rsources.DataSpec(
         num_clients=cell["M"],
         n_train=cell["n_m"],
         n_test=st.n_test,

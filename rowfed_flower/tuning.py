@@ -329,7 +329,7 @@ def cross_validate(
     return pd.DataFrame([r for piece in rows for r in piece])
 
 
-def tune_cv(
+def tune(
     cfg: RowFedConfig,
     data: rsources.FederatedData,
     method: str,
@@ -642,7 +642,7 @@ __all__ = [
     "cv_piece",
     "fold_data",
     "run_tuned_inprocess",
-    "tune_cv",
+    "tune",
     "tune_gic",
     "tuned_strategy",
 ]

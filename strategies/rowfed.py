@@ -144,7 +144,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
         ``progress(round, objective, residuals, elapsed)``.
     graph_builder : callable, optional
         ``graph_builder(sites) -> (edges, weights)`` for ``cfg.graph`` other than
-        ``all-pairs`` (:func:`rowfed_flower.graph.read_graph`).
+        ``all-pairs`` (:func:`rowfed_flower.graph.build_graph`).
     timeout : float, optional
     """
 

@@ -13,7 +13,7 @@ import pytest
 from grauc_flower.cli import build_parser as grauc_parser
 from grauc_flower.sources import DataSpec
 from rowfed_flower.cli import build_parser as rowfed_parser
-from rowfed_flower.sources import RowFedDataSpec
+from rowfed_flower.sources import DataSpec as RowFedDataSpec
 from strategies.config import (
     CheckpointConfig,
     GrAUCConfig,

@@ -135,9 +135,7 @@ def test_rowfed_global_methods_follow_the_published_rules():
     from strategies.rowfed import rowfed_registry
     from strategies.runtime.engine import run_inprocess
 
-    spec = rsources.RowFedDataSpec(
-        num_clients=6, num_features=4, num_responses=2, n_train=30, seed=8
-    )
+    spec = rsources.DataSpec(num_clients=6, num_features=4, num_responses=2, n_train=30, seed=8)
     data = rsources.load_data(spec)
     cfg = RowFedConfig(**_settings())
     for name in GLOBAL_METHODS:
@@ -238,7 +236,7 @@ def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
             "out-dir": out,
         }
         flwr_run(ROOT, rc, 5)
-        spec = rsources.RowFedDataSpec(num_clients=5, num_features=4, num_responses=2)
+        spec = rsources.DataSpec(num_clients=5, num_features=4, num_responses=2)
         cfg = RowFedConfig(fedavg_rounds=rounds, fedprox_mu=0.3)
         inproc = fed.run_methods_inprocess(cfg, rsources.load_data(spec), list(every))
         for name, res in inproc.items():
@@ -301,9 +299,7 @@ def test_rowfed_ditto_is_the_penalized_proximal_problem():
 
     from rowfed_flower import federation as fed
 
-    spec = rsources.RowFedDataSpec(
-        num_clients=4, num_features=3, num_responses=2, n_train=25, seed=3
-    )
+    spec = rsources.DataSpec(num_clients=4, num_features=3, num_responses=2, n_train=25, seed=3)
     data = rsources.load_data(spec)
     cfg = RowFedConfig(fedavg_rounds=5, ditto_mu=0.5, lam2=0.05, standardize="none")
     res = fed.run_methods_inprocess(cfg, data, ["fedavg", "ditto"])
@@ -375,9 +371,7 @@ def test_rowfed_ifca_gives_each_client_its_best_model():
     from strategies.rowfed import rowfed_registry
     from strategies.runtime.engine import run_inprocess
 
-    spec = rsources.RowFedDataSpec(
-        num_clients=6, num_features=4, num_responses=2, n_train=30, seed=5
-    )
+    spec = rsources.DataSpec(num_clients=6, num_features=4, num_responses=2, n_train=30, seed=5)
     data = rsources.load_data(spec)
     cfg = RowFedConfig(fedavg_rounds=6, ifca_k=3, intercept=False, standardize="none")
     clients = data.make_clients()

@@ -284,7 +284,7 @@ def test_exact_curvature_reaches_the_same_optimum_in_fewer_rounds():
     np.testing.assert_allclose(fits["exact"].coefficients, fits["learned"].coefficients, atol=1e-7)
     assert fits["exact"].converged and fits["exact"].rounds < fits["learned"].rounds
     data = rsources.simulated_data(
-        rsources.RowFedDataSpec(num_clients=4, n_train=40, num_features=6, num_responses=3, seed=1)
+        rsources.DataSpec(num_clients=4, n_train=40, num_features=6, num_responses=3, seed=1)
     )
     cfg = RowFedConfig(penalty="lasso", lam1=0.2, lam2=0.05, tol=1e-15)
     rows = {
@@ -388,7 +388,7 @@ def test_partial_participation_strategies_reach_the_full_participation_optimum()
     assert min(h["n_answered"] for h in runs[0].history) < 10
 
     data = rsources.simulated_data(
-        rsources.RowFedDataSpec(num_clients=6, n_train=40, num_features=5, num_responses=3, seed=2)
+        rsources.DataSpec(num_clients=6, n_train=40, num_features=5, num_responses=3, seed=2)
     )
     rcfg = RowFedConfig(tol=1e-15, max_rounds=600, standardize="none")
     rfull = rf.run_methods_inprocess(rcfg, data, ["rowfed"])["rowfed"]
@@ -404,7 +404,7 @@ def scad_fits():
     from strategies.config import RowFedConfig
 
     data = rsources.simulated_data(
-        rsources.RowFedDataSpec(num_clients=5, n_train=40, num_features=6, num_responses=3, seed=4)
+        rsources.DataSpec(num_clients=5, n_train=40, num_features=6, num_responses=3, seed=4)
     )
     cfg = RowFedConfig(
         penalty="scad", lam1=0.3, lam2=0.1, intercept=False, tol=1e-9, standardize="none"

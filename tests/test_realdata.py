@@ -17,8 +17,8 @@ from grauc_flower.realdata import (
     CDC_COLUMNS,
     CDC_COVARIATES,
     MISSING_LEVEL,
+    load_crime,
     read_cdc,
-    read_crime,
     stratified_split,
 )
 from rowfed_flower.cli import main as rowfed_main
@@ -401,7 +401,7 @@ def _crime_raw():
 
 def test_crime_states_for_grauc():
     df, fips = _crime_raw()
-    table = read_crime()
+    table = load_crime()
     states = pd.read_csv(dataset_path("us_state_centroids.csv")).set_index("state")
     kept = []
     for s in np.unique(fips):
@@ -429,7 +429,7 @@ def test_crime_states_for_grauc():
         assert min(np.bincount(s.y_test, minlength=2)) >= 2
         assert min(np.bincount(s.y_train, minlength=2)) >= 3
     with pytest.raises(InputError, match="no state has at least 500"):
-        read_crime(min_per_class=500)
+        load_crime(min_per_class=500)
 
 
 CRIME_GRAUC = """

@@ -73,7 +73,8 @@ ROWFED_MEASURED = {
 @pytest.fixture(scope="module")
 def rowfed_rounds():
     from rowfed_flower.federation import run_methods_inprocess
-    from rowfed_flower.sources import RowFedDataSpec, simulated_data
+    from rowfed_flower.sources import DataSpec as RowFedDataSpec
+    from rowfed_flower.sources import simulated_data
     from strategies.config import RowFedConfig
 
     data = simulated_data(

@@ -20,8 +20,8 @@ from rowfed_flower.datafit import (
     LocalLeastSquares,
     fit_rowfed,
     gic_of_fit,
-    initial_theta,
     objective,
+    start_fit,
 )
 from rowfed_flower.metrics import mean_rand_index, mse_est, mse_pred, rand_index
 from rowfed_flower.realdata import load_crime
@@ -216,15 +216,15 @@ def test_objective_vs_double_loop(fits, sparsity, kind):
 
 
 def test_initial_theta(fits):
-    ridge = initial_theta(fits, method="ridge", ridge=1e-3)
+    ridge = start_fit(fits, method="ridge", ridge=1e-3)
     for f, t in zip(fits, ridge, strict=True):
         n = f.n_samples
         assert_allclose(t, np.linalg.solve(f.x.T @ f.x / n + 1e-3 * np.eye(P), f.x.T @ f.y / n))
     prob = build_problem(M, "lasso", LAM1, LAM2, "row")
-    nonfed = initial_theta(fits, prob, method="nonfed")
+    nonfed = start_fit(fits, prob, method="nonfed")
     assert_allclose(nonfed[2], fits[2].local_fit(Penalty("lasso"), LAM2, "row"))
     with pytest.raises(ValueError, match="problem"):
-        initial_theta(fits, method="nonfed")
+        start_fit(fits, method="nonfed")
 
 
 # ---------------------------------------------------------------------------------------
@@ -315,7 +315,7 @@ def test_partial_participation_is_seeded(fits):
 
 def test_round_without_participants_keeps_theta(fits):
     prob = build_problem(M, "lasso", LAM1, LAM2, "entry")
-    theta0 = initial_theta(fits)
+    theta0 = start_fit(fits)
     res = fit_rowfed(fits, prob, rho=1.0, participation=1e-12, max_rounds=3, theta0=theta0)
     assert_array_equal(res.theta, theta0)
     assert [r["n_participants"] for r in res.history.rows] == [0, 0, 0]
@@ -465,9 +465,7 @@ def test_mean_fusion_matches_cvxpy(algorithm):
     from rowfed_flower import sources as rsources
     from strategies.config import RowFedConfig
 
-    spec = rsources.RowFedDataSpec(
-        num_clients=5, num_features=3, num_responses=2, n_train=30, seed=4
-    )
+    spec = rsources.DataSpec(num_clients=5, num_features=3, num_responses=2, n_train=30, seed=4)
     data = rsources.load_data(spec)
     lam1, lam2 = 0.15, 0.02
     cfg = RowFedConfig(
@@ -508,9 +506,7 @@ def test_rows_weighting_matches_cvxpy(algorithm, intercept):
     from rowfed_flower import federation as fed
     from strategies.config import RowFedConfig
 
-    spec = rsources.RowFedDataSpec(
-        num_clients=5, num_features=3, num_responses=2, n_train=40, seed=6
-    )
+    spec = rsources.DataSpec(num_clients=5, num_features=3, num_responses=2, n_train=40, seed=6)
     full = rsources.load_data(spec)
     sizes = (40, 12, 25, 18, 33)
     clients = tuple(

@@ -27,8 +27,8 @@ from rowfed_flower.client import ClientSamples, RowFedClient, fedavg_local_steps
 from rowfed_flower.data import simulate
 from rowfed_flower.datafit import LocalLeastSquares, fit_rowfed
 from rowfed_flower.federation import run_methods_inprocess, summarize
-from rowfed_flower.graph import read_graph
-from rowfed_flower.sources import RowFedDataSpec, simulated_data
+from rowfed_flower.graph import build_graph
+from rowfed_flower.sources import DataSpec, simulated_data
 from strategies import admm
 from strategies.config import RowFedConfig, rowfed_config, rowfed_methods
 from strategies.errors import InputError
@@ -114,7 +114,7 @@ CIDS = {"907": 2, "13": 0, "55": 3, "2": 1}
 
 def ready_strategy(samples, cfg, **kw):
     mgr, proxies = manager_with(CIDS)
-    graph = functools.partial(read_graph, cfg.graph)
+    graph = functools.partial(build_graph, cfg.graph)
     strategy = RowFedStrategy(cfg, M, graph_builder=graph, **kw)
     register_all(strategy, mgr, proxies, samples, CIDS)
     return strategy, mgr, proxies
@@ -655,17 +655,17 @@ def test_flower_run_rejects_a_checkpoint(key):
 
 def test_read_graph(tmp_path):
     sites = ["a", "b", "c"]
-    assert read_graph("all-pairs", sites) == (None, None)
+    assert build_graph("all-pairs", sites) == (None, None)
     path = tmp_path / "g.csv"
     path.write_text("u,v,weight\nc,a,2\nb,c,0.5\n")
-    edges, w = read_graph(str(path), sites)
+    edges, w = build_graph(str(path), sites)
     assert_array_equal(edges, [[2, 0], [1, 2]])
     assert_allclose(w, [2.0, 0.5])
     path.write_text("u,v\na,zz\n")
     with pytest.raises(InputError, match="graph: unknown client 'zz'"):
-        read_graph(str(path), sites)
+        build_graph(str(path), sites)
     with pytest.raises(InputError, match="graph: no such file"):
-        read_graph(str(tmp_path / "none.csv"), sites)
+        build_graph(str(tmp_path / "none.csv"), sites)
 
 
 def test_graph_weights_scale_lam1(samples, tmp_path):
@@ -706,7 +706,7 @@ def test_make_client_picks_the_partition():
     props = client.get_properties(GetPropertiesIns(config={})).properties
     assert props["site"] == "2" and props["p"] == 4 and props["q"] == 2 and props["n"] == 10
     with pytest.raises(InputError, match="rowfed-data.source"):
-        RowFedDataSpec.from_run_config({"rowfed-data.source": "web"})
+        DataSpec.from_run_config({"rowfed-data.source": "web"})
 
 
 # ---------------------------------------------------------------------------------------
@@ -714,7 +714,7 @@ def test_make_client_picks_the_partition():
 # ---------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_rowfed_beats_nonfed_and_fedavg_on_default_simulation():
-    data = simulated_data(RowFedDataSpec())
+    data = simulated_data(DataSpec())
     assert (len(data.clients), data.clients[0].n, data.clients[0].p, data.clients[0].q) == (
         10,
         100,
@@ -738,9 +738,9 @@ def test_admm_with_partial_participation_has_no_residual_jumps():
     jump 8e4-fold (measured before the fix): once below 1e-5, it now stays within 100x its
     running minimum."""
     from rowfed_flower.federation import run_methods_inprocess
-    from rowfed_flower.sources import RowFedDataSpec, simulated_data
+    from rowfed_flower.sources import DataSpec, simulated_data
 
-    data = simulated_data(RowFedDataSpec(seed=2))
+    data = simulated_data(DataSpec(seed=2))
     cfg = RowFedConfig(
         intercept=False, algorithm="admm", participation=0.5, seed=0, tol=1e-12, max_rounds=4000
     )

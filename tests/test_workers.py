@@ -152,7 +152,7 @@ def test_a_tuning_with_workers_equals_the_tuning_without(monkeypatch):
     from strategies.tuning import CVOptions
 
     monkeypatch.setattr(workers, "PARALLEL_AFTER", 0.0)
-    spec = rsources.RowFedDataSpec(num_clients=6, n_train=60, num_features=6, num_responses=3)
+    spec = rsources.DataSpec(num_clients=6, n_train=60, num_features=6, num_responses=3)
     data = rsources.load_data(spec)
     cfg = RowFedConfig()
     runs = {}
