@@ -19,10 +19,10 @@ from strategies.config import (
     GrAUCConfig,
 )
 from strategies.errors import InputError
-from strategies.fedavg import comparator_class, round_limit
+from strategies.fedavg import round_limit
 from strategies.grauc import (
+    COMPARATORS,
     FixedModelStrategy,
-    GrAUCFedAvg,
     GrAUCStrategy,
     IndividualStrategy,
 )
@@ -91,7 +91,7 @@ def make_strategy(
     if method == "individual":
         return IndividualStrategy(cfg, n_sites, registry, timeout=timeout)
     if method in FEDAVG_FAMILY:
-        cls = comparator_class(GrAUCFedAvg, method)
+        cls = COMPARATORS[method]
         return cls(cfg, n_sites, registry, progress=progress, timeout=timeout)
     if method == "pooled":
         if sites is None:

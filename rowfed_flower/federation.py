@@ -14,9 +14,9 @@ import pandas as pd
 
 from strategies.config import FEDAVG_FAMILY, ROWFED_FUSED_METHODS, ROWFED_METHODS, RowFedConfig
 from strategies.errors import InputError
-from strategies.fedavg import comparator_class, round_limit
+from strategies.fedavg import round_limit
 from strategies.registry import Registry
-from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy, rowfed_registry
+from strategies.rowfed import COMPARATORS, NonFedStrategy, RowFedStrategy, rowfed_registry
 from strategies.runtime.engine import run_inprocess
 
 from .graph import build_graph
@@ -60,7 +60,7 @@ def make_strategy(
     if method == "nonfed":
         return NonFedStrategy(cfg, n_sites, registry, timeout)
     if method in FEDAVG_FAMILY:
-        cls = comparator_class(RowFedAvg, method)
+        cls = COMPARATORS[method]
         return cls(cfg, n_sites, registry, progress=progress, timeout=timeout)
     raise InputError(f"method: must be one of {', '.join(ROWFED_METHODS)}, got {method!r}")
 

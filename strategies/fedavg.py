@@ -116,7 +116,7 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
     """
 
     count_column = "n_answered"
-    #: The name of the method (:data:`FLOWER_CLASSES`); set by :func:`global_strategy`.
+    #: The name of the method (:data:`FLOWER_CLASSES`); each declared comparator sets its own.
     flower_name = "fedavg"
 
     def __init__(
@@ -299,7 +299,8 @@ class PersonalStage:
       loss on the site's data.
 
     Each site is then evaluated on its own model.  Mixed in before a method's FedAvg
-    comparator by :func:`comparator_class`."""
+    comparator by the declared classes (``COMPARATORS`` of ``strategies/grauc.py`` and
+    ``strategies/rowfed.py``)."""
 
     personal = "ditto"
 
@@ -382,7 +383,7 @@ class ClusterStage:
     k-means of its answers (:func:`kmeans`, seeded by ``seed``).  After ``fedavg-rounds``
     rounds the personalizing round (``how = choose``) gives each site the model it fits
     best (docs/methods.md 3.9).  Mixed in before a method's FedAvg comparator, with
-    :class:`PersonalStage`, by :func:`comparator_class`."""
+    :class:`PersonalStage`, in the declared IFCA classes (``COMPARATORS``)."""
 
     def local_config(self) -> dict:
         return {**super().local_config(), "task": "ifca" if self.rounds else "fedavg"}
@@ -440,43 +441,3 @@ def kmeans(points: np.ndarray, k: int, rng: np.random.Generator, iters: int = 10
             if np.any(labels == j):
                 centres[j] = flat[labels == j].mean(axis=0)
     return centres.reshape((k, *points.shape[1:]))
-
-
-_FAMILY: dict[tuple[type, str], type] = {}
-
-
-def _family_class(base: type, name: str, label: str, bases: tuple, attrs: dict) -> type:
-    """The class ``base[label]`` with ``bases``, made once per ``(base, name)``: every
-    strategy of one method is of one class."""
-    key = (base, name)
-    if key not in _FAMILY:
-        _FAMILY[key] = type(
-            f"{base.__name__}[{label}]", bases, {**attrs, "__module__": base.__module__}
-        )
-    return _FAMILY[key]
-
-
-def comparator_class(base: type, name: str) -> type:
-    """The strategy class of FedAvg-family method ``name`` (:data:`FLOWER_CLASSES`, or a
-    personalized one: ``ditto``, ``fedavg-ft``, ``ifca``) for a method's FedAvg comparator
-    ``base``."""
-    if name not in PERSONAL_METHODS:
-        return global_strategy(base, name)
-    how = {"ditto": "ditto", "fedavg-ft": "finetune", "ifca": "choose"}[name]
-    # IFCA's stage first: its fallback (the model a site chose) overrides the global one
-    stages = (ClusterStage, PersonalStage) if name == "ifca" else (PersonalStage,)
-    return _family_class(base, name, name, (*stages, base), {"personal": how})
-
-
-def global_strategy(base: type, name: str) -> type:
-    """The strategy class of global-model method ``name`` for a method's FedAvg comparator
-    ``base`` (a :class:`RegisteringFedAvg`): ``base`` with Flower's own class for ``name``
-    behind it, so registration, history, progress and the final evaluation are the
-    comparator's and the server step is Flower's (FedProx's proximal term is the sites'
-    :func:`strategies.local.local_descent`)."""
-    if name not in FLOWER_CLASSES:
-        raise ValueError(f"method: not a global-model method: {name!r}")
-    if name == "fedavg":
-        return base
-    flower = FLOWER_CLASSES[name]
-    return _family_class(base, name, flower.__name__, (base, flower), {"flower_name": name})

@@ -10,11 +10,21 @@ from logging import INFO, WARNING
 import numpy as np
 from flwr.common import FitIns, Parameters, log
 from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import (
+    FedAdagrad,
+    FedAdam,
+    FedAvgM,
+    FedMedian,
+    FedProx,
+    FedTrimmedAvg,
+    FedYogi,
+    Krum,
+)
 
 from . import admm, inference, wire
 from .base import LocalOnlyStrategy, SiteStrategy
 from .config import GrAUCConfig
-from .fedavg import RegisteringFedAvg
+from .fedavg import ClusterStage, PersonalStage, RegisteringFedAvg
 from .fused import FusedSiteStrategy
 from .local import newton_shape, split_newton
 from .problems import grauc_problem
@@ -305,7 +315,106 @@ class GrAUCFedAvg(RegisteringFedAvg):
         return float(sum(len(n) * n[s] / total * losses[s] for s in losses)) if total else 0.0
 
 
+# -- GrAUC-PFL's FedAvg-family comparators (fit --method; docs/methods.md 3.7-3.9): Flower's
+# own server step behind the comparator's registration, history and evaluation --------
+
+
+class GrAUCFedProx(GrAUCFedAvg, FedProx):
+    """Flower's ``FedProx`` on GrAUC-PFL's model (``method = fedprox``)."""
+
+    flower_name = "fedprox"
+
+
+class GrAUCFedAvgM(GrAUCFedAvg, FedAvgM):
+    """Flower's ``FedAvgM`` on GrAUC-PFL's model (``method = fedavgm``)."""
+
+    flower_name = "fedavgm"
+
+
+class GrAUCFedAdagrad(GrAUCFedAvg, FedAdagrad):
+    """Flower's ``FedAdagrad`` on GrAUC-PFL's model (``method = fedadagrad``)."""
+
+    flower_name = "fedadagrad"
+
+
+class GrAUCFedAdam(GrAUCFedAvg, FedAdam):
+    """Flower's ``FedAdam`` on GrAUC-PFL's model (``method = fedadam``)."""
+
+    flower_name = "fedadam"
+
+
+class GrAUCFedYogi(GrAUCFedAvg, FedYogi):
+    """Flower's ``FedYogi`` on GrAUC-PFL's model (``method = fedyogi``)."""
+
+    flower_name = "fedyogi"
+
+
+class GrAUCFedMedian(GrAUCFedAvg, FedMedian):
+    """Flower's ``FedMedian`` on GrAUC-PFL's model (``method = fedmedian``)."""
+
+    flower_name = "fedmedian"
+
+
+class GrAUCFedTrimmedAvg(GrAUCFedAvg, FedTrimmedAvg):
+    """Flower's ``FedTrimmedAvg`` on GrAUC-PFL's model (``method = fedtrimmedavg``)."""
+
+    flower_name = "fedtrimmedavg"
+
+
+class GrAUCKrum(GrAUCFedAvg, Krum):
+    """Flower's ``Krum`` on GrAUC-PFL's model (``method = krum``)."""
+
+    flower_name = "krum"
+
+
+class GrAUCDitto(PersonalStage, GrAUCFedAvg):
+    """Ditto: a personal model pulled toward the global one (``method = ditto``)."""
+
+    personal = "ditto"
+
+
+class GrAUCFedAvgFT(PersonalStage, GrAUCFedAvg):
+    """FedAvg, then each site fine-tunes the global model (``method = fedavg-ft``)."""
+
+    personal = "finetune"
+
+
+class GrAUCIFCA(ClusterStage, PersonalStage, GrAUCFedAvg):
+    """IFCA: k global models, each site its best (``method = ifca``)."""
+
+    personal = "choose"
+
+
+#: GrAUC-PFL's FedAvg-family comparators by method name (``fit --method``).
+COMPARATORS = {
+    "fedavg": GrAUCFedAvg,
+    "fedprox": GrAUCFedProx,
+    "fedavgm": GrAUCFedAvgM,
+    "fedadagrad": GrAUCFedAdagrad,
+    "fedadam": GrAUCFedAdam,
+    "fedyogi": GrAUCFedYogi,
+    "fedmedian": GrAUCFedMedian,
+    "fedtrimmedavg": GrAUCFedTrimmedAvg,
+    "krum": GrAUCKrum,
+    "ditto": GrAUCDitto,
+    "fedavg-ft": GrAUCFedAvgFT,
+    "ifca": GrAUCIFCA,
+}
+
+
 __all__ = [
+    "COMPARATORS",
+    "GrAUCFedProx",
+    "GrAUCFedAvgM",
+    "GrAUCFedAdagrad",
+    "GrAUCFedAdam",
+    "GrAUCFedYogi",
+    "GrAUCFedMedian",
+    "GrAUCFedTrimmedAvg",
+    "GrAUCKrum",
+    "GrAUCDitto",
+    "GrAUCFedAvgFT",
+    "GrAUCIFCA",
     "FixedModelStrategy",
     "GrAUCFedAvg",
     "GrAUCStrategy",

@@ -19,12 +19,22 @@ from logging import INFO
 
 import numpy as np
 from flwr.common import Parameters, log
+from flwr.server.strategy import (
+    FedAdagrad,
+    FedAdam,
+    FedAvgM,
+    FedMedian,
+    FedProx,
+    FedTrimmedAvg,
+    FedYogi,
+    Krum,
+)
 
 from . import admm, pqn
 from .base import LocalOnlyStrategy
 from .config import RegistrationConfig, RowFedConfig
 from .errors import InputError
-from .fedavg import RegisteringFedAvg
+from .fedavg import ClusterStage, PersonalStage, RegisteringFedAvg
 from .fused import FusedSiteStrategy
 from .problems import (
     FUSION,
@@ -365,7 +375,106 @@ class RowFedAvg(_RowFedOutputs, RegisteringFedAvg):
         return float("nan")
 
 
+# -- RowFed's FedAvg-family comparators (fit --method; docs/methods.md 3.7-3.9): Flower's
+# own server step behind the comparator's registration, history and evaluation --------
+
+
+class RowFedProx(RowFedAvg, FedProx):
+    """Flower's ``FedProx`` on RowFed's model (``method = fedprox``)."""
+
+    flower_name = "fedprox"
+
+
+class RowFedAvgM(RowFedAvg, FedAvgM):
+    """Flower's ``FedAvgM`` on RowFed's model (``method = fedavgm``)."""
+
+    flower_name = "fedavgm"
+
+
+class RowFedAdagrad(RowFedAvg, FedAdagrad):
+    """Flower's ``FedAdagrad`` on RowFed's model (``method = fedadagrad``)."""
+
+    flower_name = "fedadagrad"
+
+
+class RowFedAdam(RowFedAvg, FedAdam):
+    """Flower's ``FedAdam`` on RowFed's model (``method = fedadam``)."""
+
+    flower_name = "fedadam"
+
+
+class RowFedYogi(RowFedAvg, FedYogi):
+    """Flower's ``FedYogi`` on RowFed's model (``method = fedyogi``)."""
+
+    flower_name = "fedyogi"
+
+
+class RowFedMedian(RowFedAvg, FedMedian):
+    """Flower's ``FedMedian`` on RowFed's model (``method = fedmedian``)."""
+
+    flower_name = "fedmedian"
+
+
+class RowFedTrimmedAvg(RowFedAvg, FedTrimmedAvg):
+    """Flower's ``FedTrimmedAvg`` on RowFed's model (``method = fedtrimmedavg``)."""
+
+    flower_name = "fedtrimmedavg"
+
+
+class RowFedKrum(RowFedAvg, Krum):
+    """Flower's ``Krum`` on RowFed's model (``method = krum``)."""
+
+    flower_name = "krum"
+
+
+class RowFedDitto(PersonalStage, RowFedAvg):
+    """Ditto: a personal model pulled toward the global one (``method = ditto``)."""
+
+    personal = "ditto"
+
+
+class RowFedAvgFT(PersonalStage, RowFedAvg):
+    """FedAvg, then each site fine-tunes the global model (``method = fedavg-ft``)."""
+
+    personal = "finetune"
+
+
+class RowFedIFCA(ClusterStage, PersonalStage, RowFedAvg):
+    """IFCA: k global models, each site its best (``method = ifca``)."""
+
+    personal = "choose"
+
+
+#: RowFed's FedAvg-family comparators by method name (``fit --method``).
+COMPARATORS = {
+    "fedavg": RowFedAvg,
+    "fedprox": RowFedProx,
+    "fedavgm": RowFedAvgM,
+    "fedadagrad": RowFedAdagrad,
+    "fedadam": RowFedAdam,
+    "fedyogi": RowFedYogi,
+    "fedmedian": RowFedMedian,
+    "fedtrimmedavg": RowFedTrimmedAvg,
+    "krum": RowFedKrum,
+    "ditto": RowFedDitto,
+    "fedavg-ft": RowFedAvgFT,
+    "ifca": RowFedIFCA,
+}
+
+
 __all__ = [
+    "COMPARATORS",
+    "RowFedProx",
+    "RowFedAvgM",
+    "RowFedAdagrad",
+    "RowFedAdam",
+    "RowFedYogi",
+    "RowFedMedian",
+    "RowFedTrimmedAvg",
+    "RowFedKrum",
+    "RowFedDitto",
+    "RowFedAvgFT",
+    "RowFedIFCA",
     "NonFedStrategy",
     "RowFedAvg",
     "RowFedStrategy",

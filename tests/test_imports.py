@@ -135,8 +135,13 @@ MIRRORED = {
     "sources": ("DataSpec",),
     "graph": ("build_graph",),
     "datafit": ("start_fit",),
-    "tuning": ("tune", "federated_plan", "federated_strategy", "run_tuned_inprocess",
-               "used_levels"),  # fmt: skip
+    "tuning": (
+        "tune",
+        "federated_plan",
+        "federated_strategy",
+        "run_tuned_inprocess",
+        "used_levels",
+    ),  # fmt: skip
     "inference": ("oracle_fit", "inference_table"),
     "realdata": ("load_crime",),
     "federation": ("run_methods_inprocess", "write_result", "write_test_table"),
@@ -158,3 +163,29 @@ def test_both_method_packages_use_the_same_public_names():
     import rowfed_flower
 
     assert grauc_flower.GrAUCPFL.__name__ == "GrAUCPFL" and rowfed_flower.RowFed.fit
+
+
+def test_comparators_are_declared_classes():
+    """Each FedAvg-family comparator of both methods is a class written out in its module
+    (go to definition finds it): Flower's own strategy behind the method's FedAvg for the
+    global-model methods, the personal stages before it for the personalized ones."""
+    import inspect
+
+    from strategies import grauc, rowfed
+    from strategies.config import FEDAVG_FAMILY, PERSONAL_METHODS
+    from strategies.fedavg import FLOWER_CLASSES, ClusterStage, PersonalStage
+
+    for module, base in ((grauc, grauc.GrAUCFedAvg), (rowfed, rowfed.RowFedAvg)):
+        assert set(module.COMPARATORS) == set(FEDAVG_FAMILY)
+        for name, cls in module.COMPARATORS.items():
+            assert f"class {cls.__name__}(" in inspect.getsource(module)
+            assert issubclass(cls, base) and cls.__module__ == module.__name__
+            if name in PERSONAL_METHODS:
+                stages = (ClusterStage, PersonalStage) if name == "ifca" else (PersonalStage,)
+                assert cls.__bases__ == (*stages, base)
+                assert cls.personal == {"ditto": "ditto", "fedavg-ft": "finetune"}.get(
+                    name, "choose"
+                )
+            elif name != "fedavg":
+                assert cls.__bases__ == (base, FLOWER_CLASSES[name])
+                assert cls.flower_name == name
