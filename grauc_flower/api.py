@@ -21,6 +21,7 @@ import pandas as pd
 
 from strategies.api import FederatedModel, as_csv
 from strategies.config import GRAUC_FUSED_METHODS, CheckpointConfig, GrAUCConfig, to_run_config
+from strategies.datasets.tables import as_path
 from strategies.errors import InputError
 from strategies.runtime.cli import (
     RoundProgress,
@@ -74,10 +75,10 @@ def _data_spec(a):
         DataSpec,
         a,
         source=a.source,
-        data_path=os.path.abspath(a.data) if a.data else "",
-        sites_path=os.path.abspath(a.sites) if a.sites else "",
+        data_path=as_path(a.data) if a.data else "",
+        sites_path=as_path(a.sites) if a.sites else "",
         allow_missing_class=a.missing_class == "borrow",
-        test_path=os.path.abspath(a.test_data) if a.test_data else "",
+        test_path=as_path(a.test_data) if a.test_data else "",
         holdout=a.holdout,
     )
 
@@ -338,7 +339,7 @@ def _named(a, key: str) -> str:
     what the API was given (a data frame)."""
     given = getattr(a, f"{key}_name", "")
     path = getattr(a, key)
-    return given or (os.path.abspath(path) if path else "(built in)")
+    return given or (as_path(path) if path else "(built in)")
 
 
 #: The ``fit`` options that describe the data: arguments of :meth:`GrAUCPFL.fit`.
@@ -396,21 +397,26 @@ class GrAUCPFL(FederatedModel):
         source = options.pop("source", "csv" if data is not None else None)
         if source is None:
             raise InputError("data: give data and sites, or source='simulated' (or 'crime')")
-        with tempfile.TemporaryDirectory(prefix="grauc-fit-") as work:
+        with tempfile.TemporaryDirectory(prefix="grauc-fit-") as work, self._inputs() as put:
             inputs = {"source": source, **options}
             if data is not None:
-                inputs["data"], inputs["data_name"] = as_csv(data, work, "data", "data")
+                inputs["data"], inputs["data_name"] = put(data, work, "data", "data")
             if sites is not None:
-                inputs["sites"], inputs["sites_name"] = as_csv(
+                inputs["sites"], inputs["sites_name"] = put(
                     _sites_frame(sites), work, "sites", "sites"
                 )
             if test_data is not None:
-                inputs["test_data"], _ = as_csv(test_data, work, "test", "test_data")
+                inputs["test_data"], _ = put(test_data, work, "test", "test_data")
             return self._run(inputs, work)
 
     @staticmethod
     def _fit_to_dir(a) -> dict:
         return fit_to_dir(a)
+
+    def _release(self) -> None:
+        from .sources import load_sites
+
+        load_sites.cache_clear()
 
     def _read_fit(self) -> None:
         self.coef_ = self._frame("coefficients.csv", dtype={"site": str}).set_index("site")

@@ -17,8 +17,9 @@ import time
 import numpy as np
 import pandas as pd
 
-from strategies.api import FederatedModel, as_csv
+from strategies.api import FederatedModel
 from strategies.config import FEDAVG_FAMILY, RowFedConfig, rowfed_run_config
+from strategies.datasets.tables import as_path
 from strategies.errors import InputError
 from strategies.fedavg import round_limit
 from strategies.predict import INTERCEPT
@@ -144,7 +145,7 @@ def fit_to_dir(args) -> dict:
         cfg = cfg.replace(graph=os.path.abspath(cfg.graph))
 
     t0 = time.perf_counter()
-    named = getattr(args, "data_name", "") or os.path.abspath(args.data)
+    named = getattr(args, "data_name", "") or as_path(args.data)
     extra = {"engine": args.engine, "data": named,
              "guards": guards_record(guards, refused)}  # fmt: skip
     with atomic_output_dir(args.out) as tmp:
@@ -283,11 +284,11 @@ class RowFed(FederatedModel):
         if unknown:
             raise InputError(f"{unknown[0]}: not an argument of fit() (a parameter of "
                              f"{type(self).__name__}?)")  # fmt: skip
-        with tempfile.TemporaryDirectory(prefix="rowfed-fit-") as work:
+        with tempfile.TemporaryDirectory(prefix="rowfed-fit-") as work, self._inputs() as put:
             inputs = {"responses": responses, **options}
-            inputs["data"], inputs["data_name"] = as_csv(data, work, "data", "data")
+            inputs["data"], inputs["data_name"] = put(data, work, "data", "data")
             if test_data is not None:
-                inputs["test_data"], _ = as_csv(test_data, work, "test", "test_data")
+                inputs["test_data"], _ = put(test_data, work, "test", "test_data")
             return self._run(inputs, work)
 
     @staticmethod

@@ -10,14 +10,17 @@ command line writes, and ``load`` reads them back.
 
 A bad value raises :class:`~strategies.errors.InputError` (a ``ValueError``) whose message
 starts with the parameter's name; the command line turns the same error into one
-``error:`` line.  Data given as data frames are written to a temporary CSV file and read
-as the command line reads its files (exactly: the shortest decimal of a float reads back
-to the same float), so an API fit equals the command line's fit of the same rows.
+``error:`` line.  Data frames reach the in-process fit in memory, read by the command
+line's own reader as if they were its CSV files (no file is written); with
+``engine="flower"`` they are written to temporary CSV files, which the simulated sites read
+(exactly: the shortest decimal of a float reads back to the same float).  Either way an
+API fit equals the command line's fit of the same rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -194,6 +197,39 @@ class FederatedModel:
             return False
 
     # -- the fit ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _inputs(self):
+        """``put(data, folder, name, what)``: a data frame as the fit reads it: held in
+        memory for the in-process engine (read as its CSV file would be, without writing
+        one), written to a CSV file in ``folder`` for ``flwr run`` (its sites read files);
+        a path as it is.  The frames are let go afterwards."""
+        from .datasets.tables import forget, remember
+
+        engine = self._params.get("engine") or "inprocess"
+        held: list[str] = []
+
+        def put(data, folder: str, name: str, what: str) -> tuple[str, str]:
+            if engine != "inprocess" or isinstance(data, (str, os.PathLike)):
+                return as_csv(data, folder, name, what)
+            frame = pd.DataFrame(data) if isinstance(data, Mapping) else data
+            if not isinstance(frame, pd.DataFrame):
+                kind = type(data).__name__
+                raise InputError(f"{what}: must be a pandas DataFrame or a CSV path, got {kind}")
+            held.append(remember(frame))
+            return held[-1], f"(a data frame: {frame.shape[0]} rows, {frame.shape[1]} columns)"
+
+        try:
+            yield put
+        finally:
+            for token in held:
+                forget(token)
+            if held:
+                self._release()
+
+    def _release(self) -> None:
+        """Let go of what the fit cached of data frames held in memory (each method's)."""
+        return None
+
     def _run(self, inputs: dict, work: str) -> FederatedModel:
         """Run the command line's flow on ``inputs`` (paths inside ``work``) and keep the
         files it wrote."""

@@ -4,6 +4,7 @@ and the checks pandas would otherwise hide."""
 from __future__ import annotations
 
 import csv
+import itertools
 from typing import TYPE_CHECKING
 
 from ..errors import InputError, bad_cell
@@ -25,12 +26,69 @@ def repeated_columns(path: str) -> list[str]:
     return sorted({name for name in names if names.count(name) > 1})
 
 
+#: How a data frame held in memory is named where a file path is expected (the Python API
+#: hands its data frames to the in-process fit this way, without writing them out).
+MEMORY = "memory:"
+_FRAMES: dict[str, pd.DataFrame] = {}
+_NAMES = itertools.count(1)
+
+
+def remember(frame: pd.DataFrame) -> str:
+    """A name for ``frame`` that :func:`read_table` reads as if it were a CSV file of it
+    (until :func:`forget`)."""
+    name = f"{MEMORY}{next(_NAMES)}"  # never reused: caches keyed by it cannot go stale
+    _FRAMES[name] = frame
+    return name
+
+
+def forget(name: str) -> None:
+    _FRAMES.pop(name, None)
+
+
+def in_memory(path) -> bool:
+    """``path`` names a data frame held by :func:`remember`."""
+    return isinstance(path, str) and path.startswith(MEMORY)
+
+
+def as_path(path: str) -> str:
+    """``path`` made absolute, unless it names a data frame in memory."""
+    import os
+
+    return path if in_memory(path) else os.path.abspath(path)
+
+
+def _from_memory(path: str, what: str, dtype=None) -> pd.DataFrame:
+    """The remembered frame as ``read_csv`` with ``dtype`` would give its CSV file: the
+    columns read as text are text (a float by its shortest decimal, which reads back to the
+    same float; missing values stay missing unless every column is text, as ``read_csv``
+    with ``keep_default_na=False`` would leave them)."""
+    if path not in _FRAMES:
+        raise InputError(f"{what}: no data frame {path} in memory")
+    df = _FRAMES[path].copy()
+    df.columns = [str(c) for c in df.columns]
+    if dtype is str:
+        df = df.astype(str)
+    elif isinstance(dtype, dict):
+        for col in dtype:
+            if col in df.columns:
+                df[col] = df[col].where(df[col].isna(), df[col].astype(str))
+    twice = sorted({c for c in df.columns if list(df.columns).count(c) > 1})
+    if twice:
+        raise InputError(f"{what}: column {twice[0]!r} appears twice in the data frame")
+    if df.shape[0] == 0:
+        raise InputError(f"{what}: the data frame has no rows")
+    return df
+
+
 def read_table(path: str, what: str, **read_csv) -> pd.DataFrame:
-    """The CSV file ``path`` (``pandas.read_csv`` with ``read_csv``).  A missing, empty,
-    unparsable or row-less file, or a column named twice, is an :class:`InputError` that
-    starts with ``what`` (the setting that named the file)."""
+    """The CSV file ``path`` (``pandas.read_csv`` with ``read_csv``), or the data frame it
+    names (:func:`remember`).  A missing, empty, unparsable or row-less file, or a column
+    named twice, is an :class:`InputError` that starts with ``what`` (the setting that named
+    the file)."""
     import pandas as pd
 
+    if in_memory(path):
+        return _from_memory(path, what, read_csv.get("dtype"))
     try:
         df = pd.read_csv(path, **read_csv)
     except FileNotFoundError:

@@ -295,7 +295,9 @@ def check_test_arguments(args: argparse.Namespace) -> None:
     args.holdout = args.holdout or 0.0
     if args.test_data and args.holdout:
         raise InputError("holdout: give --test-data or --holdout, not both")
-    if args.test_data and not os.path.isfile(args.test_data):
+    from ..datasets.tables import in_memory
+
+    if args.test_data and not (in_memory(args.test_data) or os.path.isfile(args.test_data)):
         raise InputError(f"test-data: file not found: {args.test_data}")
 
 
