@@ -540,9 +540,10 @@ class BatchStrategy(Strategy):
                 per_job.setdefault(it["job"], []).append((proxy, sub))
         self.registry.log_failures(failures, server_round)  # once, not once per job
         # every fit's step, in lockstep: their model problems solved together
+        ran = self.running()
         steps = [
             functools.partial(j.strategy.aggregate_fit, server_round, per_job.get(j.key, []), [])
-            for j in self.running()
+            for j in ran
         ]
         with _quiet():
             if not self.model_workers.gathers():  # nothing to gain from gathering them
@@ -550,6 +551,9 @@ class BatchStrategy(Strategy):
                     step()
             else:
                 lockstep.run(steps, self.model_workers)
+        for job in ran:  # a finished fold fit needs only its coefficients from now on
+            if job.view and job.strategy.done and hasattr(job.strategy, "release"):
+                job.strategy.release()
         self._advance_stages()
         if len(self.running()) < 2:  # nothing left to share the workers
             self.model_workers.close()

@@ -702,8 +702,8 @@ def init_qn(
     return QuasiNewtonState(
         model=model,
         curvature=c.copy(),
-        ss=np.zeros((n_sites, p, p)),
-        ys=np.zeros((n_sites, p, p)),
+        ss=np.zeros((n_sites, p, p) if model == "secant" else 0),  # the secant model's sums
+        ys=np.zeros((n_sites, p, p) if model == "secant" else 0),
         min_rho=float(min_rho),
         incremental=bool(incremental),
         seen=np.zeros(n_sites, bool),
