@@ -149,10 +149,11 @@ def fusion_level(grads: np.ndarray, edges, weights, grouping: str, fusion: str) 
         edges = np.array(list(itertools.combinations(range(m), 2)), dtype=np.int64)
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     weights = np.ones(len(edges)) if weights is None else np.asarray(weights, dtype=float)
-    groups = [g.reshape(m, -1)] if grouping == "block" else [g[:, j, :] for j in range(g.shape[1])]
     if fusion == "mean":
+        groups = [g.reshape(m, -1)] if grouping == "block" else [g[:, j] for j in range(g.shape[1])]
         return max(tuning.lam_max_mean(x, True)[0] for x in groups)
-    return max(tuning.lam_max(edges, weights, x, True)[0] for x in groups)
+    size = 0 if grouping == "block" else g.shape[2]  # each row its own group: one solve
+    return tuning.lam_max(edges, weights, g.reshape(m, -1), True, group_size=size)[0]
 
 
 def _snake(lam1s, lam2s) -> list[tuple[float, float]]:

@@ -248,6 +248,7 @@ def lam_max(
     weights: np.ndarray,
     grads: np.ndarray,
     grouped: bool = False,
+    group_size: int = 0,
 ) -> tuple[float, bool]:
     """The smallest fusion level at which fused coefficients solve the fused problem.
 
@@ -262,8 +263,19 @@ def lam_max(
     the group level is bounded above by the ``1/w_e²``-weighted least-norm ``U`` (fused at
     it, possibly already below).  A zero-weight edge carries no penalty, so it splits the
     graph: the level is the largest over the components, each fused on its own (``grads``
-    then come from each component's own common fit).  Returns ``(level, exact)``.
+    then come from each component's own common fit).  With ``group_size`` (grouped only)
+    the columns of ``grads`` are consecutive groups of that many, each fused on its own (a
+    RowFed row of q responses): the level is the largest over the groups, from one solve
+    for all of them.  Returns ``(level, exact)``.
     """
+
+    def norms(u: np.ndarray) -> np.ndarray:  # (E,) or (E, groups)
+        if not grouped:
+            return np.abs(u).max(axis=1)
+        if group_size:
+            return np.linalg.norm(u.reshape(u.shape[0], -1, group_size), axis=2)
+        return np.linalg.norm(u, axis=1)
+
     grads = np.asarray(grads, dtype=float)
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     weights = np.asarray(weights, dtype=float)
@@ -284,14 +296,13 @@ def lam_max(
         g = grads[nodes]
         if len(e) == len(nodes) - 1:  # a tree: D' has full column rank, U is unique
             u = np.linalg.lstsq(dt, -g, rcond=None)[0]
-            norms = np.linalg.norm(u, axis=1) if grouped else np.abs(u).max(axis=1)
-            level = max(level, float(np.max(norms / w)))
+            level = max(level, float(np.max(norms(u).T / w)))
         elif not grouped:
             level = max(level, max(_l1_level(dt, w, g[:, j]) for j in range(p)))
         else:
             winv = np.diag(w**2)  # least ||u_e||^2 / w_e^2 subject to D' U = -G
             u = winv @ dt.T @ np.linalg.lstsq(dt @ winv @ dt.T, -g, rcond=None)[0]
-            level = max(level, float(np.max(np.linalg.norm(u, axis=1) / w)))
+            level = max(level, float(np.max(norms(u).T / w)))
             exact = False
     return level, exact
 
