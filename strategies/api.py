@@ -198,14 +198,14 @@ class FederatedModel:
 
     # -- the fit ------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _inputs(self):
+    def _inputs(self, engine: str = ""):
         """``put(data, folder, name, what)``: a data frame as the fit reads it: held in
         memory for the in-process engine (read as its CSV file would be, without writing
         one), written to a CSV file in ``folder`` for ``flwr run`` (its sites read files);
         a path as it is.  The frames are let go afterwards."""
         from .datasets.tables import forget, remember
 
-        engine = self._params.get("engine") or "inprocess"
+        engine = engine or self._params.get("engine") or "inprocess"
         held: list[str] = []
 
         def put(data, folder: str, name: str, what: str) -> tuple[str, str]:
@@ -356,9 +356,12 @@ class FederatedModel:
         from .predict import predicted_rows
 
         self._check_fitted()
-        with tempfile.TemporaryDirectory(prefix="pfl-predict-") as work:
+        with (
+            tempfile.TemporaryDirectory(prefix="pfl-predict-") as work,
+            self._inputs(engine="inprocess") as put,  # rows are read in memory
+        ):
             model_dir = self._write_files(os.path.join(work, "model"), skip=("report.html",))
-            path, _ = as_csv(data, work, "data", "data")
+            path, _ = put(data, work, "data", "data")
             args = self._predict_args(model_dir, path, work, **options)
             result, _, _ = predicted_rows(args, *self._predict_reader())
         return result
