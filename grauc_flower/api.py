@@ -474,7 +474,7 @@ class GrAUCPFL(FederatedModel):
 
         if not 0 < level < 1:
             raise InputError(f"level: must be in (0, 1), got {level!r}")
-        frame = data if isinstance(data, pd.DataFrame) else pd.read_csv(data)
+        frame = data if isinstance(data, pd.DataFrame) else pd.read_csv(data, dtype={"site": str})
         if "y" not in frame.columns:
             raise InputError("data: no 'y' column (the outcome the AUC is of)")
         table = self.predict_table(frame)

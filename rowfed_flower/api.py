@@ -179,11 +179,12 @@ def fit_to_dir(args) -> dict:
             params = grid_search.params_of(args.method)
             extra.update(tuning_metrics(summary, params, "val_mse", False, opts))
             chosen = ", ".join(f"{k} = {v:g}" for k, v in extra["tuned"].items())
-            print(
-                f"cv: chose {chosen} (mean validation MSE {extra['cv']['mean']:.6g} over "
-                f"{opts.folds} folds); refitting on all training data",
-                file=sys.stderr,
-            )
+            if not args.quiet:
+                print(
+                    f"cv: chose {chosen} (mean validation MSE {extra['cv']['mean']:.6g} over "
+                    f"{opts.folds} folds); refitting on all training data",
+                    file=sys.stderr,
+                )
         if args.engine == "flower":
             tune = None
             if federated:
@@ -284,6 +285,7 @@ class RowFed(FederatedModel):
         if unknown:
             raise InputError(f"{unknown[0]}: not an argument of fit() (a parameter of "
                              f"{type(self).__name__}?)")  # fmt: skip
+        self._client_column = str(options.get("client_column") or "client")
         with tempfile.TemporaryDirectory(prefix="rowfed-fit-") as work, self._inputs() as put:
             inputs = {"responses": responses, **options}
             inputs["data"], inputs["data_name"] = put(data, work, "data", "data")
@@ -308,6 +310,14 @@ class RowFed(FederatedModel):
         groups = self._frame("clusters.csv", dtype={"feature": str})
         self.fused_groups_ = groups.set_index("feature") if groups is not None else None
 
+    def predict_table(self, data, **options) -> pd.DataFrame:
+        """The table ``predict`` writes for ``data`` (its client column named as at
+        :meth:`fit`, ``client_column``): ``row, client`` and the responses."""
+        named = getattr(self, "_client_column", "client")
+        if isinstance(data, pd.DataFrame) and named != "client" and named in data.columns:
+            data = data.rename(columns={named: "client"})
+        return super().predict_table(data, **options)
+
     def _predict_reader(self) -> tuple:
         from strategies.predict import read_rowfed_model
 
@@ -322,7 +332,8 @@ class RowFed(FederatedModel):
     def score(self, data) -> pd.DataFrame:
         """Each client's mean squared prediction error on ``data`` (with the responses),
         over its rows and responses: ``client, n, mse``."""
-        frame = data if isinstance(data, pd.DataFrame) else pd.read_csv(data)
+        named = getattr(self, "_client_column", "client")
+        frame = data if isinstance(data, pd.DataFrame) else pd.read_csv(data, dtype={named: str})
         table = self.predict_table(frame)
         outputs = list(table.columns[2:])
         missing = [r for r in outputs if r not in frame.columns]

@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import tempfile
@@ -78,8 +79,11 @@ def convert(action: argparse.Action, name: str, value):
             value, (int, float, np.integer, np.floating)
         ):
             raise InputError(f"{name}: must be a number, got {value!r}")
-        if kind is int and float(value) != int(value):
-            raise InputError(f"{name}: must be an integer, got {value!r}")
+        if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+            raise InputError(f"{name}: must be a finite number, got {value!r}")
+        if kind is int and not isinstance(value, (int, np.integer)):
+            if not float(value).is_integer():
+                raise InputError(f"{name}: must be an integer, got {value!r}")
         value = kind(value)
     else:
         try:
@@ -223,8 +227,7 @@ class FederatedModel:
         finally:
             for token in held:
                 forget(token)
-            if held:
-                self._release()
+            self._release()  # a file read now may change before the next fit
 
     def _release(self) -> None:
         """Let go of what the fit cached of data frames held in memory (each method's)."""
@@ -272,6 +275,11 @@ class FederatedModel:
             raise InputError(f"model: no {_COEFFICIENTS} or metrics.json (a fit's --out)")
         self._files = dict(files)
         self.metrics_ = json.loads(files["metrics.json"])
+        try:
+            self._read_fit()
+        except (KeyError, ValueError, IndexError) as exc:
+            kind = type(self).__name__
+            raise InputError(f"model: not a {kind} fit ({type(exc).__name__}: {exc})") from None
         self.method_ = self.metrics_.get("method")
         self.settings_ = self.metrics_.get("config", {})
         self.n_rounds_ = self.metrics_.get("rounds")
@@ -282,7 +290,6 @@ class FederatedModel:
         )
         self.history_ = self._frame("history.csv")
         self.test_ = self._frame("test.csv")
-        self._read_fit()
 
     def _frame(self, name: str, **read_csv) -> pd.DataFrame | None:
         if name not in self._files:

@@ -249,3 +249,41 @@ def test_readme_python_lines_run(tmp_path, monkeypatch, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert 0.5 < float(last.split()[-1]) <= 1.0
     assert namespace["model"].coef_.shape == (20, 10)
+
+
+def test_frames_read_as_their_csv_files_would_be(tmp_path):
+    """What a data frame holds that a CSV file cannot (float32, a date, a missing id) is
+    read as the file would be; a file edited between two fits is read again; ids read from
+    a file keep their zeros; a RowFed fit's own client column predicts."""
+    from grauc_flower.api import example_data as grauc_data
+    from rowfed_flower.api import example_data as rowfed_data
+
+    train, test, sites = grauc_data(n_sites=4, n_train=40, n_test=20)
+    f32 = train.astype({c: np.float32 for c in train.columns if c.startswith("x")})
+    f32.to_csv(tmp_path / "f32.csv", index=False)
+    sites.to_csv(tmp_path / "sites.csv", index=False)
+    here = GrAUCPFL(calibration=False).fit(f32, sites).coef_
+    there = GrAUCPFL(calibration=False).fit(str(tmp_path / "f32.csv"), str(tmp_path / "sites.csv"))
+    assert np.abs(here.to_numpy() - there.coef_.to_numpy()).max() == 0.0
+    with pytest.raises(ValueError, match=r"^data: column 'when' has a non-numeric value"):
+        GrAUCPFL().fit(train.assign(when=pd.Timestamp("2020-01-01")), sites)
+    flipped = f32.assign(x1=-f32["x1"])
+    flipped.to_csv(tmp_path / "f32.csv", index=False)  # the same path, new rows
+    again = GrAUCPFL(calibration=False).fit(str(tmp_path / "f32.csv"), str(tmp_path / "sites.csv"))
+    assert np.allclose(again.coef_["x1"], -there.coef_["x1"], atol=1e-6)
+    padded = test.assign(site="0" + test["site"].str[-1])
+    where = sites.assign(site="0" + sites["site"].str[-1])
+    model = GrAUCPFL(calibration=False).fit(train.assign(site="0" + train["site"].str[-1]), where)
+    padded.to_csv(tmp_path / "test.csv", index=False)
+    assert list(model.score(str(tmp_path / "test.csv"))["site"]) == list(where["site"])
+    tr, te, resp = rowfed_data(num_clients=3, num_features=3, num_responses=2, n_train=30)
+    holes = tr.astype({"client": object})
+    holes.loc[5, "client"] = np.nan
+    with pytest.raises(ValueError, match=r"^data: column 'client' has a missing value"):
+        RowFed(lam1=0.1, lam2=0.1).fit(holes, resp)
+    named = tr.rename(columns={"client": "h"})
+    own = RowFed(lam1=0.1, lam2=0.1).fit(named, resp, client_column="h")
+    assert list(own.score(te.rename(columns={"client": "h"}))["client"]) == ["0", "1", "2"]
+    assert GrAUCPFL(seed=2**53 + 1).get_params()["seed"] == 2**53 + 1
+    with pytest.raises(ValueError, match=r"^max_rounds: must be a finite number"):
+        GrAUCPFL(max_rounds=float("inf"))

@@ -64,10 +64,18 @@ def _from_memory(path: str, what: str, dtype=None) -> pd.DataFrame:
     with ``keep_default_na=False`` would leave them)."""
     if path not in _FRAMES:
         raise InputError(f"{what}: no data frame {path} in memory")
+    import numpy as np
+
     df = _FRAMES[path].copy()
     df.columns = [str(c) for c in df.columns]
-    if dtype is str:
-        df = df.astype(str)
+    for col in df.columns:  # what a CSV file cannot hold is read as its text
+        kind = df[col].dtype.kind
+        if kind == "f" and df[col].dtype.itemsize < 8:  # float32: its shortest decimal
+            df[col] = df[col].astype(str).astype(np.float64)
+        elif kind in "mMcV" or (kind == "O" and df[col].map(type).isin([complex]).any()):
+            df[col] = df[col].astype(str)
+    if dtype is str:  # every cell as text; a missing one empty (keep_default_na=False)
+        df = df.astype(object).where(df.notna(), "").astype(str)
     elif isinstance(dtype, dict):
         for col in dtype:
             if col in df.columns:
