@@ -185,7 +185,7 @@ class FederatedModel:
     @staticmethod
     def _pythonic(exc: InputError) -> InputError:
         """The error with its option named as the parameter (``w_dist``, not ``w-dist``)."""
-        text = str(exc)
+        text = re.sub(r"'?memory:\d+'?", "the data frame", str(exc))
         head, sep, rest = text.partition(":")
         if sep and head.strip() and " " not in head.strip():
             text = head.replace("-", "_") + sep + rest
