@@ -1,7 +1,7 @@
 """The model problem's ADMM with fused rows held compactly (Flower-free; docs/methods.md 2.4).
 
 RowFed fuses every pair of clients row by row: the inner ADMM of
-:func:`strategies.pqn.solve_model` keeps, for the fusion split, ``delta`` and its scaled dual
+:func:`strategies.modelsolve.solve_model` keeps, for the fusion split, ``delta`` and its scaled dual
 ``u`` for every pair ``(m, m')`` and every row ``j`` -- ``M (M - 1) / 2 x p x q`` numbers
 each (12 million at ``M = 50``, ``p = q = 100``), touched several times an iteration.  Yet at
 a solution most rows are *fused*: ``delta_mm'(j) = 0`` for every pair (in the paper's
@@ -221,12 +221,13 @@ def solve_rows(
     solution,
     trace: list | None = None,
 ):
-    """:func:`strategies.pqn.solve_model`'s ADMM for an :func:`eligible` problem with the
-    fused rows held compactly.  ``linear = B x - g``, ``factor`` the model's linear solver
-    (:func:`strategies.pqn.linear_solver`), ``accel`` an empty
-    :class:`strategies.pqn.Anderson`, ``solution`` the :class:`strategies.pqn.ModelSolution`
-    class; the rest as there.  Returns the same solution (full ``delta`` and ``u``);
-    ``trace``, when given, gets ``(iteration, rows held compactly)`` at every event."""
+    """:func:`strategies.modelsolve.solve_model`'s ADMM for an :func:`eligible` problem with
+    the fused rows held compactly.  ``linear = B x - g``, ``factor`` the model's linear
+    solver (:func:`strategies.modelsolve.linear_solver`), ``accel`` an empty
+    :class:`strategies.anderson.Anderson`, ``solution`` the
+    :class:`strategies.modelsolve.ModelSolution` class; the rest as there.  Returns the same
+    solution (full ``delta`` and ``u``); ``trace``, when given, gets ``(iteration, rows held
+    compactly)`` at every event."""
     n, p, q = x.shape
     fusion, sparsity = problem.splits
     rows = _Rows(fusion, n, p, q)

@@ -1,7 +1,7 @@
 """The server's model problems of a batched run, solved in worker processes.
 
 In a federated tuning every running fit solves its own model problem each round
-(:func:`strategies.pqn.solve_model`); :mod:`strategies.lockstep` gathers them, and
+(:func:`strategies.modelsolve.solve_model`); :mod:`strategies.lockstep` gathers them, and
 :class:`ModelWorkers` answers the gathered requests: each step's first ones in the server's
 process, for up to :data:`PARALLEL_AFTER` seconds, and the rest in a pool of worker
 processes if there is a rest and each problem took at least :data:`MIN_PARALLEL` (so a
@@ -33,7 +33,7 @@ from logging import WARNING
 
 from flwr.common.logger import log
 
-from . import pqn
+from . import modelsolve
 
 #: Seconds of a step's model problems solved in the server's process before the rest go
 #: to the workers ...
@@ -91,8 +91,8 @@ def _without_main():
             sys.modules["__main__"] = main
 
 
-def _solve_chunk(requests: Sequence[pqn.ModelRequest]) -> list[pqn.ModelSolution]:
-    return [pqn.solve_request(r) for r in requests]
+def _solve_chunk(requests: Sequence[modelsolve.ModelRequest]) -> list[modelsolve.ModelSolution]:
+    return [modelsolve.solve_request(r) for r in requests]
 
 
 class ModelWorkers:
@@ -134,16 +134,16 @@ class ModelWorkers:
         procs = getattr(self._pool, "_processes", None) or {}
         return sorted(procs)
 
-    def __call__(self, requests: list[pqn.ModelRequest]) -> list[pqn.ModelSolution]:
+    def __call__(self, requests: list[modelsolve.ModelRequest]) -> list[modelsolve.ModelSolution]:
         if self.workers < 2 or len(requests) < 2:
             self.steps["serial"] += 1
             return _solve_chunk(requests)
         # here first, while that is quick; the rest to the workers when there is a rest and
         # each problem costs well above what sending it costs
-        out: list[pqn.ModelSolution] = []
+        out: list[modelsolve.ModelSolution] = []
         t0 = time.perf_counter()
         while len(out) < len(requests) and time.perf_counter() - t0 <= self.after:
-            out.append(pqn.solve_request(requests[len(out)]))
+            out.append(modelsolve.solve_request(requests[len(out)]))
         rest = requests[len(out) :]
         if out:
             self._per_problem = (time.perf_counter() - t0) / len(out)
@@ -152,7 +152,7 @@ class ModelWorkers:
             return out + _solve_chunk(rest)
         return out + self._parallel(rest)
 
-    def _parallel(self, requests: list[pqn.ModelRequest]) -> list[pqn.ModelSolution]:
+    def _parallel(self, requests: list[modelsolve.ModelRequest]) -> list[modelsolve.ModelSolution]:
         # several chunks per worker: balanced (fits differ in cost) at little pickling
         n = len(requests)
         k = min(n, 8 * self.workers)

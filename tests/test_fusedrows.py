@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from strategies import admm, fusedrows, pqn
+from strategies import admm, anderson, fusedrows, modelsolve
 from strategies.penalties import Penalty
 from strategies.problems import build_problem
 
@@ -62,14 +62,15 @@ def solve(prob, x, g, hess, frozen=None, warm=None, compact=True, trace=None, mo
     frozen = np.zeros(M, bool) if frozen is None else frozen
     if not compact:
         monkeypatch.setattr(fusedrows, "eligible", lambda *a: False)
-        return pqn.solve_model(prob, x, g, hess, frozen, warm=warm)
+        return modelsolve.solve_model(prob, x, g, hess, frozen, warm=warm)
     assert fusedrows.eligible(prob, x)
     x_flat = x.reshape(M * P, Q)
     b_minus_g = np.einsum("zij,zjk->zik", hess, x) - g
+    ms = modelsolve
     return fusedrows.solve_rows(
-        prob, x, hess, b_minus_g, pqn.linear_solver(prob, hess, frozen, x_flat), frozen,
-        warm, 1e-11, 20000, 0.0, pqn._model_scale(x, g), pqn.Anderson(pqn.ANDERSON_MEMORY),
-        pqn.RELAX, pqn.ModelSolution, trace,
+        prob, x, hess, b_minus_g, ms.linear_solver(prob, hess, frozen, x_flat), frozen,
+        warm, 1e-11, 20000, 0.0, ms.model_scale(x, g), anderson.Anderson(ms.ANDERSON_MEMORY),
+        ms.RELAX, ms.ModelSolution, trace,
     )  # fmt: skip
 
 
@@ -194,13 +195,14 @@ def test_without_layout_changes_the_compact_iterates_are_the_generic_ones(monkey
     frozen = np.zeros(M, bool)
     b_minus_g = np.einsum("zij,zjk->zik", hess, x) - g
     for steps in (3, 6):
+        ms = modelsolve
         compact = fusedrows.solve_rows(
-            prob, x, hess, b_minus_g, pqn.linear_solver(prob, hess, frozen, x.reshape(M * P, Q)),
-            frozen, None, 1e-14, steps, 0.0, pqn._model_scale(x, g),
-            pqn.Anderson(pqn.ANDERSON_MEMORY), pqn.RELAX, pqn.ModelSolution,
+            prob, x, hess, b_minus_g, ms.linear_solver(prob, hess, frozen, x.reshape(M * P, Q)),
+            frozen, None, 1e-14, steps, 0.0, ms.model_scale(x, g),
+            anderson.Anderson(ms.ANDERSON_MEMORY), ms.RELAX, ms.ModelSolution,
         )  # fmt: skip
         monkeypatch.setattr(fusedrows, "eligible", lambda *a: False)
-        generic = pqn.solve_model(prob, x, g, hess, frozen, tol=1e-14, max_iter=steps)
+        generic = modelsolve.solve_model(prob, x, g, hess, frozen, tol=1e-14, max_iter=steps)
         monkeypatch.undo()
         monkeypatch.setattr(fusedrows, "EVENT_EVERY", 10**9)
         assert fused_rows(compact.delta[0]).all()

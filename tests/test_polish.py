@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from numpy.testing import assert_allclose
 
-from strategies import admm, pqn
+from strategies import admm, modelsolve
 from strategies import polish as polish_module
 from strategies.penalties import Penalty
 from strategies.polish import cluster_solve, forest, polish
@@ -197,12 +197,12 @@ def test_solve_model_exact_on_trees_and_right_elsewhere(graph):
     prob = admm.Problem(
         (admm.Split(admm.incidence_matrix(edges, n_sites), Penalty("lasso"), lam),), n_sites
     )
-    sol = pqn.solve_model(prob, x, g, hess)
+    sol = modelsolve.solve_model(prob, x, g, hess)
     ref = cvxpy_solution(edges, lam, x, g, hess)
     assert_allclose(sol.b, ref, atol=1e-6)
     fused_ref = np.abs(ref[edges[:, 0]] - ref[edges[:, 1]]) < 1e-7
     assert np.array_equal(sol.delta[0] == 0.0, fused_ref)
-    assert (pqn._tree_of(prob, x, np.zeros(n_sites, bool)) is not None) == (graph == "tree")
+    assert (modelsolve._tree_of(prob, x, np.zeros(n_sites, bool)) is not None) == (graph == "tree")
 
 
 def test_solve_model_without_a_warm_start_polishes_from_the_points_own_fusions():
@@ -218,11 +218,11 @@ def test_solve_model_without_a_warm_start_polishes_from_the_points_own_fusions()
         (admm.Split(admm.incidence_matrix(edges, n_sites), Penalty("lasso"), lam),), n_sites
     )
     x0 = np.random.default_rng(11).standard_normal((n_sites, p))
-    fused_point = pqn.solve_model(prob, x0, g, hess).b  # exact fusions
+    fused_point = modelsolve.solve_model(prob, x0, g, hess).b  # exact fusions
     assert (fused_point[edges[:, 0]] == fused_point[edges[:, 1]]).any()
     g2 = g + 0.05 * np.random.default_rng(12).standard_normal(g.shape)
-    sol = pqn.solve_model(prob, fused_point, g2, hess)
-    assert sol.iterations < pqn.POLISH_FIRST  # polished without the inner ADMM
+    sol = modelsolve.solve_model(prob, fused_point, g2, hess)
+    assert sol.iterations < modelsolve.POLISH_FIRST  # polished without the inner ADMM
     assert_allclose(sol.b, cvxpy_solution(edges, lam, fused_point, g2, hess), atol=1e-6)
-    plain = pqn.solve_model(prob, x0, g2, hess)
-    assert plain.iterations >= pqn.POLISH_FIRST  # nothing fused at x0: ADMM first
+    plain = modelsolve.solve_model(prob, x0, g2, hess)
+    assert plain.iterations >= modelsolve.POLISH_FIRST  # nothing fused at x0: ADMM first

@@ -12,7 +12,7 @@ from numpy.testing import assert_allclose
 
 from grauc_flower.datafit import PairwiseLogistic
 from rowfed_flower import sources as rsources
-from strategies import admm, pqn
+from strategies import admm, anderson, curvature, modelsolve, pqn
 from strategies.penalties import Penalty
 
 Z, P = 7, 3
@@ -59,12 +59,12 @@ def model_value(b, x, g, hess, prob):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_model_problem_matches_cvxpy(grouping, n_frozen, seed, solver, monkeypatch):
     if solver == "forest":  # the tree's block elimination however small the problem
-        monkeypatch.setattr(pqn, "FOREST_LEVEL", 0.0)
+        monkeypatch.setattr(modelsolve, "FOREST_LEVEL", 0.0)
     x, g, hess = random_model(seed)
     prob = problem(grouping)
     frozen = np.zeros(Z, bool)
     frozen[[2, 5][:n_frozen]] = True
-    sol = pqn.solve_model(prob, x, g, hess, frozen)
+    sol = modelsolve.solve_model(prob, x, g, hess, frozen)
     ref, ref_val = cvxpy_model(x, g, hess, prob.splits[0].lam, grouping, frozen)
     assert_allclose(sol.b[frozen], x[frozen], rtol=0, atol=0)
     ours = model_value(sol.b, x, g, hess, prob)
@@ -93,13 +93,13 @@ def test_all_pairs_linear_solve_equals_the_dense_solve(n_frozen, q):
     frozen = np.zeros(Z, bool)
     frozen[[1, 4][:n_frozen]] = True
     _, _, hess = random_model(n_frozen)
-    e = pqn._complete_diagonal(prob, frozen)
-    assert e is not None and pqn._complete_diagonal(problem(), frozen) is None  # a tree: no
-    blocks, gram = pqn._system_parts(prob, hess)
+    e = modelsolve._complete_diagonal(prob, frozen)
+    assert e is not None and modelsolve._complete_diagonal(problem(), frozen) is None  # a tree: no
+    blocks, gram = modelsolve._system_parts(prob, hess)
     free = np.repeat(~frozen, P)
     dense = (blocks + 2.5 * gram).toarray()[np.ix_(free, free)]
     r = rng.standard_normal((free.sum(), q))
-    got = pqn._complete_solver(hess[~frozen], e, 2.5)(r)
+    got = modelsolve._complete_solver(hess[~frozen], e, 2.5)(r)
     assert_allclose(got, np.linalg.solve(dense, r), rtol=0, atol=1e-10)
 
 
@@ -120,16 +120,16 @@ def test_forest_linear_solve_equals_the_dense_solve(n_frozen, q, identity):
     _, _, hess = random_model(n_frozen + 7)
     live = ~frozen
     site_gram = prob.gram()[live][:, live]
-    order = pqn._elimination(site_gram)
+    order = modelsolve._elimination(site_gram)
     assert order is not None
-    blocks, gram = pqn._system_parts(prob, hess)
+    blocks, gram = modelsolve._system_parts(prob, hess)
     free = np.repeat(live, P)
     dense = (blocks + 0.7 * gram).toarray()[np.ix_(free, free)]
     r = rng.standard_normal((free.sum(), q))
-    got = pqn._forest_solver(hess[live], site_gram, order, 0.7)(r)
+    got = modelsolve._forest_solver(hess[live], site_gram, order, 0.7)(r)
     assert_allclose(got, np.linalg.solve(dense, r), rtol=0, atol=1e-10)
     cycle = admm.incidence_matrix(np.vstack([EDGES, [[0, 6]]]), Z)
-    assert pqn._elimination(sp.csr_matrix(cycle.T @ cycle)) is None
+    assert modelsolve._elimination(sp.csr_matrix(cycle.T @ cycle)) is None
 
 
 @pytest.mark.parametrize("n_frozen", [0, 2])
@@ -140,7 +140,7 @@ def test_all_pairs_model_problem_matches_cvxpy(n_frozen):
     prob = admm.Problem((admm.Split(admm.incidence_matrix(edges, Z), Penalty("lasso"), lam),), Z)
     frozen = np.zeros(Z, bool)
     frozen[[2, 5][:n_frozen]] = True
-    sol = pqn.solve_model(prob, x, g, hess, frozen)
+    sol = modelsolve.solve_model(prob, x, g, hess, frozen)
     b = cp.Variable((Z, P))
     obj = sum(g[z] @ (b[z] - x[z]) + 0.5 * cp.quad_form(b[z] - x[z], hess[z]) for z in range(Z))
     obj += sum(lam[k] * cp.norm(b[u] - b[v], 1) for k, (u, v) in enumerate(edges))
@@ -153,9 +153,9 @@ def test_all_pairs_model_problem_matches_cvxpy(n_frozen):
 def test_model_problem_warm_start_gives_the_same_answer():
     x, g, hess = random_model(3)
     prob = problem()
-    cold = pqn.solve_model(prob, x, g, hess)
-    warm = pqn.solve_model(prob, x + 1e-3, g, hess, warm=cold)
-    again = pqn.solve_model(prob, x + 1e-3, g, hess)
+    cold = modelsolve.solve_model(prob, x, g, hess)
+    warm = modelsolve.solve_model(prob, x + 1e-3, g, hess, warm=cold)
+    again = modelsolve.solve_model(prob, x + 1e-3, g, hess)
     assert_allclose(warm.b, again.b, atol=1e-7)
     assert warm.iterations < again.iterations
 
@@ -166,12 +166,12 @@ def test_bfgs_secant_symmetry_and_skip():
     for first in (True, False):
         s, y = rng.standard_normal(4), rng.standard_normal(4)
         y = y if s @ y > 0 else -y
-        new = pqn.bfgs_update(b, s, y, first)
+        new = curvature.bfgs_update(b, s, y, first)
         assert_allclose(new @ s, y, rtol=1e-12, atol=1e-12)  # the secant equation
         assert_allclose(new, new.T, atol=1e-14)
         assert np.linalg.eigvalsh(new).min() > 0
         b = new
-    assert pqn.bfgs_update(b, s, -y, False) is b  # negative curvature: skipped
+    assert curvature.bfgs_update(b, s, -y, False) is b  # negative curvature: skipped
 
 
 def test_bfgs_many_sites_at_once():
@@ -185,7 +185,7 @@ def test_bfgs_many_sites_at_once():
     y *= np.sign(np.einsum("zi,zi->z", s, y))[:, None]
     y[2] = -y[2]  # negative curvature: skipped
     first = np.array([True, False, False, True, False, False])
-    new = pqn.bfgs_update_many(hess, s, y, first)
+    new = curvature.bfgs_update_many(hess, s, y, first)
     for z in range(n):
         if z == 2:
             assert_allclose(new[z], hess[z], rtol=0, atol=0)
@@ -521,8 +521,8 @@ def test_the_stopping_rule_reads_tol_as_a_gap_once_the_models_are_learned():
 
 def _fixed_point(memory, m, c, tol=1e-10, limit=20000):
     """Iterate ``z <- M z + c`` (split into two parts, as the inner ADMM's (delta, u)) with
-    :class:`pqn.Anderson`; returns the point and the iterations."""
-    accel = pqn.Anderson(memory)
+    :class:`anderson.Anderson`; returns the point and the iterations."""
+    accel = anderson.Anderson(memory)
     z = np.zeros(len(c))
     for it in range(1, limit + 1):
         image = m @ z + c
@@ -550,7 +550,7 @@ def test_anderson_reaches_a_linear_fixed_point_in_far_fewer_steps():
 
 
 def test_anderson_falls_back_to_the_plain_image_when_a_combination_does_worse():
-    accel = pqn.Anderson(3)
+    accel = anderson.Anderson(3)
 
     def pt(v):
         return ((np.array([v, 0.0]),), (np.array([0.0]),))
@@ -581,9 +581,9 @@ def test_accelerated_all_pairs_group_model_problem_matches_cvxpy(seed, monkeypat
     prob = admm.Problem(
         (admm.Split(admm.incidence_matrix(edges, Z), Penalty("lasso"), lam, "row"),), Z
     )
-    fast = pqn.solve_model(prob, x, g, hess)
-    monkeypatch.setattr(pqn, "ANDERSON_MEMORY", 0)
-    plain = pqn.solve_model(prob, x, g, hess)
+    fast = modelsolve.solve_model(prob, x, g, hess)
+    monkeypatch.setattr(modelsolve, "ANDERSON_MEMORY", 0)
+    plain = modelsolve.solve_model(prob, x, g, hess)
     b = cp.Variable((Z * P, q))
     obj = 0
     for z in range(Z):
@@ -613,7 +613,7 @@ def test_the_model_problems_floor_follows_the_fits_tolerance():
 def _record_model_tolerances(monkeypatch) -> list:
     """The tolerance of every model problem solved from now on, in order."""
     asked = []
-    solve = pqn.solve_request
+    solve = modelsolve.solve_request
 
     def spy(req):
         asked.append(req.tol)
@@ -735,7 +735,7 @@ def test_a_nonconvex_model_step_runs_the_linear_approximations_to_their_fixed_po
     st = fresh()
     pqn._lla_direction(target.linearized(x), st, 1e-9, lla)
     b = st.x + st.direction
-    again = pqn.solve_model(target.linearized(b), x, g, hess)
+    again = modelsolve.solve_model(target.linearized(b), x, g, hess)
     assert_allclose(again.b, b, atol=1e-6)
     assert (
         model_value(b, x, g, hess, target)

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from strategies import admm, lockstep, pqn, workers
+from strategies import admm, lockstep, modelsolve, workers
 from strategies.penalties import Penalty
 
 
@@ -92,13 +92,13 @@ def _requests(n, seed=0):
         lam = np.full(len(edges), 0.05 + 0.05 * k)
         split = admm.Split(admm.incidence_matrix(edges, z), Penalty("lasso"), lam, "row")
         prob = admm.Problem((split,), z)
-        out.append(pqn.ModelRequest(prob, x, g, hess, np.zeros(z, bool), None, 1e-11, 0.0))
+        out.append(modelsolve.ModelRequest(prob, x, g, hess, np.zeros(z, bool), None, 1e-11, 0.0))
     return out
 
 
 def test_workers_answer_as_the_server_would_and_stop():
     reqs = _requests(7)
-    alone = [pqn.solve_request(r) for r in reqs]
+    alone = [modelsolve.solve_request(r) for r in reqs]
     with workers.ModelWorkers(2, after=0.0) as pool:
         got = pool(reqs)
         pids = pool.pids()
@@ -182,5 +182,5 @@ def test_workers_that_cannot_start_leave_the_work_to_the_server(monkeypatch):
     pool = workers.ModelWorkers(2, after=0.0)
     got = pool(reqs)
     assert pool.workers == 0 and pool.steps == {"serial": 1, "parallel": 0}
-    for a, b in zip([pqn.solve_request(r) for r in reqs], got, strict=True):
+    for a, b in zip([modelsolve.solve_request(r) for r in reqs], got, strict=True):
         np.testing.assert_array_equal(a.b, b.b)
