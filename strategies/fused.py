@@ -33,7 +33,7 @@ import numpy as np
 from flwr.common import FitIns, Parameters, Scalar, log
 from flwr.server.client_proxy import ClientProxy
 
-from . import admm, pqn, wire
+from . import admm, pqn, qnstate, wire
 from .base import SiteStrategy
 from .errors import InputError
 from .local import newton_shape, split_newton
@@ -73,7 +73,7 @@ class FusedSiteStrategy(SiteStrategy):
     #: The pqn curvature model: ``"bfgs"`` or ``"secant"`` (exact for a quadratic loss).
     qn_model = "bfgs"
     #: With exact curvature, a site's first model is damped by this multiple of its mean
-    #: curvature (:func:`strategies.pqn.init_qn`; 0 for a quadratic loss).
+    #: curvature (:func:`strategies.qnstate.init_qn`; 0 for a quadratic loss).
     first_damping = 0.0
     #: The history column counting the sites that answered.
     count_column = "n_answered"
@@ -127,7 +127,7 @@ class FusedSiteStrategy(SiteStrategy):
         self.checkpoint_every = int(checkpoint_every)
         self.resume = resume
         self.history = admm.History()
-        self.qn: pqn.QuasiNewtonState | None = None
+        self.qn: qnstate.QuasiNewtonState | None = None
         self.state: admm.AdmmState | None = None
         self.phase = "fit"  # "start" during the start round (:meth:`_start_round`)
 
@@ -180,7 +180,7 @@ class FusedSiteStrategy(SiteStrategy):
         # pqn takes its incremental form (strategies/pqn.py)
         incremental = self.participation < 1.0 or model == "exact"
         self.qn = (
-            pqn.init_qn(
+            qnstate.init_qn(
                 beta0, model=model, incremental=incremental, first_damping=self.first_damping
             )
             if use_qn
@@ -445,7 +445,7 @@ class FusedSiteStrategy(SiteStrategy):
             else:
                 values[z] = (float(res.metrics["loss"]), self.updates[site])
             if not self.qn.seen[z] and "curvature" in res.metrics:
-                pqn.set_curvature(
+                qnstate.set_curvature(
                     self.qn, z, self.first_curvature * float(res.metrics["curvature"])
                 )
         for z, (s, y) in (pairs or {}).items():  # after the bound: the start's pairs
@@ -499,7 +499,7 @@ class FusedSiteStrategy(SiteStrategy):
         last = self.history.rows[-1] if self.history.rows else {}
         self._qn_row(last.get("objective", np.inf), 0, last.get("decrease", np.nan), np.nan)
         self.done = self.qn.round >= self.max_rounds
-        step = pqn.Step(False, last.get("objective", np.inf), np.nan, False, 0)
+        step = qnstate.Step(False, last.get("objective", np.inf), np.nan, False, 0)
         self._after_round(self.qn.round, step.objective, step)
         return self.done
 
@@ -580,7 +580,7 @@ class FusedSiteStrategy(SiteStrategy):
                 f"resume: the checkpoint was written by another algorithm than {self.algorithm!r}"
             )
         if qn:
-            self.qn = pqn.QuasiNewtonState.from_arrays(qn)
+            self.qn = qnstate.QuasiNewtonState.from_arrays(qn)
         if "draws" in extra:  # the participation draws go on where they stopped
             self.rng.bit_generator.state = json.loads(str(extra["draws"]))
         if self.lla:  # the approximation at the fit's estimate (the accepted point, or b)

@@ -12,7 +12,7 @@ from numpy.testing import assert_allclose
 
 from grauc_flower.datafit import PairwiseLogistic
 from rowfed_flower import sources as rsources
-from strategies import admm, anderson, curvature, modelsolve, pqn
+from strategies import admm, anderson, curvature, modelsolve, pqn, qnstate
 from strategies.penalties import Penalty
 
 Z, P = 7, 3
@@ -211,7 +211,7 @@ def _sites(seed=5, n=30):
 
 
 def drive(fs, prob, drop_after=None, dropped=3, rounds=80, tol=1e-9):
-    st = pqn.init_qn(np.zeros((Z, P)), 0.25 * np.array([f.lipschitz() for f in fs]))
+    st = qnstate.init_qn(np.zeros((Z, P)), 0.25 * np.array([f.lipschitz() for f in fs]))
     for r in range(1, rounds + 1):
         answered = {
             z: f.value_and_grad(st.trial[z])
@@ -304,7 +304,7 @@ def test_exact_curvature_reaches_the_same_optimum_in_fewer_rounds():
 def drive_partial(fs, prob, share, seed, curvature=0.25, rounds=400, tol=1e-10):
     """Each round a seeded random part of the sites answers at the point it was sent."""
     rng = np.random.default_rng(seed)
-    st = pqn.init_qn(
+    st = qnstate.init_qn(
         np.zeros((Z, P)), curvature * np.array([f.lipschitz() for f in fs]), incremental=True
     )
     damped = False
@@ -349,7 +349,7 @@ def test_a_refused_move_keeps_the_point_and_damps_enough():
     and the new damping makes the model cover the loss along the refused step."""
     f = _sites()[0]
     x0 = np.zeros(P)
-    st = pqn.init_qn(x0[None], np.array([1e-4]), incremental=True)
+    st = qnstate.init_qn(x0[None], np.array([1e-4]), incremental=True)
     st.seen[:] = True
     st.value[0], st.grad[0] = f.value_and_grad(x0)
     st.trial = (x0 - st.grad[0] / 1e-4)[None]  # the model's minimizer: far too long
@@ -726,7 +726,7 @@ def test_a_nonconvex_model_step_runs_the_linear_approximations_to_their_fixed_po
     lla = pqn.Linearization(target, target.linearized)
 
     def fresh():
-        st = pqn.init_qn(x)
+        st = qnstate.init_qn(x)
         st.hess, st.grad, st.evaluated = hess.copy(), g.copy(), True
         return st
 
@@ -757,7 +757,7 @@ def test_a_nonconvex_fit_ends_on_a_model_solution_solved_to_the_floor(name, seed
     d = admm.incidence_matrix(EDGES, Z)
     target = admm.Problem((admm.Split(d, Penalty(name), lam, "entry"),), Z)
     lla = pqn.Linearization(target, target.linearized)
-    st = pqn.init_qn(np.zeros((Z, P)), 0.25 * np.array([f.lipschitz() for f in fs]))
+    st = qnstate.init_qn(np.zeros((Z, P)), 0.25 * np.array([f.lipschitz() for f in fs]))
     tol = 1e-4
     for _ in range(100):
         answered = {z: f.value_and_grad(st.trial[z]) for z, f in enumerate(fs)}
@@ -783,7 +783,7 @@ def test_a_round_leaves_the_state_it_was_given_unchanged(incremental):
     rounds, and those rounds go exactly as from a fresh copy of it."""
     fs, prob = _sites(), problem()
     rng = np.random.default_rng(11)
-    st = pqn.init_qn(
+    st = qnstate.init_qn(
         np.zeros((Z, P)), 0.25 * np.array([f.lipschitz() for f in fs]), incremental=incremental
     )
     kept = []

@@ -1,0 +1,168 @@
+"""The state of :mod:`strategies.pqn`'s federated proximal quasi-Newton method: each site's
+kept point, loss, gradient and curvature model, the line search's step, the inner solver's
+warm start; what a round returns (:class:`Step`).  Saved whole by checkpoints
+(:meth:`QuasiNewtonState.arrays`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+
+from .modelsolve import ModelSolution
+
+#: Curvature models: BFGS (any smooth loss), secant (quadratic losses, matrix blocks), or
+#: exact (the sites send their Hessians).
+MODELS = ("bfgs", "secant", "exact")
+
+
+@dataclass
+class QuasiNewtonState:
+    """The server's whole state; saved whole by checkpoints (:meth:`arrays`)."""
+
+    x: np.ndarray  # (Z, p) accepted point
+    value: np.ndarray  # (Z,) f_z(x_z)
+    grad: np.ndarray  # (Z, p)
+    hess: np.ndarray  # (Z, p, p) BFGS matrices
+    paired: np.ndarray  # (Z,) bool: B_z has had its first pair
+    trial: np.ndarray  # (Z, p) the point being evaluated
+    direction: np.ndarray  # (Z, p)
+    step: float = 1.0
+    decrease: float = 0.0  # Delta < 0: the model's predicted change of F at step 1
+    objective: float = np.inf  # F at the estimate (estimate_objective)
+    evaluated: bool = False  # x has been evaluated (false before the first answers)
+    frozen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    round: int = 0
+    inner: ModelSolution | None = None
+    model: str = "bfgs"  # bfgs | secant (quadratic losses, matrix blocks) | exact (MODELS)
+    curvature: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z,) B_z before pairs
+    ss: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z, p, p) secant sums
+    ys: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    min_rho: float = 0.0
+    incremental: bool = False  # partial participation (module docstring)
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (Z,) answered once
+    damping: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z,) mu_z
+    first_damping: float = 0.0  # exact model: mu_z = first_damping tr(H_z)/p at first answer
+
+    def copy(self) -> QuasiNewtonState:
+        """A state that shares no array with this one: a round works on it, so the state
+        it was given (a caller's, a checkpoint's) stays as it was."""
+        own = {f.name: getattr(self, f.name).copy() for f in fields(self)
+               if isinstance(getattr(self, f.name), np.ndarray)}  # fmt: skip
+        return replace(self, **own)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {
+            k: np.asarray(getattr(self, k))
+            for k in (
+                "x value grad hess paired trial direction step decrease objective "
+                "evaluated frozen round model curvature ss ys min_rho incremental seen damping "
+                "first_damping"
+            ).split()
+        }
+        if self.inner is not None:
+            out["inner_rho"] = np.array(self.inner.rho)
+            for k, (d, u) in enumerate(zip(self.inner.delta, self.inner.u, strict=True)):
+                out[f"inner_delta_{k}"] = d
+                out[f"inner_u_{k}"] = u
+        return out
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> QuasiNewtonState:
+        inner = None
+        if "inner_rho" in a:
+            n = sum(1 for k in a if k.startswith("inner_delta_"))
+            inner = ModelSolution(
+                np.asarray(a["x"]) + np.asarray(a["direction"]),
+                tuple(np.asarray(a[f"inner_delta_{k}"]) for k in range(n)),
+                tuple(np.asarray(a[f"inner_u_{k}"]) for k in range(n)),
+                float(a["inner_rho"]),
+                0,
+            )
+        return cls(
+            x=np.asarray(a["x"], float),
+            value=np.asarray(a["value"], float),
+            grad=np.asarray(a["grad"], float),
+            hess=np.asarray(a["hess"], float),
+            paired=np.asarray(a["paired"], bool),
+            trial=np.asarray(a["trial"], float),
+            direction=np.asarray(a["direction"], float),
+            step=float(a["step"]),
+            decrease=float(a["decrease"]),
+            objective=float(a["objective"]),
+            evaluated=bool(a["evaluated"]),
+            frozen=np.asarray(a["frozen"], bool),
+            round=int(a["round"]),
+            inner=inner,
+            model=str(a["model"]),
+            curvature=np.asarray(a["curvature"], float),
+            ss=np.asarray(a["ss"], float),
+            ys=np.asarray(a["ys"], float),
+            min_rho=float(a["min_rho"]),
+            incremental=bool(a.get("incremental", False)),
+            seen=np.asarray(a.get("seen", np.full(len(a["x"]), bool(a["evaluated"]))), bool),
+            damping=np.asarray(a.get("damping", np.zeros(len(a["x"]))), float),
+            first_damping=float(a.get("first_damping", 0.0)),
+        )
+
+
+def init_qn(
+    x0: np.ndarray,
+    curvature: np.ndarray | None = None,
+    model: str = "bfgs",
+    min_rho: float = 0.0,
+    incremental: bool = False,
+    first_damping: float = 0.0,
+) -> QuasiNewtonState:
+    """Start at ``x0`` (``(Z, p)``, or ``(Z, p, q)`` for the ``secant`` model);
+    ``B_z = curvature_z I`` until the first step pair (default 1; see :func:`set_curvature`).
+    ``incremental``: the per-site form (module docstring); with the exact model a site's
+    first model is damped by ``first_damping`` times its mean curvature (Levenberg-Marquardt's
+    start ``mu_0 = tau * scale``, Madsen, Nielsen & Tingleff 2004, "Methods for non-linear
+    least squares problems", §3.2, with ``tau = first_damping``)."""
+    if model not in MODELS:
+        raise ValueError(f"model: must be one of {', '.join(MODELS)}, got {model!r}")
+    x0 = np.array(x0, dtype=float)
+    n_sites, p = x0.shape[:2]
+    c = np.ones(n_sites) if curvature is None else np.asarray(curvature, float)
+    return QuasiNewtonState(
+        model=model,
+        curvature=c.copy(),
+        ss=np.zeros((n_sites, p, p) if model == "secant" else 0),  # the secant model's sums
+        ys=np.zeros((n_sites, p, p) if model == "secant" else 0),
+        min_rho=float(min_rho),
+        incremental=bool(incremental),
+        seen=np.zeros(n_sites, bool),
+        damping=np.zeros(n_sites),
+        first_damping=float(first_damping),
+        x=x0.copy(),
+        value=np.zeros(n_sites),
+        grad=np.zeros_like(x0),
+        hess=c[:, None, None] * np.eye(p)[None],
+        paired=np.zeros(n_sites, bool),
+        trial=x0.copy(),
+        direction=np.zeros_like(x0),
+        frozen=np.zeros(n_sites, bool),
+    )
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one evaluation round did."""
+
+    accepted: bool
+    objective: float  # F at the estimate (incremental form: the models' prediction)
+    decrease: float  # the stopping measure (_stop_measure): -Delta, or sum d^T B d
+    converged: bool
+    inner_iterations: int
+    seconds: float = 0.0  # the server's time for the round (model updates, model solve)
+
+    def describe(self) -> str:
+        return f"stop measure {self.decrease:.3g}" + ("" if self.accepted else " (retry)")
+
+
+def set_curvature(st: QuasiNewtonState, z: int, c: float) -> None:
+    """``B_z = c I`` (and the secant model's bound ``c``) before site ``z``'s first pair."""
+    c = max(float(c), 1e-8)
+    st.curvature[z] = c
+    st.hess[z] = c * np.eye(st.x.shape[1])
