@@ -24,14 +24,14 @@ class QuasiNewtonState:
     value: np.ndarray  # (Z,) f_z(x_z)
     grad: np.ndarray  # (Z, p)
     hess: np.ndarray  # (Z, p, p) BFGS matrices
-    paired: np.ndarray  # (Z,) bool: B_z has had its first pair
+    paired: np.ndarray = field(metadata={"dtype": bool})  # (Z,): B_z has had its first pair
     trial: np.ndarray  # (Z, p) the point being evaluated
     direction: np.ndarray  # (Z, p)
     step: float = 1.0
     decrease: float = 0.0  # Delta < 0: the model's predicted change of F at step 1
     objective: float = np.inf  # F at the estimate (estimate_objective)
     evaluated: bool = False  # x has been evaluated (false before the first answers)
-    frozen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    frozen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), metadata={"dtype": bool})
     round: int = 0
     inner: ModelSolution | None = None
     model: str = "bfgs"  # bfgs | secant (quadratic losses, matrix blocks) | exact (MODELS)
@@ -40,7 +40,8 @@ class QuasiNewtonState:
     ys: np.ndarray = field(default_factory=lambda: np.zeros(0))
     min_rho: float = 0.0
     incremental: bool = False  # partial participation (module docstring)
-    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # (Z,) answered once
+    #: (Z,) answered once
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), metadata={"dtype": bool})
     damping: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z,) mu_z
     first_damping: float = 0.0  # exact model: mu_z = first_damping tr(H_z)/p at first answer
 
@@ -52,14 +53,9 @@ class QuasiNewtonState:
         return replace(self, **own)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        out = {
-            k: np.asarray(getattr(self, k))
-            for k in (
-                "x value grad hess paired trial direction step decrease objective "
-                "evaluated frozen round model curvature ss ys min_rho incremental seen damping "
-                "first_damping"
-            ).split()
-        }
+        """Every field as an array (a checkpoint's ``.npz`` entries), the inner solution's
+        ``delta`` and ``u`` by split."""
+        out = {f.name: np.asarray(getattr(self, f.name)) for f in fields(self) if f.name != "inner"}
         if self.inner is not None:
             out["inner_rho"] = np.array(self.inner.rho)
             for k, (d, u) in enumerate(zip(self.inner.delta, self.inner.u, strict=True)):
@@ -69,6 +65,8 @@ class QuasiNewtonState:
 
     @classmethod
     def from_arrays(cls, a: dict[str, np.ndarray]) -> QuasiNewtonState:
+        """The state :meth:`arrays` gave, each field back to its type (a field an older
+        checkpoint lacks: as that version ran, :data:`_OLDER`)."""
         inner = None
         if "inner_rho" in a:
             n = sum(1 for k in a if k.startswith("inner_delta_"))
@@ -79,31 +77,28 @@ class QuasiNewtonState:
                 float(a["inner_rho"]),
                 0,
             )
-        return cls(
-            x=np.asarray(a["x"], float),
-            value=np.asarray(a["value"], float),
-            grad=np.asarray(a["grad"], float),
-            hess=np.asarray(a["hess"], float),
-            paired=np.asarray(a["paired"], bool),
-            trial=np.asarray(a["trial"], float),
-            direction=np.asarray(a["direction"], float),
-            step=float(a["step"]),
-            decrease=float(a["decrease"]),
-            objective=float(a["objective"]),
-            evaluated=bool(a["evaluated"]),
-            frozen=np.asarray(a["frozen"], bool),
-            round=int(a["round"]),
-            inner=inner,
-            model=str(a["model"]),
-            curvature=np.asarray(a["curvature"], float),
-            ss=np.asarray(a["ss"], float),
-            ys=np.asarray(a["ys"], float),
-            min_rho=float(a["min_rho"]),
-            incremental=bool(a.get("incremental", False)),
-            seen=np.asarray(a.get("seen", np.full(len(a["x"]), bool(a["evaluated"]))), bool),
-            damping=np.asarray(a.get("damping", np.zeros(len(a["x"]))), float),
-            first_damping=float(a.get("first_damping", 0.0)),
-        )
+        given = {}
+        for f in fields(cls):
+            if f.name == "inner":
+                continue
+            value = a[f.name] if f.name in a else _OLDER[f.name](a)
+            if f.type == "np.ndarray":
+                given[f.name] = np.asarray(value, f.metadata.get("dtype", float))
+            else:
+                given[f.name] = _SCALARS[f.type](value)
+        return cls(inner=inner, **given)
+
+
+_SCALARS = {"float": float, "bool": bool, "int": int, "str": str}
+
+#: What a field absent from an older checkpoint was (they were added with partial
+#: participation and the exact model's damping).
+_OLDER = {
+    "incremental": lambda a: False,
+    "seen": lambda a: np.full(len(a["x"]), bool(a["evaluated"])),
+    "damping": lambda a: np.zeros(len(a["x"])),
+    "first_damping": lambda a: 0.0,
+}
 
 
 def init_qn(

@@ -802,3 +802,26 @@ def test_a_round_leaves_the_state_it_was_given_unchanged(incremental):
     again, _ = pqn.qn_round(prob, old, answers, 1e-10)
     for key, value in _snapshot(new).items():
         assert np.array_equal(value, _snapshot(again)[key]), key
+
+
+def test_state_arrays_round_trip_every_field():
+    """``arrays`` writes every field of the state (its inner solution by split) and
+    ``from_arrays`` gives each back with its type; a checkpoint written before partial
+    participation (no ``seen``, ``damping``, ...) reads as that version ran."""
+    import dataclasses
+
+    fs, prob = _sites(), problem()
+    st = qnstate.init_qn(np.zeros((Z, P)), 0.25 * np.array([f.lipschitz() for f in fs]))
+    for _ in range(3):
+        answers = {z: f.value_and_grad(st.trial[z]) for z, f in enumerate(fs)}
+        st, _ = pqn.qn_round(prob, st, answers, 1e-9)
+    saved = st.arrays()
+    names = {f.name for f in dataclasses.fields(st)} - {"inner"}
+    assert names <= set(saved) and st.inner is not None and "inner_rho" in saved
+    back = qnstate.QuasiNewtonState.from_arrays(saved)
+    for key, value in back.arrays().items():
+        assert np.array_equal(value, saved[key]) and value.dtype == saved[key].dtype, key
+    assert back.paired.dtype == bool and isinstance(back.round, int) and back.model == st.model
+    older = {k: v for k, v in saved.items() if k not in ("seen", "damping", "incremental")}
+    old = qnstate.QuasiNewtonState.from_arrays(older)
+    assert old.seen.all() == bool(st.evaluated) and not old.incremental and not old.damping.any()
