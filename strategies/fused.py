@@ -513,8 +513,7 @@ class FusedSiteStrategy(SiteStrategy):
         """Drop what only further rounds would read (the sites' curvature models): a
         finished fit keeps its coefficients, its last model solution (whose fused
         structure the coefficients are read from), gradients and history.  A tuning's fold
-        fits are released as they finish (1,872 fits of 27 sites x 99 features held
-        6.6 MB each)."""
+        fits are released as they finish (docs/performance.md, "Memory")."""
         if self.qn is not None:
             empty = np.zeros(0)
             self.qn = replace(self.qn, hess=empty, ss=empty, ys=empty)

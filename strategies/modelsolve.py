@@ -26,11 +26,9 @@ DENSE_LIMIT = 3000  # model problems up to this many unknowns per column use den
 #: block elimination's Python sweep over the forest's levels (about this many flops a level)
 FOREST_LEVEL = 4e4
 RELAX = 1.6  # the inner ADMM's over-relaxation
-#: The inner ADMM's iteration limit.  Where a model problem's solution is degenerate (a row
-#: about to fuse or vanish) ADMM's rate collapses and 1e-11 takes tens of thousands of
-#: iterations; measured on RowFed at (p, q) = (50, 50), stopping at 2,000 changed the fit's
-#: objective by 4e-8 relative (its own tolerance is 1e-6) and its structure not at all,
-#: in an eighth of the time.  The outer method absorbs an inexact step.
+#: The inner ADMM's iteration limit: where a model problem's solution is degenerate (a row
+#: about to fuse or vanish) ADMM's rate collapses; the outer method absorbs an inexact step
+#: (docs/methods.md 1.4 step 3 has the measurement behind the limit).
 INNER_MAX_ITER = 2000
 POLISH_FIRST = 10  # inner ADMM iterations before the first exact polish (then 20, 40, ...)
 ANDERSON_MEMORY = 5  # the inner ADMM's Anderson acceleration: iterates it combines (0: off)
