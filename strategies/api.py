@@ -344,9 +344,18 @@ class FederatedModel:
                         files[rel] = fh.read()
         if _COEFFICIENTS not in files:
             raise InputError(f"model: no {_COEFFICIENTS} in {path} (a fit's --out)")
-        method = json.loads(files.get("metrics.json", b"{}")).get("method")
-        model = cls(method=method) if method else cls()
+        metrics = json.loads(files.get("metrics.json", b"{}"))
+        model = cls()
         model._set_fitted(files)
+        # the settings it ran with (tuned levels included) are its parameters: a refit of
+        # the loaded estimator is the same fit
+        names = set(cls.param_names())
+        ran = {k.replace("-", "_"): v for k, v in (metrics.get("config") or {}).items()}
+        params = {k: v for k, v in ran.items() if k in names and v is not None}
+        try:
+            model.set_params(method=metrics.get("method") or "", **params)
+        except InputError:  # another version's settings: the fit stands, its parameters not
+            model.set_params(**({"method": metrics["method"]} if metrics.get("method") else {}))
         return model
 
     def report(self, path: str) -> str:

@@ -287,3 +287,25 @@ def test_frames_read_as_their_csv_files_would_be(tmp_path):
     assert GrAUCPFL(seed=2**53 + 1).get_params()["seed"] == 2**53 + 1
     with pytest.raises(ValueError, match=r"^max_rounds: must be a finite number"):
         GrAUCPFL(max_rounds=float("inf"))
+
+
+def test_load_restores_the_settings_the_fit_ran_with(tmp_path):
+    """A loaded fit's parameters are the settings it ran with (a tuned fit's chosen
+    levels, not its grid): refitting the loaded estimator gives the same coefficients."""
+    from grauc_flower.api import example_data as grauc_data
+    from rowfed_flower.api import example_data as rowfed_data
+
+    train, _, sites = grauc_data(n_sites=5, n_train=60)
+    fitted = GrAUCPFL(lam=0.05, w_dist=2.0, calibration=False).fit(train, sites)
+    loaded = GrAUCPFL.load(fitted.save(tmp_path / "grauc"))
+    assert loaded.get_params()["lam"] == 0.05 and loaded.get_params()["w_dist"] == 2.0
+    again = loaded.set_params(calibration=False).fit(train, sites)
+    assert np.abs(again.coef_.to_numpy() - fitted.coef_.to_numpy()).max() == 0.0
+    tr, _, resp = rowfed_data(num_clients=3, num_features=3, num_responses=2, n_train=30)
+    scad = RowFed(lam1=0.1, lam2=0.05, penalty="scad").fit(tr, resp)
+    back = RowFed.load(scad.save(tmp_path / "rowfed"))
+    assert back.get_params()["penalty"] == "scad" and back.method_ == "rowfed"
+    assert np.abs(back.fit(tr, resp).coef_.to_numpy() - scad.coef_.to_numpy()).max() == 0.0
+    tuned = RowFed(tune="gic").fit(tr, resp)
+    chosen = RowFed.load(tuned.save(tmp_path / "tuned")).get_params()
+    assert chosen["lam1"] == tuned.tuned_["lam1"] and "tune" not in chosen
