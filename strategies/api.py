@@ -99,20 +99,32 @@ def convert(action: argparse.Action, name: str, value):
     return value
 
 
+def as_frame(data, what: str) -> pd.DataFrame:
+    """``data`` (a data frame or a mapping of columns) as a data frame, else an error
+    naming ``what``."""
+    if isinstance(data, Mapping):
+        data = pd.DataFrame(data)
+    if not isinstance(data, pd.DataFrame):
+        kind = type(data).__name__
+        raise InputError(f"{what}: must be a pandas DataFrame or a CSV path, got {kind}")
+    return data
+
+
+def described(frame: pd.DataFrame) -> str:
+    """How ``metrics.json`` names data given as a data frame."""
+    return f"(a data frame: {frame.shape[0]} rows, {frame.shape[1]} columns)"
+
+
 def as_csv(data, folder: str, name: str, what: str) -> tuple[str, str]:
     """``data`` as a CSV file: a path is used as it is, a data frame (or a mapping of
     columns) written into ``folder``; returns the path and how ``metrics.json`` names it
     (empty: the file's own path)."""
     if isinstance(data, (str, os.PathLike)):
         return os.fspath(data), ""
-    if isinstance(data, Mapping):
-        data = pd.DataFrame(data)
-    if not isinstance(data, pd.DataFrame):
-        kind = type(data).__name__
-        raise InputError(f"{what}: must be a pandas DataFrame or a CSV path, got {kind}")
+    data = as_frame(data, what)
     path = os.path.join(folder, f"{name}.csv")
     data.to_csv(path, index=False)
-    return path, f"(a data frame: {data.shape[0]} rows, {data.shape[1]} columns)"
+    return path, described(data)
 
 
 class FederatedModel:
@@ -191,14 +203,14 @@ class FederatedModel:
             text = head.replace("-", "_") + sep + rest
         return type(exc)(text)
 
-    class _named:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, kind, exc, tb):
-            if isinstance(exc, InputError):
-                raise FederatedModel._pythonic(exc) from None
-            return False
+    @staticmethod
+    @contextlib.contextmanager
+    def _named():
+        """Errors raised inside name the parameter as the API does (:meth:`_pythonic`)."""
+        try:
+            yield
+        except InputError as exc:
+            raise FederatedModel._pythonic(exc) from None
 
     # -- the fit ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -215,12 +227,9 @@ class FederatedModel:
         def put(data, folder: str, name: str, what: str) -> tuple[str, str]:
             if engine != "inprocess" or isinstance(data, (str, os.PathLike)):
                 return as_csv(data, folder, name, what)
-            frame = pd.DataFrame(data) if isinstance(data, Mapping) else data
-            if not isinstance(frame, pd.DataFrame):
-                kind = type(data).__name__
-                raise InputError(f"{what}: must be a pandas DataFrame or a CSV path, got {kind}")
+            frame = as_frame(data, what)
             held.append(remember(frame))
-            return held[-1], f"(a data frame: {frame.shape[0]} rows, {frame.shape[1]} columns)"
+            return held[-1], described(frame)
 
         try:
             yield put

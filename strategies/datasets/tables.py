@@ -65,6 +65,7 @@ def _from_memory(path: str, what: str, dtype=None) -> pd.DataFrame:
     if path not in _FRAMES:
         raise InputError(f"{what}: no data frame {path} in memory")
     import numpy as np
+    import pandas as pd
 
     df = _FRAMES[path].copy()
     df.columns = [str(c) for c in df.columns]
@@ -72,7 +73,7 @@ def _from_memory(path: str, what: str, dtype=None) -> pd.DataFrame:
         kind = df[col].dtype.kind
         if kind == "f" and df[col].dtype.itemsize < 8:  # float32: its shortest decimal
             df[col] = df[col].astype(str).astype(np.float64)
-        elif kind in "mMcV" or (kind == "O" and df[col].map(type).isin([complex]).any()):
+        elif kind in "mMcV" or (kind == "O" and "complex" in pd.api.types.infer_dtype(df[col])):
             df[col] = df[col].astype(str)
     if dtype is str:  # every cell as text; a missing one empty (keep_default_na=False)
         df = df.astype(object).where(df.notna(), "").astype(str)
