@@ -1,5 +1,6 @@
 """Safeguarded Anderson acceleration of a fixed-point iteration over tuples of arrays
-(the inner ADMM of :mod:`strategies.modelsolve`; docs/methods.md 1.4 step 3)."""
+(the inner ADMM of :mod:`strategies.modelsolve`; docs/methods.md 1.4 step 3), and its use
+on an ADMM's governing variables (:func:`splitting_step`)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,32 @@ class Anderson:
     def _give(self, point: tuple, flat: np.ndarray) -> tuple:
         self.given, self.given_flat = point, flat
         return point
+
+
+def splitting_step(accel: Anderson, point: tuple, image: tuple, proxes: tuple) -> tuple:
+    """Anderson acceleration of an ADMM through its governing variables: the next point.
+
+    ``point`` and ``image`` hold one ``(delta, u)`` pair per split, ``delta = prox(xi)`` and
+    the scaled dual ``u = xi - delta`` of the split's threshold argument ``xi`` (``delta``
+    ``None`` for a variable taken as it is).  Every such pair is a function of ``xi = delta +
+    u`` alone, so the iteration is a fixed-point map of the ``xi`` (Douglas-Rachford's
+    governing sequence): Anderson combines them, half the numbers of the pairs, and the
+    pairs of a combined point are read back through ``proxes`` (one per split: ``xi ->
+    delta``).  At (p, q) = (100, 100), M = 10, this took a cold model problem from 197 to
+    149 inner iterations (docs/performance.md)."""
+    xi_point = tuple(u if d is None else d + u for d, u in point)
+    xi_image = (tuple(u if d is None else d + u for d, u in image),)
+    nxt = accel.step((xi_point,), xi_image)
+    if nxt is xi_image:  # the plain step
+        return image
+    out = []
+    for xi, prox in zip(nxt[0], proxes, strict=True):
+        if prox is None:
+            out.append((None, xi))
+        else:
+            d = prox(xi)
+            out.append((d, xi - d))
+    return tuple(out)
 
 
 def _flat(parts: tuple) -> np.ndarray:

@@ -43,6 +43,7 @@ import math
 import numpy as np
 
 from .admm import Problem, all_pairs, incidence_matrix
+from .anderson import splitting_step
 
 #: Rows whose pairs all sit at zero are held compactly every this many iterations.
 EVENT_EVERY = 5
@@ -238,8 +239,12 @@ def solve_rows(
         eta, v = np.array(warm.delta[1]), np.array(warm.u[1])
         rho = max(warm.rho, min_rho)
     else:
+        # a cold start is a fused one: every row held compactly, its pairs at zero with zero
+        # duals (any start is ADMM's; from delta = D x, every row is expanded until ADMM
+        # fuses it, tens of iterations over all M (M - 1) / 2 pairs at large M)
         rho = max(float(np.median(np.trace(hess, axis1=1, axis2=2)) / p), min_rho)
-        d_full, u_full = rows.apply(x), np.zeros((n * (n - 1) // 2, p, q))
+        d_full = np.zeros((n * (n - 1) // 2, p, q))
+        u_full = np.zeros_like(d_full)
         eta, v = x.copy(), np.zeros_like(x)
     compact = np.all(d_full == 0.0, axis=(0, 2)) & np.isfinite(rows.row_level)
     expanded = np.flatnonzero(~compact)
@@ -302,9 +307,14 @@ def solve_rows(
             # the potentials weighed as the duals they stand for: ||D a||^2 = M ||a||^2 for
             # mean-zero a, so Anderson combines the iterates as it would the generic ADMM's
             root = math.sqrt(n)
-            point = ((d_e, u_e, root * a_c, eta, v),)
-            image = ((new_d, new_u, root * new_a, new_eta, new_v),)
-            ((d_e, u_e, a_c, eta, v),) = accel.step(point, image)
+            point = ((d_e, u_e), (None, root * a_c), (eta, v))
+            image = ((new_d, new_u), (None, root * new_a), (new_eta, new_v))
+            proxes = (
+                lambda xi, lam=lam_e, rho=rho: fusion.penalty.threshold(xi, lam, rho, True),
+                None,
+                lambda xi, rho=rho: sparsity.threshold(xi, rho),
+            )
+            (d_e, u_e), (_, a_c), (eta, v) = splitting_step(accel, point, image, proxes)
             a_c = a_c / root
         if it % EVENT_EVERY == 0:  # rows fused since: hold them compactly
             now = np.all(d_e == 0.0, axis=(0, 2)) & np.isfinite(rows.row_level[expanded])

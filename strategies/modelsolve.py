@@ -18,7 +18,7 @@ from scipy.sparse.linalg import splu
 
 from . import fusedrows
 from .admm import Problem
-from .anderson import Anderson
+from .anderson import Anderson, splitting_step
 from .polish import Forest, forest, polish, rooted
 
 DENSE_LIMIT = 3000  # model problems up to this many unknowns per column use dense Cholesky
@@ -301,7 +301,12 @@ def solve_model(
             delta, u = new_delta, new_u
             break
         # the next point: this iterate, or Anderson's combination of the last few
-        delta, u = accel.step((delta, u), (new_delta, new_u))
+        proxes = tuple(lambda xi, s=s, rho=rho: s.threshold(xi, rho) for s in splits)
+        pairs = splitting_step(
+            accel, tuple(zip(delta, u, strict=True)), tuple(zip(new_delta, new_u, strict=True)),
+            proxes,
+        )  # fmt: skip
+        delta, u = tuple(d for d, _ in pairs), tuple(uu for _, uu in pairs)
         if tree is not None and it == next_polish:  # ADMM finds the pattern early
             next_polish *= 2
             sol = polished(new_delta[0], it)

@@ -133,7 +133,11 @@ def _inner_tol(st: QuasiNewtonState, floor: float = INNER_TOL) -> float:
     :data:`INNER_FORCING` times the last direction's largest entry (relative to the scale of
     :func:`solve_model`), at most :data:`INNER_LOOSEST` -- an inexact proximal Newton
     method (Lee, Sun & Saunders 2014, §3.2: the model needs solving only as accurately as
-    the step it yields is small; the tolerance tightens as the fit converges)."""
+    the step it yields is small; the tolerance tightens as the fit converges).  A fit's first
+    model (no step yet to measure it by) is solved to :data:`INNER_LOOSEST`: it is solved
+    again to ``floor`` if its step would end the fit (:func:`_new_direction`)."""
+    if st.inner is None:
+        return max(floor, INNER_LOOSEST)
     last = float(np.max(np.abs(st.direction), initial=0.0))
     if last == 0.0:
         return floor

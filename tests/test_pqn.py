@@ -630,8 +630,10 @@ def test_a_loose_fit_solves_its_model_problems_no_tighter_than_its_floor(tol, mo
     prob = problem()
     st, _ = drive(fs, prob, tol=tol)
     floor = pqn.inner_floor(tol)
-    assert min(asked) == pytest.approx(floor)  # the first and the last solve reach it
-    assert asked[0] == pytest.approx(floor) and asked[-1] == pytest.approx(floor)
+    assert min(asked) == pytest.approx(floor)  # the last solve reaches it
+    # the first model, with no step to measure it by, is solved only to the loosest level
+    assert asked[0] == pytest.approx(max(floor, pqn.INNER_LOOSEST))
+    assert asked[-1] == pytest.approx(floor)
     _, ref_val = cvxpy_grauc(fs, prob.splits[0].lam)
     assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= tol
 
