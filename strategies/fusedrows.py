@@ -221,12 +221,15 @@ def solve_rows(
     relax: float,
     solution,
     trace: list | None = None,
+    *,
+    balance: float,
 ):
     """:func:`strategies.modelsolve.solve_model`'s ADMM for an :func:`eligible` problem with
     the fused rows held compactly.  ``linear = B x - g``, ``factor`` the model's linear
     solver (:func:`strategies.modelsolve.linear_solver`), ``accel`` an empty
     :class:`strategies.anderson.Anderson`, ``solution`` the
-    :class:`strategies.modelsolve.ModelSolution` class; the rest as there.  Returns the same
+    :class:`strategies.modelsolve.ModelSolution` class, ``balance`` its residual balancing
+    ratio; the rest as there.  Returns the same
     solution (full ``delta`` and ``u``); ``trace``, when given, gets ``(iteration, rows held
     compactly)`` at every event."""
     n, p, q = x.shape
@@ -327,7 +330,7 @@ def solve_rows(
                 held = np.concatenate([held, expanded[now]])
                 d_e, u_e, expanded = d_e[:, ~now], u_e[:, ~now], expanded[~now]
                 accel.reset()
-        if it % 10 == 0 and (r > 10 * s or s > 10 * r):  # residual balancing
+        if it % 10 == 0 and (r > balance * s or s > balance * r):  # residual balancing
             factor_ = 2.0 if r > s else 0.5
             if rho * factor_ < min_rho:
                 continue

@@ -26,6 +26,10 @@ DENSE_LIMIT = 3000  # model problems up to this many unknowns per column use den
 #: block elimination's Python sweep over the forest's levels (about this many flops a level)
 FOREST_LEVEL = 4e4
 RELAX = 1.6  # the inner ADMM's over-relaxation
+#: Residual balancing: every 10 iterations rho doubles (halves) when the primal (dual)
+#: residual exceeds the other this many times (Boyd et al. 2011 §3.4.1 use 10; 3 keeps the
+#: model problems' residuals closer, docs/performance.md has the measurement).
+BALANCE = 3.0
 #: The inner ADMM's iteration limit: where a model problem's solution is degenerate (a row
 #: about to fuse or vanish) ADMM's rate collapses; the outer method absorbs an inexact step
 #: (docs/methods.md 1.4 step 3 has the measurement behind the limit).
@@ -273,6 +277,7 @@ def solve_model(
         return fusedrows.solve_rows(
             problem, x, hess, linear, factor, frozen, warm, tol, max_iter, min_rho,
             model_scale(x, grad), Anderson(ANDERSON_MEMORY), RELAX, ModelSolution,
+            balance=BALANCE,
         )  # fmt: skip
     next_polish = POLISH_FIRST
     solve, rhs_fixed = factor(rho)
@@ -312,7 +317,7 @@ def solve_model(
             sol = polished(new_delta[0], it)
             if sol is not None:
                 return sol
-        if it % 10 == 0 and (r > 10 * s or s > 10 * r):  # residual balancing
+        if it % 10 == 0 and (r > BALANCE * s or s > BALANCE * r):  # residual balancing
             factor_ = 2.0 if r > s else 0.5
             if rho * factor_ < min_rho:
                 continue

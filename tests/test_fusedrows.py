@@ -70,7 +70,7 @@ def solve(prob, x, g, hess, frozen=None, warm=None, compact=True, trace=None, mo
     return fusedrows.solve_rows(
         prob, x, hess, b_minus_g, ms.linear_solver(prob, hess, frozen, x_flat), frozen,
         warm, 1e-11, 20000, 0.0, ms.model_scale(x, g), anderson.Anderson(ms.ANDERSON_MEMORY),
-        ms.RELAX, ms.ModelSolution, trace,
+        ms.RELAX, ms.ModelSolution, trace, balance=ms.BALANCE,
     )  # fmt: skip
 
 
@@ -200,6 +200,7 @@ def test_without_layout_changes_the_compact_iterates_are_the_generic_ones(monkey
             prob, x, hess, b_minus_g, ms.linear_solver(prob, hess, frozen, x.reshape(M * P, Q)),
             frozen, None, 1e-14, steps, 0.0, ms.model_scale(x, g),
             anderson.Anderson(ms.ANDERSON_MEMORY), ms.RELAX, ms.ModelSolution,
+            balance=ms.BALANCE,
         )  # fmt: skip
         monkeypatch.setattr(fusedrows, "eligible", lambda *a: False)
         generic = modelsolve.solve_model(prob, x, g, hess, frozen, tol=1e-14, max_iter=steps)
