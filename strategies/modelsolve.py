@@ -27,9 +27,9 @@ DENSE_LIMIT = 3000  # model problems up to this many unknowns per column use den
 FOREST_LEVEL = 4e4
 RELAX = 1.6  # the inner ADMM's over-relaxation
 #: Residual balancing: every 10 iterations rho doubles (halves) when the primal (dual)
-#: residual exceeds the other this many times (Boyd et al. 2011 §3.4.1 use 10; 3 keeps the
-#: model problems' residuals closer, docs/performance.md has the measurement).
-BALANCE = 3.0
+#: residual exceeds the other this many times (Boyd et al. 2011 §3.4.1; 3 halved RowFed's
+#: inner iterations but changed a degenerate fit's support, docs/performance.md).
+BALANCE = 10.0
 #: The inner ADMM's iteration limit: where a model problem's solution is degenerate (a row
 #: about to fuse or vanish) ADMM's rate collapses; the outer method absorbs an inexact step
 #: (docs/methods.md 1.4 step 3 has the measurement behind the limit).
