@@ -100,8 +100,7 @@ def splitting_step(accel: Anderson, point: tuple, image: tuple, proxes: tuple) -
     u`` alone, so the iteration is a fixed-point map of the ``xi`` (Douglas-Rachford's
     governing sequence): Anderson combines them, half the numbers of the pairs, and the
     pairs of a combined point are read back through ``proxes`` (one per split: ``xi ->
-    delta``).  At (p, q) = (100, 100), M = 10, this took a cold model problem from 197 to
-    149 inner iterations (docs/performance.md)."""
+    delta``); docs/methods.md 1.4 step 3 and docs/performance.md have its measurements."""
     xi_point = tuple(u if d is None else d + u for d, u in point)
     xi_image = (tuple(u if d is None else d + u for d, u in image),)
     nxt = accel.step((xi_point,), xi_image)
