@@ -122,23 +122,41 @@ class _Rows:
 
 class _Held:
     """The rows held compactly: potentials ``a`` (``M x k x q``), the remainder ``w``
-    (``P x k x q``) of each row's dual and its largest pair norm ``w_max``, and for the
+    (a ``P x q`` array a row, ``None`` where it is zero: a fused start's rows) of each row's
+    dual and its largest pair norm ``w_max``, and for the
     test of :meth:`check`: each row's centred point set at its last check ``prev``, the
     room ``slack`` its pairs then had below the level, and how far the points have moved
     since (``drift``, a bound on any pair's change)."""
 
-    def __init__(self, rows: _Rows, u_rows: np.ndarray) -> None:
+    def __init__(self, rows: _Rows, u_rows: np.ndarray | None, k: int = 0) -> None:
+        """From the duals ``u_rows`` of the rows to hold, or ``k`` rows at zero dual."""
         self.rows = rows
-        self.a, self.w, self.w_max = self._split(u_rows)
+        if u_rows is None:
+            self.a, self.w, self.w_max = np.zeros((rows.n, k, rows.q)), [None] * k, np.zeros(k)
+        else:
+            self.a, self.w, self.w_max = self._split(u_rows)
         self._fresh(self.a.shape[1])
 
     def _split(self, u_rows: np.ndarray):
         """``a = D^T u / M`` (mean zero: ``1^T D^T = 0``) and ``w = u - D a``, orthogonal to
-        the range of ``D`` (zero for a dual that came from potentials)."""
+        the range of ``D`` (zero for a dual that came from potentials), kept row by row so
+        that rows joining or leaving copy nothing else (``P x q`` a row: 1 MB at M = 50)."""
         a = self.rows.apply_t(u_rows) / self.rows.n
         w = u_rows - self.rows.apply(a)
         w_max = np.sqrt(np.max(np.sum(w * w, axis=2), axis=0)) if w.shape[0] else np.zeros(0)
-        return a, w, w_max
+        w_rows = [w[:, j].copy() if w_max[j] > 0.0 else None for j in range(w.shape[1])]
+        return a, w_rows, w_max
+
+    def remainder(self, idx: np.ndarray) -> np.ndarray | float:
+        """``w`` of the held rows ``idx`` (``P x len(idx) x q``), or ``0.0`` if all are zero."""
+        parts = [self.w[j] for j in idx]
+        if all(w is None for w in parts):
+            return 0.0
+        out = np.zeros((self.rows.d.shape[0], len(parts), self.rows.q))
+        for k, w in enumerate(parts):
+            if w is not None:
+                out[:, k] = w
+        return out
 
     def _fresh(self, k: int) -> None:
         self.prev = np.zeros((self.rows.n, k, self.rows.q))
@@ -153,7 +171,7 @@ class _Held:
         a, w, w_max = self._split(u_rows)
         prev, slack, drift = self.prev, self.slack, self.drift
         self.a = np.concatenate([self.a, a], axis=1)
-        self.w = np.concatenate([self.w, w], axis=1)
+        self.w = self.w + w
         self.w_max = np.concatenate([self.w_max, w_max])
         self._fresh(a.shape[1])
         self.prev = np.concatenate([prev, self.prev], axis=1)
@@ -162,17 +180,19 @@ class _Held:
 
     def dual(self, mask: np.ndarray) -> np.ndarray:
         """``u = D a + w`` of the rows in ``mask``."""
-        return self.rows.apply(self.a[:, mask]) + self.w[:, mask]
+        return self.rows.apply(self.a[:, mask]) + self.remainder(np.flatnonzero(mask))
 
     def keep(self, mask: np.ndarray) -> None:
-        for name in ("a", "w", "prev"):
+        for name in ("a", "prev"):
             setattr(self, name, getattr(self, name)[:, mask])
+        self.w = [w for w, k in zip(self.w, mask, strict=True) if k]
         for name in ("w_max", "slack", "drift"):
             setattr(self, name, getattr(self, name)[mask])
 
     def scale(self, factor: float) -> None:
         """The dual rescaled with ``rho`` (``u / factor``); the level moves too: check anew."""
-        self.a, self.w, self.w_max = self.a / factor, self.w / factor, self.w_max / factor
+        self.a, self.w_max = self.a / factor, self.w_max / factor
+        self.w = [None if w is None else w / factor for w in self.w]
         self.slack[:] = -np.inf
 
     def check(self, c: np.ndarray, kappa: np.ndarray) -> np.ndarray:
@@ -197,7 +217,7 @@ class _Held:
             self.drift[look[spread_ok]] = 0.0
             rest = look[~spread_ok & (radius - self.w_max[look] <= kappa[look])]
             if rest.size:
-                v = self.rows.apply(c[:, rest]) + self.w[:, rest]
+                v = self.rows.apply(c[:, rest]) + self.remainder(rest)
                 top = np.sqrt(np.max(np.sum(v * v, axis=2), axis=0))
                 ok[rest] = top <= kappa[rest]
                 self.slack[rest] = kappa[rest] - top
@@ -222,14 +242,15 @@ def solve_rows(
     solution,
     trace: list | None = None,
     *,
-    balance: float,
+    rebalance,
 ):
     """:func:`strategies.modelsolve.solve_model`'s ADMM for an :func:`eligible` problem with
     the fused rows held compactly.  ``linear = B x - g``, ``factor`` the model's linear
     solver (:func:`strategies.modelsolve.linear_solver`), ``accel`` an empty
     :class:`strategies.anderson.Anderson`, ``solution`` the
-    :class:`strategies.modelsolve.ModelSolution` class, ``balance`` its residual balancing
-    ratio; the rest as there.  Returns the same
+    :class:`strategies.modelsolve.ModelSolution` class, ``rebalance`` its residual balancing
+    rule (:func:`strategies.modelsolve.rebalance`, split by split: ``rho`` is the fusion's,
+    the sparsity's ``rho * w``); the rest as there.  Returns the same
     solution (full ``delta`` and ``u``); ``trace``, when given, gets ``(iteration, rows held
     compactly)`` at every event."""
     n, p, q = x.shape
@@ -237,32 +258,38 @@ def solve_rows(
     rows = _Rows(fusion, n, p, q)
     x_flat = x.reshape(n * p, q)
     free = np.repeat(~frozen, p)
+    pairs = n * (n - 1) // 2
     if warm is not None:
         d_full, u_full = np.asarray(warm.delta[0]), np.asarray(warm.u[0])
         eta, v = np.array(warm.delta[1]), np.array(warm.u[1])
         rho = max(warm.rho, min_rho)
+        weights = warm.split_weights(2)
+        compact = np.all(d_full == 0.0, axis=(0, 2)) & np.isfinite(rows.row_level)
+        expanded, held = np.flatnonzero(~compact), np.flatnonzero(compact)
+        d_e, u_e = d_full[:, expanded].copy(), u_full[:, expanded].copy()
+        held_rows = _Held(rows, u_full[:, held])
+        del d_full, u_full
     else:
         # a cold start is a fused one: every row held compactly, its pairs at zero with zero
         # duals (any start is ADMM's; from delta = D x, every row is expanded until ADMM
         # fuses it, tens of iterations over all M (M - 1) / 2 pairs at large M)
         rho = max(float(np.median(np.trace(hess, axis1=1, axis2=2)) / p), min_rho)
-        d_full = np.zeros((n * (n - 1) // 2, p, q))
-        u_full = np.zeros_like(d_full)
         eta, v = x.copy(), np.zeros_like(x)
-    compact = np.all(d_full == 0.0, axis=(0, 2)) & np.isfinite(rows.row_level)
-    expanded = np.flatnonzero(~compact)
-    held = np.flatnonzero(compact)
-    d_e, u_e = d_full[:, expanded].copy(), u_full[:, expanded].copy()
-    held_rows = _Held(rows, u_full[:, held])
+        weights = np.ones(2)
+        compact = np.isfinite(rows.row_level)  # else pair levels differ: never compact
+        expanded, held = np.flatnonzero(~compact), np.flatnonzero(compact)
+        d_e = np.zeros((pairs, expanded.size, q))
+        u_e = np.zeros_like(d_e)
+        held_rows = _Held(rows, None, held.size)
     a_c = held_rows.a
-    del d_full, u_full
 
-    solve, rhs_fixed = factor(rho)
+    solve, rhs_fixed = factor(rho, weights)
     b = x.copy()
     it = 0
     for it in range(1, max_iter + 1):  # noqa: B007
         # b: the linear solve on the pull of both splits
-        pull = eta - v
+        w_s = weights[1]  # the sparsity split's penalty is rho * w_s
+        pull = eta - v if w_s == 1.0 else w_s * (eta - v)
         pull[:, expanded] += rows.apply_t(d_e - u_e)
         pull[:, held] -= rows.laplacian(a_c)
         rhs = linear + rho * pull
@@ -292,15 +319,18 @@ def solve_rows(
         # one of this map (Anderson reads its residual)
         new_a = c - c.mean(axis=0, keepdims=True)
         relaxed_s = relax * b + (1.0 - relax) * eta
-        new_eta = sparsity.threshold(relaxed_s + v, rho)
+        new_eta = sparsity.threshold(relaxed_s + v, rho * w_s)
         new_v = v + relaxed_s - new_eta
         # residuals, as solve_model's
         b_c = b[:, held]
-        r2 = float(np.sum((db_e - new_d) ** 2)) + float(np.sum((b - new_eta) ** 2))
-        r2 += pair_spread(b_c)
-        change = new_eta - eta
-        change[:, expanded] += rows.apply_t(new_d - d_e)
-        r, s = math.sqrt(max(r2, 0.0)), rho * float(np.linalg.norm(change))
+        r_f2 = float(np.sum((db_e - new_d) ** 2)) + pair_spread(b_c)
+        r_s2 = float(np.sum((b - new_eta) ** 2))
+        change = new_eta - eta if w_s == 1.0 else w_s * (new_eta - eta)
+        moved_f = rows.apply_t(new_d - d_e)
+        if it % 10 == 0:  # each split's dual residual, for the balancing below
+            s_k = rho * np.array([np.linalg.norm(moved_f), np.linalg.norm(change)])
+        change[:, expanded] += moved_f
+        r, s = math.sqrt(max(r_f2 + r_s2, 0.0)), rho * float(np.linalg.norm(change))
         if r <= tol * scale and s <= tol * scale:
             d_e, u_e, a_c, eta, v = new_d, new_u, new_a, new_eta, new_v
             break
@@ -315,7 +345,7 @@ def solve_rows(
             proxes = (
                 lambda xi, lam=lam_e, rho=rho: fusion.penalty.threshold(xi, lam, rho, True),
                 None,
-                lambda xi, rho=rho: sparsity.threshold(xi, rho),
+                lambda xi, rho=rho * w_s: sparsity.threshold(xi, rho),
             )
             (d_e, u_e), (_, a_c), (eta, v) = splitting_step(accel, point, image, proxes)
             a_c = a_c / root
@@ -330,20 +360,22 @@ def solve_rows(
                 held = np.concatenate([held, expanded[now]])
                 d_e, u_e, expanded = d_e[:, ~now], u_e[:, ~now], expanded[~now]
                 accel.reset()
-        if it % 10 == 0 and (r > balance * s or s > balance * r):  # residual balancing
-            factor_ = 2.0 if r > s else 0.5
-            if rho * factor_ < min_rho:
-                continue
-            rho *= factor_
-            held_rows.a = a_c
-            held_rows.scale(factor_)
-            u_e, a_c, v = u_e / factor_, held_rows.a, v / factor_
-            accel.reset()
-            solve, rhs_fixed = factor(rho)
-    d_full = np.zeros((n * (n - 1) // 2, p, q))
+        if it % 10 == 0:  # residual balancing, split by split
+            r_k = np.sqrt([max(r_f2, 0.0), r_s2])
+            change_k = rebalance(rho, weights, r_k, s_k, min_rho)
+            if np.any(change_k != 1.0):
+                f_f, f_s = change_k
+                rho, weights = rho * f_f, weights * change_k / f_f
+                held_rows.a = a_c
+                if f_f != 1.0:
+                    held_rows.scale(f_f)
+                u_e, a_c, v = u_e / f_f, held_rows.a, v / f_s
+                accel.reset()
+                solve, rhs_fixed = factor(rho, weights)
+    d_full = np.zeros((pairs, p, q))
     u_full = np.empty_like(d_full)
     d_full[:, expanded] = d_e
     u_full[:, expanded] = u_e
     held_rows.a = a_c
     u_full[:, held] = held_rows.dual(np.ones(held.size, bool))
-    return solution(b, (d_full, eta), (u_full, v), rho, it)
+    return solution(b, (d_full, eta), (u_full, v), rho, it, tuple(map(float, weights)))

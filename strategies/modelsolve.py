@@ -26,9 +26,10 @@ DENSE_LIMIT = 3000  # model problems up to this many unknowns per column use den
 #: block elimination's Python sweep over the forest's levels (about this many flops a level)
 FOREST_LEVEL = 4e4
 RELAX = 1.6  # the inner ADMM's over-relaxation
-#: Residual balancing: every 10 iterations rho doubles (halves) when the primal (dual)
-#: residual exceeds the other this many times (Boyd et al. 2011 §3.4.1; 3 halved RowFed's
-#: inner iterations but changed a degenerate fit's support, docs/performance.md).
+#: Residual balancing, split by split: every 10 iterations a split's rho doubles (halves)
+#: when its primal (dual) residual exceeds the other this many times (Boyd et al. 2011
+#: §3.4.1, applied to each split's own residuals; 3 halved RowFed's inner iterations but
+#: changed a degenerate fit's support, docs/performance.md).
 BALANCE = 10.0
 #: The inner ADMM's iteration limit: where a model problem's solution is degenerate (a row
 #: about to fuse or vanish) ADMM's rate collapses; the outer method absorbs an inexact step
@@ -49,33 +50,54 @@ class ModelSolution:
 
     b: np.ndarray
     delta: tuple[np.ndarray, ...]
-    u: tuple[np.ndarray, ...]  # scaled duals
+    u: tuple[np.ndarray, ...]  # scaled duals, split k's by rho * weights[k]
     rho: float
     iterations: int
+    #: each split's penalty relative to ``rho`` (powers of two; ``()``: all 1)
+    weights: tuple[float, ...] = ()
+
+    def split_weights(self, n_splits: int) -> np.ndarray:
+        return np.asarray(self.weights, float) if self.weights else np.ones(n_splits)
 
 
-def _system_parts(problem: Problem, hess: np.ndarray) -> tuple[sp.csr_matrix, sp.csr_matrix]:
-    """``blockdiag(B_z)`` and ``(sum_k A_k^T A_k) kron I_p`` (``Zp x Zp``, sparse): the
-    model problem's linear system is ``blockdiag + rho kron``."""
-    p = hess.shape[1]
-    gram = sp.kron(problem.gram(), sp.identity(p), format="csr")
-    return sp.block_diag(list(hess), format="csr"), gram
+def rebalance(
+    rho: float, weights: np.ndarray, r: np.ndarray, s: np.ndarray, min_rho: float
+) -> np.ndarray:
+    """Per split, the factor (2, 1/2 or 1) its penalty ``rho * weights[k]`` takes from its own
+    primal and dual residuals ``r[k]``, ``s[k]`` (:data:`BALANCE`; never below ``min_rho``).
+    One penalty for all splits balances the sum of the residuals, which the largest split
+    rules: RowFed's fusion over M (M - 1) / 2 pairs against M sparsity blocks (its all-pairs
+    model problems took 2-3 times fewer iterations at M = 50, docs/performance.md)."""
+    up, down = r > BALANCE * s, s > BALANCE * r
+    factor = np.where(up, 2.0, np.where(down, 0.5, 1.0))
+    factor[rho * weights * factor < min_rho] = 1.0
+    return factor
 
 
-def _complete_diagonal(problem: Problem, frozen: np.ndarray) -> np.ndarray | None:
-    """``e`` when the site Gram matrix among the live sites is ``diag(e) - 1 1^T`` (fusion
-    over all pairs, any identity splits besides; RowFed's default graph), else ``None``.
-    Any other graph (a tree: O(Z) entries) is turned away by its count of entries before a
-    dense matrix is formed."""
+def site_gram(problem: Problem, weights: np.ndarray | None = None) -> sp.csr_matrix:
+    """``sum_k w_k A_k^T A_k`` (``Z x Z``; ``None``: all ``w_k = 1``, the problem's own)."""
+    if weights is None or np.all(weights == 1.0):
+        return problem.gram()
+    g = sp.csr_matrix((problem.n_sites, problem.n_sites))
+    for w, split in zip(weights, problem.splits, strict=True):
+        g = g + w * (split.matrix.T @ split.matrix)
+    return sp.csr_matrix(g)
+
+
+def _complete_diagonal(gram: sp.csr_matrix, frozen: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """``(e, c)`` when the site Gram matrix among the live sites is ``c (diag(e) - 1 1^T)``
+    (fusion over all pairs, any identity splits besides; RowFed's default graph), else
+    ``None``.  Any other graph (a tree: O(Z) entries) is turned away by its count of entries
+    before a dense matrix is formed."""
     live = ~np.asarray(frozen, bool)
-    gram = problem.gram()
     if live.sum() < 2 or gram.nnz != gram.shape[0] ** 2:
         return None
     g = gram.toarray()[np.ix_(live, live)]
     off = g[~np.eye(len(g), dtype=bool)]
-    if not np.all(off == -1.0):
+    c = -float(off[0])
+    if c <= 0.0 or not np.all(off == -c):
         return None
-    return np.diag(g) + 1.0
+    return np.diag(g) / c + 1.0, c
 
 
 def _complete_solver(hess: np.ndarray, e: np.ndarray, rho: float) -> Callable:
@@ -180,31 +202,42 @@ def _tree_of(problem: Problem, x: np.ndarray, frozen: np.ndarray) -> Forest | No
 
 def linear_solver(
     problem: Problem, hess: np.ndarray, frozen: np.ndarray, x_flat: np.ndarray
-) -> Callable[[float], tuple[Callable, np.ndarray | float]]:
-    """``factor(rho) -> (solve, rhs_fixed)`` for the model problem's linear system
-    ``(blockdiag(B_z) + rho (G kron I_p)) b = r`` over the live sites' rows of ``b``
-    (``x_flat``: ``x`` as ``(Z p, k)``; a frozen site's rows stay at ``x`` and enter the
-    right-hand side as ``rhs_fixed``): per-site solves for all pairs, block elimination on a
-    forest, dense Cholesky when small, sparse LU otherwise."""
+) -> Callable[..., tuple[Callable, np.ndarray | float]]:
+    """``factor(rho, weights=None) -> (solve, rhs_fixed)`` for the model problem's linear
+    system ``(blockdiag(B_z) + rho (G kron I_p)) b = r``, ``G = sum_k w_k A_k^T A_k``
+    (:func:`site_gram`), over the live sites' rows of ``b`` (``x_flat``: ``x`` as ``(Z p,
+    k)``; a frozen site's rows stay at ``x`` and enter the right-hand side as
+    ``rhs_fixed``): per-site solves for all pairs, block elimination on a forest, dense
+    Cholesky when small, sparse LU otherwise."""
     p = hess.shape[1]
     free = np.repeat(~frozen, p)
-    blocks, gram = _system_parts(problem, hess)
+    live = ~frozen
+    blocks = sp.block_diag(list(hess), format="csr")
     if (~free).any():
-        gram_ff, gram_fx = gram[free][:, free], gram[free][:, ~free]
         blocks = blocks[free][:, free]
-    else:
-        gram_ff, gram_fx = gram, None
-    complete = _complete_diagonal(problem, frozen)
-    site_gram = problem.gram()[~frozen][:, ~frozen]  # among the live sites
     big = free.sum() ** 2 > FOREST_LEVEL  # else a dense solve is always cheaper
-    order = _elimination(site_gram) if complete is None and big else None
+    shapes = {}  # the graph's kind (complete, forest order) for each weighting, worked out once
 
-    def factor(rho):
-        rhs_fixed = rho * (gram_fx @ x_flat[~free]) if gram_fx is not None else 0.0
+    def factor(rho, weights=None):
+        g = site_gram(problem, weights)
+        key = None if weights is None else tuple(weights)
+        if key not in shapes:
+            complete = _complete_diagonal(g, frozen)
+            order = _elimination(g[live][:, live]) if complete is None and big else None
+            gram = None  # G kron I_p, where a solve or the frozen sites need it
+            if complete is None or (~free).any():
+                gram = sp.kron(g, sp.identity(p), format="csr")
+            shapes[key] = complete, order, gram
+        complete, order, gram = shapes[key]
+        rhs_fixed = 0.0
+        if (~free).any():
+            rhs_fixed = rho * (gram[free][:, ~free] @ x_flat[~free])
         if complete is not None:  # all pairs: per-site solves and one p x p system
-            return _complete_solver(hess[~frozen], complete, rho), rhs_fixed
+            e, c = complete
+            return _complete_solver(hess[live], e, rho * c), rhs_fixed
         if order is not None and len(order.levels) * FOREST_LEVEL < free.sum() ** 2:  # forest
-            return _forest_solver(hess[~frozen], site_gram, order, rho), rhs_fixed
+            return _forest_solver(hess[live], g[live][:, live], order, rho), rhs_fixed
+        gram_ff = gram[free][:, free] if (~free).any() else gram
         matrix = blocks + rho * gram_ff  # symmetric positive definite
         if matrix.shape[0] <= DENSE_LIMIT:  # small (or dense): Cholesky
             chol = cho_factor(matrix.toarray())
@@ -249,8 +282,10 @@ def solve_model(
     splits = problem.splits
     if warm is not None:
         delta, u, rho = warm.delta, warm.u, max(warm.rho, min_rho)
+        weights = warm.split_weights(len(splits))
     else:
         rho = max(float(np.median(np.trace(hess, axis1=1, axis2=2)) / p), min_rho)
+        weights = np.ones(len(splits))
         a_x = problem.apply_all(x)
         delta = tuple(a.copy() for a in a_x)
         u = tuple(np.zeros_like(a) for a in a_x)
@@ -266,6 +301,9 @@ def solve_model(
             return None
         return ModelSolution(res.b, (res.delta,), (res.nu / rho,), rho, done + res.iterations)
 
+    def weighted(vs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        return tuple(v if w == 1.0 else w * v for w, v in zip(weights, vs, strict=True))
+
     # last round's pattern is usually right; without one, a point with fused entries (a
     # warm start along a lam path) offers its own
     if tree is not None and (warm is not None or (delta[0] == 0.0).any()):
@@ -277,16 +315,16 @@ def solve_model(
         return fusedrows.solve_rows(
             problem, x, hess, linear, factor, frozen, warm, tol, max_iter, min_rho,
             model_scale(x, grad), Anderson(ANDERSON_MEMORY), RELAX, ModelSolution,
-            balance=BALANCE,
+            rebalance=rebalance,
         )  # fmt: skip
     next_polish = POLISH_FIRST
-    solve, rhs_fixed = factor(rho)
+    solve, rhs_fixed = factor(rho, weights)
     b = x.copy()
     scale = model_scale(x, grad)
     accel = Anderson(ANDERSON_MEMORY)
     it = 0
     for it in range(1, max_iter + 1):  # noqa: B007
-        pull = problem.apply_t_sum(tuple(d - uu for d, uu in zip(delta, u, strict=True)))
+        pull = problem.apply_t_sum(weighted(tuple(d - uu for d, uu in zip(delta, u, strict=True))))
         rhs = linear + rho * pull.reshape(linear.shape)
         b_flat = x_flat.copy()
         b_flat[free] = solve(np.asarray(rhs.reshape(x_flat.shape)[free] - rhs_fixed))
@@ -295,18 +333,21 @@ def solve_model(
         # over-relaxation (Boyd et al. 2011 §3.4.3; Eckstein & Bertsekas 1992)
         relaxed = tuple(RELAX * ab + (1.0 - RELAX) * d for ab, d in zip(a_b, delta, strict=True))
         new_delta = tuple(
-            s.threshold(ab + uu, rho) for s, ab, uu in zip(splits, relaxed, u, strict=True)
+            s.threshold(ab + uu, rho * w)
+            for s, w, ab, uu in zip(splits, weights, relaxed, u, strict=True)
         )
         new_u = tuple(uu + ab - d for uu, ab, d in zip(u, relaxed, new_delta, strict=True))
-        r = np.sqrt(sum(np.sum((ab - d) ** 2) for ab, d in zip(a_b, new_delta, strict=True)))
-        s = rho * np.linalg.norm(
-            problem.apply_t_sum(tuple(dn - do for dn, do in zip(new_delta, delta, strict=True)))
-        )
+        r_k = np.array([np.sum((ab - d) ** 2) for ab, d in zip(a_b, new_delta, strict=True)])
+        moved = weighted(tuple(dn - do for dn, do in zip(new_delta, delta, strict=True)))
+        r, s = np.sqrt(r_k.sum()), rho * np.linalg.norm(problem.apply_t_sum(moved))
         if r <= tol * scale and s <= tol * scale:
             delta, u = new_delta, new_u
             break
         # the next point: this iterate, or Anderson's combination of the last few
-        proxes = tuple(lambda xi, s=s, rho=rho: s.threshold(xi, rho) for s in splits)
+        proxes = tuple(
+            lambda xi, s=s, rho=rho * w: s.threshold(xi, rho)
+            for s, w in zip(splits, weights, strict=True)
+        )
         pairs = splitting_step(
             accel, tuple(zip(delta, u, strict=True)), tuple(zip(new_delta, new_u, strict=True)),
             proxes,
@@ -317,15 +358,20 @@ def solve_model(
             sol = polished(new_delta[0], it)
             if sol is not None:
                 return sol
-        if it % 10 == 0 and (r > BALANCE * s or s > BALANCE * r):  # residual balancing
-            factor_ = 2.0 if r > s else 0.5
-            if rho * factor_ < min_rho:
-                continue
-            rho *= factor_
-            u = tuple(uu / factor_ for uu in u)
-            accel.reset()  # another penalty is another fixed-point map
-            solve, rhs_fixed = factor(rho)
-    return ModelSolution(b, delta, u, rho, it)
+        if it % 10 == 0:  # residual balancing, split by split
+            if len(splits) == 1:
+                s_k = np.array([s])
+            else:
+                s_k = rho * weights * [np.linalg.norm(sp_.apply_t(m)) for sp_, m in zip(
+                    splits, moved, strict=True)]  # fmt: skip
+            change = rebalance(rho, weights, np.sqrt(r_k), s_k, min_rho)
+            if np.any(change != 1.0):
+                rho, weights = rho * change[0], weights * change / change[0]
+                u = tuple(uu / f for uu, f in zip(u, change, strict=True))
+                accel.reset()  # another penalty is another fixed-point map
+                solve, rhs_fixed = factor(rho, weights)
+    kept = tuple(map(float, weights)) if len(splits) > 1 else ()
+    return ModelSolution(b, delta, u, rho, it, kept)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ class QuasiNewtonState:
         out = {f.name: np.asarray(getattr(self, f.name)) for f in fields(self) if f.name != "inner"}
         if self.inner is not None:
             out["inner_rho"] = np.array(self.inner.rho)
+            out["inner_weights"] = np.array(self.inner.weights, dtype=float)
             for k, (d, u) in enumerate(zip(self.inner.delta, self.inner.u, strict=True)):
                 out[f"inner_delta_{k}"] = d
                 out[f"inner_u_{k}"] = u
@@ -76,6 +77,7 @@ class QuasiNewtonState:
                 tuple(np.asarray(a[f"inner_u_{k}"]) for k in range(n)),
                 float(a["inner_rho"]),
                 0,
+                tuple(float(w) for w in a.get("inner_weights", ())),  # older: one rho
             )
         given = {}
         for f in fields(cls):

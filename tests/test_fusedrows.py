@@ -70,7 +70,7 @@ def solve(prob, x, g, hess, frozen=None, warm=None, compact=True, trace=None, mo
     return fusedrows.solve_rows(
         prob, x, hess, b_minus_g, ms.linear_solver(prob, hess, frozen, x_flat), frozen,
         warm, 1e-11, 20000, 0.0, ms.model_scale(x, g), anderson.Anderson(ms.ANDERSON_MEMORY),
-        ms.RELAX, ms.ModelSolution, trace, balance=ms.BALANCE,
+        ms.RELAX, ms.ModelSolution, trace, rebalance=ms.rebalance,
     )  # fmt: skip
 
 
@@ -194,13 +194,13 @@ def test_without_layout_changes_the_compact_iterates_are_the_generic_ones(monkey
     monkeypatch.setattr(fusedrows, "EVENT_EVERY", 10**9)
     frozen = np.zeros(M, bool)
     b_minus_g = np.einsum("zij,zjk->zik", hess, x) - g
-    for steps in (3, 6):
+    for steps in (3, 6, 25):  # 25: past two residual balancings
         ms = modelsolve
         compact = fusedrows.solve_rows(
             prob, x, hess, b_minus_g, ms.linear_solver(prob, hess, frozen, x.reshape(M * P, Q)),
             frozen, None, 1e-14, steps, 0.0, ms.model_scale(x, g),
             anderson.Anderson(ms.ANDERSON_MEMORY), ms.RELAX, ms.ModelSolution,
-            balance=ms.BALANCE,
+            rebalance=ms.rebalance,
         )  # fmt: skip
         monkeypatch.setattr(fusedrows, "eligible", lambda *a: False)
         generic = modelsolve.solve_model(prob, x, g, hess, frozen, tol=1e-14, max_iter=steps)
@@ -208,3 +208,5 @@ def test_without_layout_changes_the_compact_iterates_are_the_generic_ones(monkey
         monkeypatch.setattr(fusedrows, "EVENT_EVERY", 10**9)
         assert fused_rows(compact.delta[0]).all()
         assert_allclose(compact.b, generic.b, rtol=0, atol=1e-7)
+        assert compact.rho == generic.rho and compact.weights == generic.weights
+    assert compact.weights[1] != 1.0  # by 25 steps the two splits' penalties have parted

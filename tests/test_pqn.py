@@ -77,12 +77,42 @@ def test_model_problem_matches_cvxpy(grouping, n_frozen, seed, solver, monkeypat
     assert np.array_equal(sol.delta[0] == 0.0, fused_ref)
 
 
+def _dense_system_solution(prob, hess, frozen, rho, weights, x, r):
+    """The model problem's linear system written out densely: ``blockdiag(B_z) + rho (G kron
+    I_p)``, ``G = sum_k w_k A_k^T A_k``; frozen sites' rows held at ``x``."""
+    gram = sum(
+        w * (s.matrix.T @ s.matrix).toarray() for w, s in zip(weights, prob.splits, strict=True)
+    )
+    k = np.zeros((Z * P, Z * P))
+    for z in range(Z):
+        k[z * P : (z + 1) * P, z * P : (z + 1) * P] = hess[z]
+    k += rho * np.kron(gram, np.eye(P))
+    free = np.repeat(~frozen, P)
+    rhs = r - k[np.ix_(free, ~free)] @ x.reshape(Z * P, -1)[~free]
+    return np.linalg.solve(k[np.ix_(free, free)], rhs)
+
+
+def _check_linear_solver(prob, frozen, q, seed, weights):
+    rng = np.random.default_rng(seed)
+    _, _, hess = random_model(seed)
+    x = rng.standard_normal((Z, P, q))
+    free = np.repeat(~frozen, P)
+    r = rng.standard_normal((free.sum(), q))
+    factor = modelsolve.linear_solver(prob, hess, frozen, x.reshape(Z * P, q))
+    w = None if weights is None else np.asarray(weights, float)
+    solve, rhs_fixed = factor(0.7, w)
+    ref = _dense_system_solution(prob, hess, frozen, 0.7, w if w is not None else [1.0] * len(
+        prob.splits), x, r)  # fmt: skip
+    assert_allclose(solve(r - rhs_fixed), ref, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("weights", [None, (0.25, 1.0), (1.0, 4.0)])
 @pytest.mark.parametrize("n_frozen", [0, 2])
 @pytest.mark.parametrize("q", [1, 3])
-def test_all_pairs_linear_solve_equals_the_dense_solve(n_frozen, q):
-    """Fusion over all pairs plus an identity split (RowFed's default): the per-site solver
-    of the model problem's linear system against a dense solve of the whole system."""
-    rng = np.random.default_rng(n_frozen + q)
+def test_all_pairs_linear_solve_equals_the_dense_solve(n_frozen, q, weights):
+    """Fusion over all pairs plus an identity split (RowFed's default), each split with its
+    own penalty: the per-site solver of the model problem's linear system against a dense
+    solve of the whole system; a tree is not taken for all pairs."""
     prob = admm.Problem(
         (
             admm.Split(admm.incidence_matrix(admm.all_pairs(Z), Z), Penalty("lasso"), 0.1),
@@ -92,42 +122,33 @@ def test_all_pairs_linear_solve_equals_the_dense_solve(n_frozen, q):
     )
     frozen = np.zeros(Z, bool)
     frozen[[1, 4][:n_frozen]] = True
-    _, _, hess = random_model(n_frozen)
-    e = modelsolve._complete_diagonal(prob, frozen)
-    assert e is not None and modelsolve._complete_diagonal(problem(), frozen) is None  # a tree: no
-    blocks, gram = modelsolve._system_parts(prob, hess)
-    free = np.repeat(~frozen, P)
-    dense = (blocks + 2.5 * gram).toarray()[np.ix_(free, free)]
-    r = rng.standard_normal((free.sum(), q))
-    got = modelsolve._complete_solver(hess[~frozen], e, 2.5)(r)
-    assert_allclose(got, np.linalg.solve(dense, r), rtol=0, atol=1e-10)
+    w = np.ones(2) if weights is None else np.asarray(weights)
+    assert modelsolve._complete_diagonal(modelsolve.site_gram(prob, w), frozen) is not None
+    assert modelsolve._complete_diagonal(problem().gram(), frozen) is None  # a tree: no
+    _check_linear_solver(prob, frozen, q, n_frozen + q, weights)
 
 
+@pytest.mark.parametrize("weights", [None, (0.5, 2.0)])
 @pytest.mark.parametrize("identity", [False, True])
 @pytest.mark.parametrize("n_frozen", [0, 2, 3])
 @pytest.mark.parametrize("q", [1, 3])
-def test_forest_linear_solve_equals_the_dense_solve(n_frozen, q, identity):
+def test_forest_linear_solve_equals_the_dense_solve(n_frozen, q, identity, weights, monkeypatch):
     """A tree (GrAUC-PFL's graph; with an identity split besides, RowFed on a tree; frozen
-    sites cut it into a forest): the block elimination against a dense solve of the whole
-    system; a graph with a cycle is turned away."""
-    rng = np.random.default_rng(10 * n_frozen + q)
+    sites cut it into a forest), splits with their own penalties: the block elimination
+    against a dense solve of the whole system; a graph with a cycle is turned away."""
     splits = [admm.Split(admm.incidence_matrix(EDGES, Z), Penalty("lasso"), 0.1)]
     if identity:
         splits.append(admm.Split(sp.identity(Z, format="csr"), Penalty("lasso"), 0.1))
     prob = admm.Problem(tuple(splits), Z)
+    weights = None if weights is None else weights[: len(splits)]
     frozen = np.zeros(Z, bool)
     frozen[[1, 4, 3][:n_frozen]] = True  # site 1 is the hub: three trees remain
-    _, _, hess = random_model(n_frozen + 7)
     live = ~frozen
-    site_gram = prob.gram()[live][:, live]
-    order = modelsolve._elimination(site_gram)
+    order = modelsolve._elimination(prob.gram()[live][:, live])
     assert order is not None
-    blocks, gram = modelsolve._system_parts(prob, hess)
-    free = np.repeat(live, P)
-    dense = (blocks + 0.7 * gram).toarray()[np.ix_(free, free)]
-    r = rng.standard_normal((free.sum(), q))
-    got = modelsolve._forest_solver(hess[live], site_gram, order, 0.7)(r)
-    assert_allclose(got, np.linalg.solve(dense, r), rtol=0, atol=1e-10)
+    # the forest's elimination, forced (the solver takes it above a size only)
+    monkeypatch.setattr(modelsolve, "FOREST_LEVEL", 0.0)
+    _check_linear_solver(prob, frozen, q, 10 * n_frozen + q + 7, weights)
     cycle = admm.incidence_matrix(np.vstack([EDGES, [[0, 6]]]), Z)
     assert modelsolve._elimination(sp.csr_matrix(cycle.T @ cycle)) is None
 
@@ -841,6 +862,11 @@ def test_state_arrays_round_trip_every_field():
     for key, value in back.arrays().items():
         assert np.array_equal(value, saved[key]) and value.dtype == saved[key].dtype, key
     assert back.paired.dtype == bool and isinstance(back.round, int) and back.model == st.model
+    # an inner solution whose splits have their own penalties keeps them (its duals' units)
+    parted = dataclasses.replace(st, inner=dataclasses.replace(st.inner, weights=(1.0, 0.25)))
+    assert qnstate.QuasiNewtonState.from_arrays(parted.arrays()).inner.weights == (1.0, 0.25)
     older = {k: v for k, v in saved.items() if k not in ("seen", "damping", "incremental")}
+    older = {k: v for k, v in older.items() if k != "inner_weights"}
+    assert qnstate.QuasiNewtonState.from_arrays(older).inner.weights == ()
     old = qnstate.QuasiNewtonState.from_arrays(older)
     assert old.seen.all() == bool(st.evaluated) and not old.incremental and not old.damping.any()
