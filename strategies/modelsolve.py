@@ -219,16 +219,16 @@ def linear_solver(
     shapes = {}  # the graph's kind (complete, forest order) for each weighting, worked out once
 
     def factor(rho, weights=None):
-        g = site_gram(problem, weights)
         key = None if weights is None else tuple(weights)
         if key not in shapes:
+            g = site_gram(problem, weights)
             complete = _complete_diagonal(g, frozen)
             order = _elimination(g[live][:, live]) if complete is None and big else None
             gram = None  # G kron I_p, where a solve or the frozen sites need it
             if complete is None or (~free).any():
                 gram = sp.kron(g, sp.identity(p), format="csr")
-            shapes[key] = complete, order, gram
-        complete, order, gram = shapes[key]
+            shapes[key] = g, complete, order, gram
+        g, complete, order, gram = shapes[key]
         rhs_fixed = 0.0
         if (~free).any():
             rhs_fixed = rho * (gram[free][:, ~free] @ x_flat[~free])
@@ -362,8 +362,9 @@ def solve_model(
             if len(splits) == 1:
                 s_k = np.array([s])
             else:
-                s_k = rho * weights * [np.linalg.norm(sp_.apply_t(m)) for sp_, m in zip(
-                    splits, moved, strict=True)]  # fmt: skip
+                # moved_k holds w_k (delta_k - delta_k_old): s_k = rho w_k ||A_k^T ...||
+                s_k = rho * np.array([np.linalg.norm(sp_.apply_t(m)) for sp_, m in zip(
+                    splits, moved, strict=True)])  # fmt: skip
             change = rebalance(rho, weights, np.sqrt(r_k), s_k, min_rho)
             if np.any(change != 1.0):
                 rho, weights = rho * change[0], weights * change / change[0]
