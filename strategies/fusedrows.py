@@ -362,10 +362,9 @@ def solve_rows(
                 accel.reset()
         if it % 10 == 0:  # residual balancing, split by split
             r_k = np.sqrt([max(r_f2, 0.0), r_s2])
-            change_k = rebalance(rho, weights, r_k, s_k, min_rho)
+            rho, weights, change_k = rebalance(rho, weights, r_k, s_k, min_rho)
             if np.any(change_k != 1.0):
                 f_f, f_s = change_k
-                rho, weights = rho * f_f, weights * change_k / f_f
                 held_rows.a = a_c
                 if f_f != 1.0:
                     held_rows.scale(f_f)

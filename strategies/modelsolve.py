@@ -83,13 +83,16 @@ def rebalance(
 
     Returns
     -------
-    ndarray, shape (K,)
-        Each split's factor: 2 where ``r > BALANCE s``, 1/2 where ``s > BALANCE r``, else 1.
+    rho, weights : float, ndarray
+        The new penalties (split 0's stays the base: ``weights[0] = 1``).
+    factor : ndarray, shape (K,)
+        Each split's factor: 2 where ``r > BALANCE s``, 1/2 where ``s > BALANCE r``, else 1;
+        its scaled dual is divided by it.
     """
     up, down = r > BALANCE * s, s > BALANCE * r
     factor = np.where(up, 2.0, np.where(down, 0.5, 1.0))
     factor[rho * weights * factor < min_rho] = 1.0
-    return factor
+    return rho * factor[0], weights * factor / factor[0], factor
 
 
 def site_gram(problem: Problem, weights: np.ndarray | None = None) -> sp.csr_matrix:
@@ -242,9 +245,6 @@ def linear_solver(
     p = hess.shape[1]
     free = np.repeat(~frozen, p)
     live = ~frozen
-    blocks = sp.block_diag(list(hess), format="csr")
-    if (~free).any():
-        blocks = blocks[free][:, free]
     big = free.sum() ** 2 > FOREST_LEVEL  # else a dense solve is always cheaper
     shapes = {}  # the graph's kind (complete, forest order) for each weighting, worked out once
 
@@ -268,6 +268,7 @@ def linear_solver(
         if order is not None and len(order.levels) * FOREST_LEVEL < free.sum() ** 2:  # forest
             return _forest_solver(hess[live], g[live][:, live], order, rho), rhs_fixed
         gram_ff = gram[free][:, free] if (~free).any() else gram
+        blocks = sp.block_diag(list(hess[live]), format="csr")  # the live sites' B_z
         matrix = blocks + rho * gram_ff  # symmetric positive definite
         if matrix.shape[0] <= DENSE_LIMIT:  # small (or dense): Cholesky
             chol = cho_factor(matrix.toarray())
@@ -395,9 +396,8 @@ def solve_model(
                 # moved_k holds w_k (delta_k - delta_k_old): s_k = rho w_k ||A_k^T ...||
                 s_k = rho * np.array([np.linalg.norm(sp_.apply_t(m)) for sp_, m in zip(
                     splits, moved, strict=True)])  # fmt: skip
-            change = rebalance(rho, weights, np.sqrt(r_k), s_k, min_rho)
+            rho, weights, change = rebalance(rho, weights, np.sqrt(r_k), s_k, min_rho)
             if np.any(change != 1.0):
-                rho, weights = rho * change[0], weights * change / change[0]
                 u = tuple(uu / f for uu, f in zip(u, change, strict=True))
                 accel.reset()  # another penalty is another fixed-point map
                 solve, rhs_fixed = factor(rho, weights)
