@@ -1,4 +1,4 @@
-"""``fit --tune cv`` of GrAUC-PFL inside the federation (strategies/batch.py,
+"""``fit --tune cv`` of GrAUC-PFL inside the federation (strategies/batch/,
 grauc_flower/tuning.py: federated_plan), checked against independent references.
 
 What is checked against what: each batched (fold, setting) fit against the same fit run
@@ -616,8 +616,8 @@ def test_the_batch_clock_splits_each_round_between_server_and_sites(monkeypatch)
     """A round's hooks count as the server's time, but for their waits on the sites'
     registrations; from a configure that sent messages to the aggregate that takes the
     answers, as the sites'; a configure that sent nothing starts no wait."""
-    from strategies import batch as batch_module
     from strategies.batch import BatchStrategy
+    from strategies.batch import server as batch_module
 
     now = [0.0]
     monkeypatch.setattr(batch_module.time, "perf_counter", lambda: now[0])

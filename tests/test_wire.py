@@ -66,7 +66,7 @@ def test_bad_bytes_fail_as_numpy_fails():
 
 
 def test_a_batched_message_writes_recurring_bytes_once():
-    """strategies/batch.py: encode/decode give back every record as it was; bytes that
+    """strategies/batch/messages.py: encode/decode give back every record as it was; bytes that
     recur across records (a view's centring) are written once."""
     import json
 

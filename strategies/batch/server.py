@@ -1,31 +1,8 @@
-"""Many fits side by side in one Flower run: the rounds of a federated tuning
-(docs/methods.md 3.12).
-
-A :class:`BatchStrategy` runs a *plan*, a generator that yields :class:`Stage` s.  A stage
-starts *jobs*: each job is one fit, a strategy of its own (GrAUC-PFL or RowFed at one
-setting, unchanged), and the *view* of the data its sites fit on (a fold of their own rows,
-or all of them; GrAUC-PFL's ridge).  Every round each site gets **one** message holding the
-instructions of every job still running (their arrays one after the other, their configs in
-one JSON field) and answers them all at once; the server hands each job its own answers, so
-each job advances exactly as it would alone.  A job leaves the batch when it is done.  A
-stage ends when its jobs are done; it may ask for one batched evaluation of them (each site
-scores every job on its view's held-out rows and pools the scores of the jobs of one setting
-across its folds), and the plan, resumed, reads the scores and yields the next stage.  The
-plan's ``return`` names the job whose fit is the run's result; it is evaluated as any fit
-is (:class:`~strategies.base.EvaluatedOnce`).
-
-Sites answer only what a fit already sends, job by job, and the validation scores or counts
-of the criterion; a view's rows never leave the site, nor which rows are in which fold.
-
-The client side is :func:`answer_properties`, :func:`answer_fit` and
-:func:`answer_evaluate`, written once for both methods' clients: a client supplies
-``view(spec)`` (a client of the same class on the view's rows) and, for pooled criteria,
-``oof_part(parameters, config)`` and ``pool(parts)``.
-"""
+"""The server's half of a batch: :class:`BatchStrategy` runs a plan's stages of jobs side
+by side in one Flower run (the package docstring)."""
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import json
@@ -49,152 +26,10 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from . import flower_quieted, lockstep
-from .registry import EMPTY, Registry, ask_properties
-from .workers import ModelWorkers
-
-#: The task name of a batched message (fit and evaluate), and the config field that holds
-#: the jobs' own configs.
-TASK = "batch"
-FIELD = "batch"
-#: The property a registration asks with for a view's counts and sums.
-VIEW_FIELD = "batch-view"
-#: The keys of a view that select rows (the rest, e.g. GrAUC-PFL's ``ridge``, change the
-#: fit, not the rows): the registry of a view is keyed by these.
-DATA_KEYS = ("fold", "folds", "fold-seed", "repeat")
-
-
-# ---------------------------------------------------------------------------------------
-# What crosses the wire: configs with bytes, as JSON
-# ---------------------------------------------------------------------------------------
-def _encode_value(v):
-    if isinstance(v, bytes):
-        return {"b64": base64.b64encode(v).decode("ascii")}
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
-
-
-def _decode_value(v):
-    if isinstance(v, dict) and set(v) == {"b64"}:
-        return base64.b64decode(v["b64"])
-    return v
-
-
-def encode(items) -> str:
-    """A list of ``{..., "config": {key: Scalar}}`` records as one JSON string (bytes as
-    base64).  Bytes that recur (a view's centring and scale, the same for each of its hundreds
-    of fits) are written once, under ``shared``, and referred to by their place."""
-    counts: dict[bytes, int] = {}
-    for it in items:
-        for v in it["config"].values():
-            if isinstance(v, bytes):
-                counts[v] = counts.get(v, 0) + 1
-    shared = [v for v, n in counts.items() if n > 1]
-    at = {v: k for k, v in enumerate(shared)}
-
-    def value(v):
-        if isinstance(v, bytes) and v in at:
-            return {"ref": at[v]}
-        return _encode_value(v)
-
-    records = [{**it, "config": {k: value(v) for k, v in it["config"].items()}} for it in items]
-    if not shared:
-        return json.dumps(records)
-    blobs = [base64.b64encode(v).decode("ascii") for v in shared]
-    return json.dumps({"shared": blobs, "records": records})
-
-
-def decode(text: str) -> list[dict]:
-    """The records of :func:`encode`."""
-    obj = json.loads(text)
-    shared: list[bytes] = []
-    if isinstance(obj, dict):
-        shared = [base64.b64decode(b) for b in obj["shared"]]
-        obj = obj["records"]
-
-    def value(v):
-        if isinstance(v, dict) and set(v) == {"ref"}:
-            return shared[int(v["ref"])]
-        return _decode_value(v)
-
-    return [{**it, "config": {k: value(v) for k, v in it["config"].items()}} for it in obj]
-
-
-def data_view(view: dict) -> dict:
-    """The row-selecting part of a view (:data:`DATA_KEYS`)."""
-    return {k: view[k] for k in DATA_KEYS if k in view}
-
-
-# ---------------------------------------------------------------------------------------
-# The client side (both methods)
-# ---------------------------------------------------------------------------------------
-def answer_properties(client, config) -> dict:
-    """A view's registration properties (the client's ``get_properties`` for a config that
-    carries :data:`VIEW_FIELD`); for a list of views, every view's, each key prefixed with
-    the view's place in the list (``"2:n"``): the registrations of a stage's views in one
-    message."""
-    view = json.loads(str(config[VIEW_FIELD]))
-    if isinstance(view, dict):
-        return client.view(view).get_properties({})
-    return {
-        f"{k}:{key}": value
-        for k, v in enumerate(view)
-        for key, value in client.view(v).get_properties({}).items()
-    }
-
-
-def split_properties(props: dict, n_views: int) -> list[dict]:
-    """The per-view properties of a combined answer (:func:`answer_properties`)."""
-    out: list[dict] = [{} for _ in range(n_views)]
-    for key, value in props.items():
-        at, _, name = key.partition(":")
-        out[int(at)][name] = value
-    return out
-
-
-def answer_fit(client, parameters, config) -> tuple[list, int, dict]:
-    """Every job's instruction of a batched fit message, each by the client of its view;
-    the answers' arrays one after the other, their metrics in one JSON field."""
-    arrays: list = []
-    records = []
-    n_total = 0
-    at = 0
-    for it in decode(str(config[FIELD])):
-        n_in = int(it["n"])
-        sub = client.view(it["view"])
-        out, n, metrics = sub.fit(list(parameters[at : at + n_in]), it["config"])
-        at += n_in
-        arrays.extend(out)
-        n_total = max(n_total, int(n))
-        records.append({"job": it["job"], "n": len(out), "num": int(n), "config": metrics})
-    return arrays, n_total, {"site": str(config.get("site", "")), FIELD: encode(records)}
-
-
-def answer_evaluate(client, parameters, config) -> tuple[float, int, dict]:
-    """Every job's evaluation of a batched evaluate message, each on its view's held-out
-    rows; the scores of the jobs of one ``group`` (one setting, all folds) are pooled by
-    the client (``client.pool``), so a criterion can rank all its held-out rows together."""
-    records = []
-    parts: dict[str, list] = {}
-    at = 0
-    for it in decode(str(config[FIELD])):
-        n_in = int(it["n"])
-        sub = client.view(it["view"])
-        params = list(parameters[at : at + n_in])
-        at += n_in
-        loss, n, metrics = sub.evaluate(params, it["config"])
-        metrics = {**metrics, "loss": float(loss)}  # the validation loss, a criterion
-        records.append({"job": it["job"], "loss": float(loss), "num": int(n), "config": metrics})
-        if it.get("group"):
-            parts.setdefault(it["group"], []).append(sub.oof_part(params, it["config"]))
-    pooled = [{"group": g, "config": client.pool(p)} for g, p in parts.items()]
-    metrics = {
-        "site": str(config.get("site", "")),
-        FIELD: encode(records),
-        "pooled": encode(pooled),
-    }
-    return 0.0, 0, metrics
+from .. import flower_quieted, lockstep
+from ..registry import EMPTY, Registry, ask_properties
+from ..workers import ModelWorkers
+from .messages import FIELD, TASK, VIEW_FIELD, data_view, decode, encode, split_properties
 
 
 def pooled_by_site(pooled: dict, i: int, key: str) -> dict[str, float]:
@@ -213,9 +48,6 @@ def pooled_by_site(pooled: dict, i: int, key: str) -> dict[str, float]:
     return out
 
 
-# ---------------------------------------------------------------------------------------
-# The server side
-# ---------------------------------------------------------------------------------------
 class _Once(logging.Filter):
     """Each distinct warning once: a site that does not answer is named by every job."""
 
@@ -628,18 +460,3 @@ class BatchStrategy(Strategy):
 
     def evaluate(self, server_round, parameters):
         return None
-
-
-__all__ = [
-    "BatchStrategy",
-    "Job",
-    "Stage",
-    "ViewRegistry",
-    "answer_evaluate",
-    "answer_fit",
-    "answer_properties",
-    "data_view",
-    "pooled_by_site",
-    "decode",
-    "encode",
-]
