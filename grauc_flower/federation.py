@@ -117,12 +117,13 @@ def checkpoint_settings(rc: dict) -> dict:
     return CheckpointConfig.from_run_config(rc).strategy_kwargs()
 
 
-def max_rounds_for(method: str, cfg: GrAUCConfig, tuned: bool = False) -> int:
+def max_rounds_for(method: str, cfg: GrAUCConfig, tuned: bool = False, waves: int = 1) -> int:
     """A round budget for Flower's server loop: the method's own rounds, and one for the
     evaluation after the last (the loop stops as soon as the method has finished); a
-    federated tuning's stages each within their fits' limits."""
+    federated tuning's stages each within their fits' limits, ``waves`` times over when
+    not all its fits run at once (:meth:`strategies.tuning.CVOptions.waves`)."""
     if tuned:
-        return 3 * (cfg.max_rounds + 1) + REFIT_ROUNDS
+        return waves * (3 * (cfg.max_rounds + 1) + REFIT_ROUNDS)
     if method in FEDAVG_FAMILY:
         return round_limit(method, cfg) + 1
     if method in FUSED_METHODS:

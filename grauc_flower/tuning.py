@@ -591,6 +591,7 @@ def federated_options(tc) -> tuple[tuning.CVOptions, Grid]:
     opts = tuning.CVOptions(
         folds=tc.folds, rule=tc.rule, tol=tc.tol, max_rounds=tc.max_rounds, seed=tc.fold_seed,
         quiet=True, criterion=tc.criterion, repeats=tc.repeats, jobs=tc.jobs,
+        max_fits=tc.max_fits,
     )  # fmt: skip
     grid = Grid(
         lam=values(tc.lam_grid, "tune.lam-grid"),
@@ -601,19 +602,28 @@ def federated_options(tc) -> tuple[tuning.CVOptions, Grid]:
     return opts, grid
 
 
+def tuning_waves(tune) -> int:
+    """The factor on a federated tuning's round budget (``tune``: ``(CVOptions, Grid)``):
+    :meth:`strategies.tuning.CVOptions.waves` of the most fits a stage of
+    :func:`federated_plan` starts (every setting's folds and its all-rows fit)."""
+    opts, grid = tune
+    lams = len(set(grid.lam)) or N_LAM + 1
+    powers = len(set(grid.size_power)) or 2
+    settings = lams * len(set(grid.w_dist)) * len(set(grid.ridge)) * powers
+    return opts.waves(settings * (opts.folds * opts.repeats + 1))
+
+
 def federated_strategy(cfg, method, opts, grid, n_sites, registry, timeout=None, progress=None):
     """The :class:`strategies.batch.BatchStrategy` of :func:`federated_plan`: tuning and
     refit of ``method`` as one Flower run, on either engine."""
-    from strategies.batch import BatchStrategy
+    from strategies.batch import tuning_batch
 
     for value in grid.ridge:
         cfg.replace(ridge=value)  # a value out of range names the setting
     for value in grid.w_dist:
         cfg.replace(w_dist=value)
     plan = federated_plan(cfg, method, grid, opts)
-    return BatchStrategy(
-        plan, n_sites, registry, timeout=timeout, progress=progress, workers=opts.jobs
-    )
+    return tuning_batch(plan, n_sites, registry, opts, timeout, progress)
 
 
 def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=None):
@@ -643,7 +653,7 @@ def run_tuned_inprocess(
 
     clients = clients_of(sites, cfg.ridge, guards)
     strategy = tuned_strategy(method, cfg, len(sites), Registry(), tune, progress=progress)
-    run_inprocess(strategy, clients, max_rounds_for(method, cfg, True))
+    run_inprocess(strategy, clients, max_rounds_for(method, cfg, True, tuning_waves(tune)))
     return collect(method, strategy)
 
 
@@ -744,4 +754,5 @@ __all__ = [
     "run_tuned_inprocess",
     "tune",
     "tuned_strategy",
+    "tuning_waves",
 ]

@@ -52,7 +52,7 @@ def run(grid: Grid, context: Context) -> dict:
     tc = tune_config(rc)
     tune = None
     if tc.by:
-        from .tuning import federated_options
+        from .tuning import federated_options, tuning_waves
 
         tune = (tc.by, federated_options(tc))
 
@@ -74,7 +74,9 @@ def run(grid: Grid, context: Context) -> dict:
         grid,
         methods,
         strategy,
-        lambda method: fed.max_rounds_for(method, cfg, tune is not None),
+        lambda method: fed.max_rounds_for(
+            method, cfg, tune is not None, tuning_waves(tune) if tune is not None else 1
+        ),
         fed.collect,
         timeout,
     )

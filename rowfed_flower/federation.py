@@ -65,12 +65,13 @@ def make_strategy(
     raise InputError(f"method: must be one of {', '.join(ROWFED_METHODS)}, got {method!r}")
 
 
-def max_rounds_for(method: str, cfg: RowFedConfig, tuned: bool = False) -> int:
+def max_rounds_for(method: str, cfg: RowFedConfig, tuned: bool = False, waves: int = 1) -> int:
     """A round budget for Flower's server loop: initialization, the method's own rounds and
     the evaluation after the last (the loop stops as soon as the method has finished); a
-    federated tuning's stages each within their fits' limits."""
+    federated tuning's stages each within their fits' limits, ``waves`` times over when
+    not all its fits run at once (:meth:`strategies.tuning.CVOptions.waves`)."""
     if tuned:
-        return 2 * (cfg.max_rounds + 2) + 2
+        return waves * (2 * (cfg.max_rounds + 2) + 2)
     if method in FEDAVG_FAMILY:
         return round_limit(method, cfg) + 1
     if method in FUSED_METHODS:

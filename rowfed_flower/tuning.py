@@ -541,6 +541,7 @@ def federated_options(tc) -> tuple[tuning.CVOptions, tuple, tuple, tuple | None]
     opts = tuning.CVOptions(
         folds=tc.folds, rule=tc.rule, tol=tc.tol, max_rounds=tc.max_rounds, seed=tc.fold_seed,
         quiet=True, criterion=tc.criterion, repeats=tc.repeats, jobs=tc.jobs,
+        max_fits=tc.max_fits,
     )  # fmt: skip
     lam1 = grid_values(tc.lam1_grid or None, DEFAULT_LAM1_GRID, "tune.lam1-grid")
     lam2 = grid_values(tc.lam2_grid or None, DEFAULT_LAM2_GRID, "tune.lam2-grid")
@@ -548,17 +549,28 @@ def federated_options(tc) -> tuple[tuning.CVOptions, tuple, tuple, tuple | None]
     return opts, lam1, lam2, powers
 
 
+def tuning_waves(tune) -> int:
+    """The factor on a federated tuning's round budget (``tune``: ``(by, options)``):
+    :meth:`strategies.tuning.CVOptions.waves` of the most fits a stage of
+    :func:`federated_plan` starts (GIC: the grid; cv: every setting's folds and its
+    all-rows fit, at up to two site weightings)."""
+    by, (opts, lam1, lam2, powers) = tune
+    n1 = max(N_LAM1, len(DEFAULT_LAM1_GRID)) if lam1 == AUTO else len(set(lam1))
+    n2 = max(N_LAM2, len(DEFAULT_LAM2_GRID)) if lam2 == AUTO else len(set(lam2))
+    if by in GIC_BY:
+        return opts.waves(n1 * n2)
+    return opts.waves(n1 * n2 * (len(set(powers or ())) or 2) * (opts.folds * opts.repeats + 1))
+
+
 def federated_strategy(cfg, method, by, tune, n_sites, registry, timeout=None, progress=None):
     """The :class:`strategies.batch.BatchStrategy` of :func:`federated_plan`."""
-    from strategies.batch import BatchStrategy
+    from strategies.batch import tuning_batch
 
     opts, lam1, lam2, powers = tune
     if not check_auto(lam1, lam2, "tune."):
         _levels(method, cfg, lam1, lam2)  # the grids checked before any round
     plan = federated_plan(cfg, method, by, opts, lam1, lam2, powers)
-    batch = BatchStrategy(
-        plan, n_sites, registry, timeout=timeout, progress=progress, workers=opts.jobs
-    )
+    batch = tuning_batch(plan, n_sites, registry, opts, timeout, progress)
     batch.method, batch.opts, batch.by = method, opts, by
     return batch
 
@@ -579,7 +591,7 @@ def run_tuned_inprocess(cfg, data, method: str, tune, progress=None, registry=No
     clients = data.make_clients(guards)
     registry = registry if registry is not None else rowfed_registry()
     strategy = tuned_strategy(method, cfg, len(clients), registry, tune, progress)
-    run_inprocess(strategy, clients, fed.max_rounds_for(method, cfg, True))
+    run_inprocess(strategy, clients, fed.max_rounds_for(method, cfg, True, tuning_waves(tune)))
     return fed.collect(method, strategy)
 
 
@@ -646,4 +658,5 @@ __all__ = [
     "tune",
     "tune_gic",
     "tuned_strategy",
+    "tuning_waves",
 ]

@@ -123,6 +123,7 @@ class CVOptions:
     quiet: bool = False  # no progress lines
     criterion: str = "folds"  # CRITERIA
     repeats: int = 1  # the folds drawn this many times (each site's own stream per repeat)
+    max_fits: int = 0  # the federated tuning: at most this many fits at once (0: no limit)
 
     def __post_init__(self) -> None:
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
@@ -141,6 +142,9 @@ class CVOptions:
             )
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise InputError(f"cv-repeats: must be an integer >= 1, got {self.repeats!r}")
+        fits = self.max_fits
+        if isinstance(fits, bool) or not isinstance(fits, int) or fits < 0:
+            raise InputError(f"max-fits: must be an integer >= 0, got {fits!r}")
 
     def fit_config(self, cfg):
         """The settings of a CV fit: ``cfg`` with this looser tolerance and round limit,
@@ -149,6 +153,14 @@ class CVOptions:
 
     def workers(self, n_items: int) -> int:
         return self.jobs if self.jobs > 0 else default_jobs(n_items)
+
+    def waves(self, fits: int) -> int:
+        """A factor on a federated tuning's round budget: a stage of up to ``fits`` fits,
+        at most :attr:`max_fits` of them at once, takes at most this many times the rounds
+        of its slowest fit (one more than the waves, for the fits that started last)."""
+        if self.max_fits <= 0 or fits <= self.max_fits:
+            return 1
+        return math.ceil(fits / self.max_fits) + 1
 
 
 # ---------------------------------------------------------------------------------------

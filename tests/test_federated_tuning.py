@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -485,6 +486,7 @@ def test_refit_equals_a_plain_fit(files, tuned, tmp_path, criterion):
     [
         (("--tune", "cv", "--folds", "15", "--lam-grid", "0.1"), ("folds:", "at most 14"), "S3"),
         (("--tune", "cv", "--ridge-grid", "-1"), ("ridge-grid",), None),
+        (("--tune", "cv", "--max-fits", "-1"), ("max-fits", ">= 0"), None),
         (
             ("--tune", "cv", "--cv-criterion", "pooled", "--method", "fedavg", "--folds", "2",
              "--ridge-grid", "0.1", "--rounds-grid", "2", "--jobs", "1"),
@@ -610,6 +612,53 @@ def test_flower_engine_equals_inprocess(files, tmp_path):
         assert 0 < t["sites_seconds_per_round"] <= t["sites_seconds_max"]
         assert 0 <= t["rounds_server_slower"] <= t["rounds"]
     assert (ma["engine"], mb["engine"]) == ("inprocess", "flower")
+
+
+def _most_running(lines: list[str]) -> int:
+    """The most fits a tuning's progress lines say ran at once."""
+    counts = [int(m.group(1)) for line in lines if (m := re.search(r"(\d+) fits running", line))]
+    return max(counts)
+
+
+@pytest.mark.parametrize("method", ["grauc", "rowfed"])
+def test_at_most_max_fits_run_at_once_with_the_same_results(method, files, rowfed_data):
+    """``max_fits = 2``: no round runs more than two fits, the others wait their turn, and
+    the tuning's table, choice and coefficients are those of the run with every fit at
+    once, to the last digit (each fit advances as it would alone); it takes more rounds."""
+    from strategies.tuning import CVOptions
+
+    runs = {}
+    for cap in (0, 2):
+        lines: list[str] = []
+        opts = CVOptions(folds=2, seed=SEED, quiet=True, max_fits=cap)
+        if method == "grauc":
+            from grauc_flower.tuning import Grid, run_tuned_inprocess
+            from strategies.config import GrAUCConfig
+
+            grid = Grid(lam=(0.3, 0.03), w_dist=(1.0,), ridge=(0.1,))
+            res = run_tuned_inprocess(
+                GrAUCConfig(), files[0], "grauc", (opts, grid), progress=lines.append
+            )
+            coef, table, metrics = res.coefficients, res.extra["cv_table"], res.extra["cv_metrics"]
+        else:
+            from rowfed_flower.tuning import run_tuned_inprocess
+            from strategies.config import RowFedConfig
+
+            tune = ("cv", (opts, *ROWFED_GRID, None))
+            res = run_tuned_inprocess(
+                RowFedConfig(), rowfed_data, "rowfed", tune, progress=lines.append
+            )
+            coef, (_, table), metrics = (
+                res.theta,
+                res.extra["tuning_table"],
+                res.extra["tuning_metrics"],
+            )
+        runs[cap] = table, coef, metrics["tuning"]["rounds"], _most_running(lines)
+    (table, coef, rounds, most), (table2, coef2, rounds2, most2) = runs[0], runs[2]
+    assert most > 2 and most2 == 2
+    pd.testing.assert_frame_equal(table, table2, check_exact=True)
+    np.testing.assert_array_equal(coef, coef2)
+    assert rounds2 > rounds
 
 
 def test_the_batch_clock_splits_each_round_between_server_and_sites(monkeypatch):

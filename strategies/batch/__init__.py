@@ -34,7 +34,7 @@ from .messages import (
     encode,
     split_properties,
 )
-from .server import BatchStrategy, Job, Stage, ViewRegistry, pooled_by_site
+from .server import BatchStrategy, Job, Stage, ViewRegistry, pooled_by_site, tuning_batch
 
 __all__ = [
     "DATA_KEYS",
@@ -53,4 +53,5 @@ __all__ = [
     "encode",
     "pooled_by_site",
     "split_properties",
+    "tuning_batch",
 ]

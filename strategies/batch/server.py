@@ -82,6 +82,9 @@ class Job:
     setting: dict = field(default_factory=dict)
     group: str = ""
     cancelled: bool = False
+    #: Whether the job has been admitted (:attr:`BatchStrategy.max_fits`); until then it
+    #: waits, its strategy untouched.
+    started: bool = False
 
     @property
     def done(self) -> bool:
@@ -180,6 +183,12 @@ class BatchStrategy(Strategy):
     workers : int, optional
         Processes for the fits' server model problems (:mod:`strategies.workers`; ``None``
         or 0: one per core, at most 4; 1: all in the server's process).
+    max_fits : int, optional
+        At most this many fits run at once (0: every fit a stage starts).  The others wait,
+        in the order the plan gave them, and start as running ones finish: each fit
+        advances as it would alone, so the results are the same; memory follows the fits
+        running, and the rounds grow
+        (:meth:`strategies.tuning.CVOptions.waves`).
     """
 
     def __init__(
@@ -190,9 +199,11 @@ class BatchStrategy(Strategy):
         timeout: float | None = None,
         progress: Callable[[str], None] | None = None,
         workers: int | None = None,
+        max_fits: int = 0,
     ) -> None:
         super().__init__()
         self.plan_fn = plan
+        self.max_fits = int(max_fits)
         self.model_workers = ModelWorkers(workers or None)
         self.n_sites = int(n_sites)
         self.registry = registry
@@ -272,7 +283,18 @@ class BatchStrategy(Strategy):
             self.fits += 1
 
     def running(self) -> list[Job]:
-        return [j for j in self.jobs.values() if not j.done]
+        """The admitted jobs not yet done."""
+        return [j for j in self.jobs.values() if j.started and not j.done]
+
+    def _admit(self) -> None:
+        """Start waiting jobs, in the plan's order, while fewer than ``max_fits`` run."""
+        room = self.max_fits - len(self.running()) if self.max_fits > 0 else len(self.jobs)
+        for job in self.jobs.values():
+            if room <= 0:
+                break
+            if not job.started and not job.done:
+                job.started = True
+                room -= 1
 
     def _pack(self, jobs, ask, make) -> list:
         """Every job's instructions for each client (``ask(job)``: its ``(proxy, ins)``
@@ -341,6 +363,7 @@ class BatchStrategy(Strategy):
     @_clocked(sends=True)
     def configure_fit(self, server_round, parameters, client_manager):
         self._advance_stages()
+        self._admit()
         client_manager = _NodesOnce(client_manager)
         self._register_views(client_manager, server_round)
         out = self._pack(
@@ -387,15 +410,17 @@ class BatchStrategy(Strategy):
             if job.view and job.strategy.done and hasattr(job.strategy, "release"):
                 job.strategy.release()
         self._advance_stages()
-        if len(self.running()) < 2:  # nothing left to share the workers
+        if sum(not j.done for j in self.jobs.values()) < 2:  # nothing left to share the workers
             self.model_workers.close()
         if self.progress is not None:
             running = len(self.running())
+            waiting = sum(not (j.started or j.done) for j in self.jobs.values())
             now = time.perf_counter()
             server, sites = self.clock[int(server_round)]
             self.progress(
                 f"tuning round {server_round}: stage {self.stage.name if self.stage else 'refit'}"
-                f", {running} fits running, {len(self.jobs) - running} done "
+                f", {running} fits running, {len(self.jobs) - running - waiting} done"
+                f"{f', {waiting} waiting' if waiting else ''} "
                 f"({now - self._t0:.1f} s; this round: sites {sites:.2f} s, "
                 f"server {server + now - self._hook_start - self._waited:.2f} s)"
             )
@@ -460,3 +485,13 @@ class BatchStrategy(Strategy):
 
     def evaluate(self, server_round, parameters):
         return None
+
+
+def tuning_batch(plan, n_sites: int, registry: Registry, opts, timeout=None, progress=None):
+    """The :class:`BatchStrategy` of a federated tuning: ``opts``
+    (:class:`strategies.tuning.CVOptions`) gives its worker processes (``jobs``) and the
+    most fits at once (``max_fits``)."""
+    return BatchStrategy(
+        plan, n_sites, registry, timeout=timeout, progress=progress, workers=opts.jobs,
+        max_fits=opts.max_fits,
+    )  # fmt: skip

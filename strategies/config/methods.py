@@ -261,6 +261,11 @@ class TuneConfig:
     jobs: int = setting(
         0, "server processes for the fits' model problems (0: one per core, at most 4)", at_least=0
     )
+    max_fits: int = setting(
+        0,
+        "at most this many fits at once, >= 0 (0: no limit; fewer: less memory, more rounds)",
+        at_least=0,
+    )
     lam_grid: str = setting("", "GrAUC-PFL lam values (empty: 12 below lam_max and 0)")
     w_dist_grid: str = setting("0,1,2", "GrAUC-PFL w_dist values")
     ridge_grid: str = setting("0.001,0.01,0.1,1", "GrAUC-PFL ridge values")

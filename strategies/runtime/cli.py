@@ -164,6 +164,15 @@ def add_tuning_arguments(parser: argparse.ArgumentParser, tunes: tuple[str, ...]
         "(comparators); default: one per core",
     )
     parser.add_argument(
+        "--max-fits",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cv, gic: at most N fits at once in the federated tuning; the others wait their "
+        "turn, with the same results (0, the default: no limit; fewer take less memory and "
+        "more rounds)",
+    )
+    parser.add_argument(
         "--knob-grid",
         default="",
         metavar="LIST",
@@ -184,6 +193,7 @@ def cv_options(args: argparse.Namespace, seed: int):
         quiet=bool(getattr(args, "quiet", False)),
         criterion=args.cv_criterion,
         repeats=args.cv_repeats,
+        max_fits=args.max_fits,
     )
 
 
@@ -314,6 +324,7 @@ def tune_run_config(by: str, opts, grids: dict) -> dict:
         "tune.fold-seed": opts.seed,
         "tune.tol": opts.tol,
         "tune.max-rounds": opts.max_rounds,
+        "tune.max-fits": opts.max_fits,
     }
     for key, values in grids.items():  # numbers, or a word (RowFed's "auto")
         text = values if isinstance(values, str) else ",".join(repr(float(v)) for v in values)
