@@ -1113,3 +1113,26 @@ def test_a_plain_fit_is_calibrated_from_its_own_settings_folds(files, tmp_path, 
                       "--probability")  # fmt: skip
     assert code == 0, err
     assert pd.read_csv(pred)["probability"].between(0, 1).all()
+
+
+@pytest.mark.parametrize("method", ["grauc", "rowfed"])
+def test_the_tuning_options_reach_a_flower_run(method):
+    """``fit --engine flower`` passes the tuning's options as ``tune.*`` run-config keys:
+    each method's ServerApp reads back the options ``fit`` was given."""
+    from strategies.config import tune_config
+    from strategies.runtime.cli import tune_run_config
+    from strategies.tuning import CVOptions
+
+    given = CVOptions(folds=4, rule="1se", tol=1e-4, max_rounds=33, seed=5, criterion="pooled",
+                      repeats=2, max_fits=7)  # fmt: skip
+    rc = tune_run_config("cv", given, {})
+    if method == "grauc":
+        from grauc_flower.tuning import federated_options
+
+        opts, _ = federated_options(tune_config(rc))
+    else:
+        from rowfed_flower.tuning import federated_options
+
+        opts = federated_options(tune_config(rc))[0]
+    names = ("folds", "rule", "tol", "max_rounds", "seed", "criterion", "repeats", "max_fits")
+    assert {k: getattr(opts, k) for k in names} == {k: getattr(given, k) for k in names}
