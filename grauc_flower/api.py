@@ -43,7 +43,7 @@ from strategies.runtime.cli import (
 )
 from strategies.tuning import size_powers
 
-from . import tuning
+from . import federated_tuning, tuning
 from .sources import DataSpec
 
 
@@ -262,7 +262,7 @@ def fit_to_dir(a) -> dict:
             if federated and (ckpt["checkpoint"] or ckpt["resume"]):
                 raise InputError("checkpoint: not with --tune cv (the tuning runs many fits)")
             if federated:
-                res = tuning.run_tuned_inprocess(
+                res = federated_tuning.run_tuned_inprocess(
                     cfg, sites, a.method, (opts, grid), progress, guards
                 )
             else:

@@ -47,7 +47,7 @@ def run(grid: Grid, context: Context) -> dict:
     tc = tune_config(rc)
     tune = None
     if tc.by:
-        from .tuning import federated_options, tuning_waves
+        from .federated_tuning import federated_options, tuning_waves
 
         if tc.by != "cv":
             raise InputError(f"tune.by: GrAUC-PFL is tuned by cv (gic is RowFed's), got {tc.by!r}")
@@ -55,7 +55,7 @@ def run(grid: Grid, context: Context) -> dict:
 
     def strategy(method):
         if tune is not None:  # the tuning and the refit, as one batched run
-            from .tuning import tuned_strategy
+            from .federated_tuning import tuned_strategy
 
             return tuned_strategy(
                 method, cfg, n_sites, registry, tune, progress=log_line, timeout=timeout

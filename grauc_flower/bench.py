@@ -226,7 +226,7 @@ def tuning_time(quick: bool) -> dict:
     from strategies.registry import Registry
     from strategies.tuning import CVOptions
 
-    from . import tuning
+    from . import federated_tuning, tuning
     from .client import GrAUCClient
 
     sites, _ = fed.load_sites(fed.DataSpec())
@@ -235,7 +235,7 @@ def tuning_time(quick: bool) -> dict:
     single = fed.run_methods_inprocess(cfg, list(sites), ["grauc"])["grauc"].rounds
     clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
     tune = (CVOptions(quiet=True), grid)
-    batch = tuning.tuned_strategy("grauc", cfg, len(sites), Registry(), tune)
+    batch = federated_tuning.tuned_strategy("grauc", cfg, len(sites), Registry(), tune)
     row = timed_tuning(batch, clients, fed.max_rounds_for("grauc", cfg, True))
     res = fed.collect("grauc", batch)
     chosen = res.extra["config"]
@@ -284,7 +284,7 @@ def criteria_table(seeds=3, quick: bool = False, designs=None, repeats=(1, 3)) -
     from strategies.runtime.engine import run_inprocess
     from strategies.tuning import RULES, CVOptions, choose
 
-    from . import tuning
+    from . import federated_tuning, tuning
     from .client import GrAUCClient
 
     rows = []
@@ -301,7 +301,9 @@ def criteria_table(seeds=3, quick: bool = False, designs=None, repeats=(1, 3)) -
                 opts = CVOptions(folds=folds, quiet=True, repeats=rep, seed=seed)
                 t0 = time.perf_counter()
                 clients = [GrAUCClient(s, cfg.ridge, index=k) for k, s in enumerate(sites)]
-                batch = tuning.tuned_strategy("grauc", cfg, len(sites), Registry(), (opts, grid))
+                batch = federated_tuning.tuned_strategy(
+                    "grauc", cfg, len(sites), Registry(), (opts, grid)
+                )
                 run_inprocess(batch, clients, fed.max_rounds_for("grauc", cfg, True))
                 out = batch.outputs
                 params = tuning.PARAMS["grauc"]
@@ -382,7 +384,7 @@ def new_site_table(seeds=3, designs=None, rules=None) -> list[dict]:
     from strategies.predict import NEW_SITE_RULES, combine
     from strategies.tuning import CVOptions
 
-    from . import tuning
+    from . import federated_tuning, tuning
     from .graph import new_site_neighbours
     from .metrics import auc
 
@@ -395,7 +397,7 @@ def new_site_table(seeds=3, designs=None, rules=None) -> list[dict]:
             cfg = GrAUCConfig()
             opts = CVOptions(folds=folds, quiet=True, seed=seed)
             grid = tuning.Grid(w_dist=w_dist, ridge=ridge)
-            whole = tuning.run_tuned_inprocess(cfg, sites, "grauc", (opts, grid))
+            whole = federated_tuning.run_tuned_inprocess(cfg, sites, "grauc", (opts, grid))
             g_cfg = whole.extra["config"]
             f_cfg, _, _ = tuning.tune(sites, cfg, "fedavg", tuning.Grid(ridge=ridge), opts)
             lat = np.array([s.lat for s in sites])
@@ -502,7 +504,7 @@ def calibration_table(seeds=3, designs=None, methods=CALIBRATED_METHODS) -> list
     from strategies.calibration import calibration_mean, calibration_metrics
     from strategies.tuning import CVOptions
 
-    from . import tuning
+    from . import federated_tuning, tuning
 
     rows = []
     for name, spec_fields, folds, (w_dist, ridge) in designs or NEW_SITE_DESIGNS:
@@ -518,7 +520,7 @@ def calibration_table(seeds=3, designs=None, methods=CALIBRATED_METHODS) -> list
                     if method == "grauc-default":  # one setting: a plain fit's calibration
                         grid = tuning.Grid(lam=(c.lam,), w_dist=(c.w_dist,), ridge=(c.ridge,),
                                            size_power=(c.size_power,))  # fmt: skip
-                    res = tuning.run_tuned_inprocess(c, sites, "grauc", (opts, grid))
+                    res = federated_tuning.run_tuned_inprocess(c, sites, "grauc", (opts, grid))
                     fitted[method] = (res.coefficients, res.extra["calibration"])
                     continue
                 cfg, _, _ = tuning.tune(
@@ -659,11 +661,11 @@ def scale_tune(rows: int) -> dict:
     the scale design at ``rows`` rows a site: tuning and refit."""
     from strategies.tuning import CVOptions
 
-    from . import tuning
+    from . import federated_tuning, tuning
 
     sites = scale_sites(rows)
     t0 = time.perf_counter()
-    res = tuning.run_tuned_inprocess(
+    res = federated_tuning.run_tuned_inprocess(
         GrAUCConfig(), sites, "grauc", (CVOptions(quiet=True), tuning.Grid())
     )
     return {"seconds": time.perf_counter() - t0, "rounds": int(res.rounds)}

@@ -222,8 +222,8 @@ def run_methods_inprocess(
     guards=None,
 ) -> dict[str, MethodResult]:
     """Every method through the in-process engine, sharing one registry (a method tuned
-    inside the federation: :func:`grauc_flower.tuning.run_tuned_inprocess`); ``guards``: the
-    sites' (:func:`clients_of`)."""
+    inside the federation: :func:`grauc_flower.federated_tuning.run_tuned_inprocess`);
+    ``guards``: the sites' (:func:`clients_of`)."""
     clients = clients_of(sites, cfg.ridge, guards)
     registry = Registry()
     out = {}

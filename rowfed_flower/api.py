@@ -44,6 +44,7 @@ from strategies.runtime.cli import (
 from strategies.tuning import KNOBS, parse_grid
 
 from . import tuning as grid_search
+from .federated_tuning import FEDERATED_TUNABLE
 from .federation import FUSED_METHODS
 from .sources import DataSpec
 
@@ -151,11 +152,11 @@ def fit_to_dir(args) -> dict:
     with atomic_output_dir(args.out) as tmp:
         # a fused method (or NonFed) is tuned inside the federation: one batched run on
         # either engine; the FedAvg family by the in-process cross-validation, then refitted
-        federated = args.tune is not None and args.method in grid_search.FEDERATED_TUNABLE
+        federated = args.tune is not None and args.method in FEDERATED_TUNABLE
         if auto and not federated:
             raise InputError(
                 f"lam1-grid: auto is for the federated tuning of "
-                f"{', '.join(grid_search.FEDERATED_TUNABLE)}, not {args.method}"
+                f"{', '.join(FEDERATED_TUNABLE)}, not {args.method}"
             )
         fed_grids = (lam1_grid, lam2_grid)
         opts = cv_options(args, args.data_seed)
@@ -202,7 +203,7 @@ def fit_to_dir(args) -> dict:
             if federated:
                 progress = None if args.quiet else line_to_stderr
             if tune is not None:
-                from .tuning import run_tuned_inprocess
+                from .federated_tuning import run_tuned_inprocess
 
                 res = run_tuned_inprocess(cfg, data, args.method, tune, progress, guards=guards)
             else:

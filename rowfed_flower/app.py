@@ -52,13 +52,13 @@ def run(grid: Grid, context: Context) -> dict:
     tc = tune_config(rc)
     tune = None
     if tc.by:
-        from .tuning import federated_options, tuning_waves
+        from .federated_tuning import federated_options, tuning_waves
 
         tune = (tc.by, federated_options(tc))
 
     def strategy(method):
         if tune is not None:  # the tuning and the refit, as one batched run
-            from .tuning import tuned_strategy
+            from .federated_tuning import tuned_strategy
 
             return tuned_strategy(method, cfg, n_sites, registry, tune, log_line, timeout)
         return fed.make_strategy(

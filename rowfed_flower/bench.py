@@ -122,7 +122,8 @@ def tuning_rows(quick: bool) -> list[dict]:
 
     from . import federation as fed
     from . import sources as rsources
-    from .tuning import DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID, tuned_strategy
+    from .federated_tuning import tuned_strategy
+    from .tuning import DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID
 
     data = rsources.load_data(rsources.DataSpec())
     cfg = RowFedConfig()
@@ -193,7 +194,7 @@ def scale_tune(clients: int = 10, pq: int = 100, rows: int = 100) -> dict:
     design: the GIC path and its choice."""
     from strategies.config import TuneConfig
 
-    from .tuning import federated_options, run_tuned_inprocess
+    from .federated_tuning import federated_options, run_tuned_inprocess
 
     data = _scale_data(clients, pq, rows)
     t0 = time.perf_counter()

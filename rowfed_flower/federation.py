@@ -162,7 +162,7 @@ def run_methods_inprocess(
 ) -> dict[str, MethodResult]:
     """Every method through the in-process engine (the same Strategy and NumPyClient
     objects as under ``flwr run``), sharing one registry (a method tuned inside the
-    federation: :func:`rowfed_flower.tuning.run_tuned_inprocess`); ``guards``: the
+    federation: :func:`rowfed_flower.federated_tuning.run_tuned_inprocess`); ``guards``: the
     clients' floors (the default ones when ``None``)."""
     clients = data.make_clients(guards)
     registry = registry if registry is not None else rowfed_registry()

@@ -194,7 +194,8 @@ def test_tls_auth_run_equals_inprocess(federation, tmp_path):
 def test_tls_auth_tuned_run_equals_inprocess(federation, tmp_path):
     """The tuning inside the federation across SuperNodes (TLS, authentication): the same
     cross-validation table, choice and coefficients as the in-process engine."""
-    from grauc_flower.tuning import Grid, run_tuned_inprocess
+    from grauc_flower.federated_tuning import run_tuned_inprocess
+    from grauc_flower.tuning import Grid
     from strategies.tuning import CVOptions
 
     out = str(tmp_path / "tuned")
@@ -337,7 +338,7 @@ def test_rowfed_runs_the_same_way(tmp_path, pki):
     the in-process tuning."""
     from rowfed_flower import federation as rfed
     from rowfed_flower import sources as rsources
-    from rowfed_flower.tuning import run_tuned_inprocess
+    from rowfed_flower.federated_tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
     from strategies.tuning import CVOptions
 

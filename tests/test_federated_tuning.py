@@ -1,5 +1,5 @@
 """``fit --tune cv`` of GrAUC-PFL inside the federation (strategies/batch/,
-grauc_flower/tuning.py: federated_plan), checked against independent references.
+grauc_flower/federated_tuning.py: federated_plan), checked against independent references.
 
 What is checked against what: each batched (fold, setting) fit against the same fit run
 alone on folds rebuilt here from ``site_folds`` (validation AUC and pairwise surrogate loss
@@ -329,7 +329,8 @@ def test_the_refits_evaluation_scores_each_sites_calibrated_risks(files, tuned):
 def test_repeats_draw_each_sites_folds_again(files):
     """``repeats = 2``: one row per (fold, repeat), each the fit alone on the folds of
     ``site_folds(..., repeat, ...)``; the mean and SE are over all R*K folds."""
-    from grauc_flower.tuning import Grid, run_tuned_inprocess
+    from grauc_flower.federated_tuning import run_tuned_inprocess
+    from grauc_flower.tuning import Grid
     from strategies.config import GrAUCConfig
     from strategies.tuning import CVOptions
 
@@ -632,7 +633,8 @@ def test_at_most_max_fits_run_at_once_with_the_same_results(method, files, rowfe
         lines: list[str] = []
         opts = CVOptions(folds=2, seed=SEED, quiet=True, max_fits=cap)
         if method == "grauc":
-            from grauc_flower.tuning import Grid, run_tuned_inprocess
+            from grauc_flower.federated_tuning import run_tuned_inprocess
+            from grauc_flower.tuning import Grid
             from strategies.config import GrAUCConfig
 
             grid = Grid(lam=(0.3, 0.03), w_dist=(1.0,), ridge=(0.1,))
@@ -641,7 +643,7 @@ def test_at_most_max_fits_run_at_once_with_the_same_results(method, files, rowfe
             )
             coef, table, metrics = res.coefficients, res.extra["cv_table"], res.extra["cv_metrics"]
         else:
-            from rowfed_flower.tuning import run_tuned_inprocess
+            from rowfed_flower.federated_tuning import run_tuned_inprocess
             from strategies.config import RowFedConfig
 
             tune = ("cv", (opts, *ROWFED_GRID, None))
@@ -712,7 +714,7 @@ def test_a_round_reads_the_node_list_once_not_once_per_fit(rowfed_data, monkeypa
     from flwr.server.client_manager import SimpleClientManager
 
     from rowfed_flower import federation as fed
-    from rowfed_flower.tuning import tuned_strategy
+    from rowfed_flower.federated_tuning import tuned_strategy
     from strategies.config import RowFedConfig
     from strategies.experiments.benchtable import timed_tuning
     from strategies.rowfed import rowfed_registry
@@ -741,7 +743,7 @@ def test_a_stages_views_register_in_one_message_per_site(rowfed_data, monkeypatc
     table and choice are those of one message per view."""
     from rowfed_flower import federation as fed
     from rowfed_flower.client import RowFedClient
-    from rowfed_flower.tuning import tuned_strategy
+    from rowfed_flower.federated_tuning import tuned_strategy
     from strategies import batch as batch_module
     from strategies.config import RowFedConfig
     from strategies.experiments.benchtable import timed_tuning
@@ -804,7 +806,7 @@ def test_rowfed_gic_inside_the_federation_equals_the_warm_started_walk(rowfed_da
     side by side) and the in-process walk with warm starts give the same GIC table (to the
     fits' tolerance), the same choice and the same coefficients."""
     from rowfed_flower import tuning as rtuning
-    from rowfed_flower.tuning import run_tuned_inprocess
+    from rowfed_flower.federated_tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
     from strategies.tuning import CVOptions
 
@@ -849,7 +851,7 @@ def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
     over clients of each client's mean squared error, computed here) and rounds; the pooled
     MSE is each client's squared errors over all its folds' validation rows."""
     from rowfed_flower import federation as rfed
-    from rowfed_flower.tuning import run_tuned_inprocess
+    from rowfed_flower.federated_tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
     from strategies.tuning import CVOptions
 
@@ -892,8 +894,8 @@ def test_rowfed_client_with_fewer_rows_than_folds_takes_part(rowfed_data):
     alone on that fold); the output names it with the folds it scores."""
     from rowfed_flower import federation as rfed
     from rowfed_flower.client import ClientSamples
+    from rowfed_flower.federated_tuning import run_tuned_inprocess
     from rowfed_flower.sources import FederatedData
-    from rowfed_flower.tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
     from strategies.guards import Guards
     from strategies.tuning import CVOptions
@@ -1016,7 +1018,8 @@ def test_rowfed_auto_gic_path_starts_at_the_data(rowfed_data):
     every row (one cluster a row), the lam2 levels lie below lam2_max and span a factor
     100, and ``gic-nq`` chooses the smallest df-over-Nq GIC (computed here by hand); no
     grid-edge note for the top of the lam1 path."""
-    from rowfed_flower.tuning import LAM_RATIO, N_LAM1, N_LAM2, run_tuned_inprocess
+    from rowfed_flower.federated_tuning import run_tuned_inprocess
+    from rowfed_flower.tuning import LAM_RATIO, N_LAM1, N_LAM2
     from strategies.config import RowFedConfig
     from strategies.tuning import CVOptions
 
@@ -1127,11 +1130,11 @@ def test_the_tuning_options_reach_a_flower_run(method):
                       repeats=2, max_fits=7)  # fmt: skip
     rc = tune_run_config("cv", given, {})
     if method == "grauc":
-        from grauc_flower.tuning import federated_options
+        from grauc_flower.federated_tuning import federated_options
 
         opts, _ = federated_options(tune_config(rc))
     else:
-        from rowfed_flower.tuning import federated_options
+        from rowfed_flower.federated_tuning import federated_options
 
         opts = federated_options(tune_config(rc))[0]
     names = ("folds", "rule", "tol", "max_rounds", "seed", "criterion", "repeats", "max_fits")

@@ -135,12 +135,15 @@ MIRRORED = {
     "sources": ("DataSpec",),
     "graph": ("build_graph",),
     "datafit": ("start_fit",),
-    "tuning": (
-        "tune",
+    "tuning": ("tune", "cross_validate", "used_levels"),
+    "federated_tuning": (
         "federated_plan",
+        "federated_options",
         "federated_strategy",
+        "federated_outputs",
+        "tuned_strategy",
         "run_tuned_inprocess",
-        "used_levels",
+        "tuning_waves",
     ),  # fmt: skip
     "inference": ("oracle_fit", "inference_table"),
     "realdata": ("load_crime",),

@@ -145,7 +145,7 @@ def test_a_tuning_with_workers_equals_the_tuning_without(monkeypatch):
     bit, and the workers stopped at the end."""
     from rowfed_flower import federation as fed
     from rowfed_flower import sources as rsources
-    from rowfed_flower.tuning import tuned_strategy
+    from rowfed_flower.federated_tuning import tuned_strategy
     from strategies.config import RowFedConfig
     from strategies.experiments.benchtable import timed_tuning
     from strategies.rowfed import rowfed_registry
