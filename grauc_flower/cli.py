@@ -28,11 +28,11 @@ from strategies.runtime.cli import (
     add_run_parser,
     add_settings,
     add_test_arguments,
-    add_tuning_arguments,
     cmd_run,
     end_fit,
     run_main,
 )
+from strategies.runtime.tuning_options import add_tuning_arguments
 
 from . import tuning
 from .sources import DataSpec

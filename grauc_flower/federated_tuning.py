@@ -285,7 +285,7 @@ def federated_outputs(batch, method: str, opts: tuning.CVOptions) -> dict:
     """What a finished federated tuning adds to its fit's outputs: ``cv_table``
     (``cv.csv``), the metrics (``tuned``, ``cv`` with the criterion, ``tuning`` with the
     rounds and fits it took) and the chosen ``config``."""
-    from strategies.runtime.cli import tuning_metrics
+    from strategies.runtime.tuning_options import tuning_metrics
 
     out = batch.outputs
     # an automatic path's largest lam is lam_max: every site fused, nothing beyond it

@@ -27,7 +27,6 @@ from strategies.runtime.cli import (
     RoundProgress,
     atomic_output_dir,
     check_test_arguments,
-    cv_options,
     finish_outputs,
     from_flags,
     guards_from_args,
@@ -38,9 +37,8 @@ from strategies.runtime.cli import (
     note_default_floors,
     project_dir,
     settings_from_args,
-    tune_run_config,
-    tuning_metrics,
 )
+from strategies.runtime.tuning_options import cv_options, tune_run_config, tuning_metrics
 from strategies.tuning import KNOBS, parse_grid
 
 from . import tuning as grid_search

@@ -31,11 +31,11 @@ from strategies.runtime.cli import (
     add_run_parser,
     add_settings,
     add_test_arguments,
-    add_tuning_arguments,
     cmd_run,
     end_fit,
     run_main,
 )
+from strategies.runtime.tuning_options import add_tuning_arguments
 
 from . import tuning as grid_search
 from .api import DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID

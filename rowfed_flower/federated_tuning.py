@@ -274,7 +274,7 @@ def run_tuned_inprocess(cfg, data, method: str, tune, progress=None, registry=No
 def federated_outputs(batch) -> dict:
     """What a finished federated tuning adds to its fit's outputs: its table (``cv.csv`` or
     ``gic.csv``), the metrics and the chosen ``config``."""
-    from strategies.runtime.cli import tuning_metrics
+    from strategies.runtime.tuning_options import tuning_metrics
 
     out = batch.outputs
     rounds = {"engine": "federated", "rounds": int(batch.rounds), "fits": int(batch.fits)}

@@ -1123,7 +1123,7 @@ def test_the_tuning_options_reach_a_flower_run(method):
     """``fit --engine flower`` passes the tuning's options as ``tune.*`` run-config keys:
     each method's ServerApp reads back the options ``fit`` was given."""
     from strategies.config import tune_config
-    from strategies.runtime.cli import tune_run_config
+    from strategies.runtime.tuning_options import tune_run_config
     from strategies.tuning import CVOptions
 
     given = CVOptions(folds=4, rule="1se", tol=1e-4, max_rounds=33, seed=5, criterion="pooled",
