@@ -1139,3 +1139,47 @@ def test_the_tuning_options_reach_a_flower_run(method):
         opts = federated_options(tune_config(rc))[0]
     names = ("folds", "rule", "tol", "max_rounds", "seed", "criterion", "repeats", "max_fits")
     assert {k: getattr(opts, k) for k in names} == {k: getattr(given, k) for k in names}
+
+
+def test_fifty_one_states_with_a_state_of_four_negatives_tune_to_the_end(tmp_path, capsys):
+    """The issue's case at its size: 51 sites at the shipped state centroids, 30-200 rows
+    each, DC with 4 negative rows: ``fit --tune cv`` with the default 5 folds runs to the
+    end, DC trains in every fold and validates in the 4 it fills (named in the note and in
+    ``metrics.json``), and every state has its own coefficients."""
+    from strategies.datasets import __file__ as datasets_init
+
+    states = pd.read_csv(os.path.join(os.path.dirname(datasets_init), "us_state_centroids.csv"))
+    assert len(states) == 51
+    rng = np.random.default_rng(51)
+    sims = simulate(1, len(states), 4, 200, 0, 0.3, 3, seed=5151)
+    frames = []
+    for state, s in zip(states["state"], sims, strict=True):
+        keep = rng.permutation(len(s.y_train))[: rng.integers(30, 200)]
+        x, y = s.x_train[keep], s.y_train[keep]
+        if state == "DC":
+            keep = np.concatenate([np.flatnonzero(y == 0)[:4], np.flatnonzero(y == 1)])
+            x, y = x[keep], y[keep]
+        frame = pd.DataFrame(x, columns=[f"f{k}" for k in range(4)])
+        frame.insert(0, "y", y)
+        frame.insert(0, "site", state)
+        frames.append(frame)
+    data = pd.concat(frames)
+    counts = data.groupby("site")["y"].agg(["size", "sum"])
+    assert counts.loc["DC", "size"] - counts.loc["DC", "sum"] == 4
+    assert ((counts["size"] - counts["sum"]).drop("DC") >= 5).all() and (counts["sum"] >= 5).all()
+    data.to_csv(tmp_path / "data.csv", index=False)
+    states.rename(columns={"state": "site"})[["site", "lat", "lon"]].to_csv(
+        tmp_path / "sites.csv", index=False
+    )
+    out = str(tmp_path / "out")
+    code, err = _main(capsys, "fit", "--data", tmp_path / "data.csv", "--sites",
+                      tmp_path / "sites.csv", "--out", out, "--tune", "cv", "--lam-grid",
+                      "0.3,0.03", "--w-dist-grid", "1", "--ridge-grid", "0.1")  # fmt: skip
+    assert code == 0, err[-2000:]
+    assert "DC (4 of 5)" in err
+    metrics = _metrics(out)
+    assert metrics["tuning"]["partial_sites"] == {"DC": 4}
+    cv = _read(out, "cv.csv")
+    assert sorted(set(cv["fold"])) == [0, 1, 2, 3, 4]
+    coef = _read(out, "coefficients.csv")
+    assert sorted(coef["site"]) == sorted(states["state"])
