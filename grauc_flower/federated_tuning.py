@@ -104,42 +104,7 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
             tuning.warn_small_folds(small, "site", "rows of a class", "AUCs")
             tuning.note_partial_folds(partial, opts.folds, "site", "rows of a class", "AUC")
         # 1. the top of each path
-        lams: dict[tuple, tuple] = {}
-        if grid.lam:
-            lams = {(r, w, a): grid.lam for r in grid.ridge for w in w_grid for a in powers}
-        else:
-            meta = [registry.sites[s].meta for s in order]
-            lat = np.array([float(m["lat"]) for m in meta])
-            lon = np.array([float(m["lon"]) for m in meta])
-            graph = build_graph(lat, lon, cfg.graph, cfg.knn_k)
-            patterns: dict[tuple, float] = {}  # component labels -> a w_dist that has them
-            for w in w_grid:
-                labels = tuning.components(graph.edges, graph.weights(w, cfg.q), len(order))
-                patterns.setdefault(tuple(labels), w)
-            tops = {}
-            for r in grid.ridge:
-                for a in powers:
-                    for labels, w in patterns.items():
-                        point = cfg.replace(
-                            lam=COMMON_LAM, w_dist=w, ridge=r, size_power=a, inference="none"
-                        )
-                        key = f"top/r{r!r}/a{a!r}/w{w!r}"
-                        tops[(r, a, labels)] = Job(key, strategy(point, registry), {"ridge": r})
-            yield Stage(list(tops.values()), name="top of the path")
-            for (r, a, labels), job in tops.items():
-                qn = job.strategy.qn
-                grads = np.zeros((len(order), registry.sites[order[0]].sum_x.shape[0]))
-                if qn is not None:
-                    grads = np.asarray(qn.grad, dtype=float)
-                for w in w_grid:
-                    weights = graph.weights(w, cfg.q)
-                    if tuple(tuning.components(graph.edges, weights, len(order))) != labels:
-                        continue
-                    if method == "mean-fusion":
-                        top, _ = tuning.lam_max_mean(grads, cfg.penalty == "group")
-                    else:
-                        top, _ = tuning.lam_max(graph.edges, weights, grads, cfg.penalty == "group")
-                    lams[(r, w, a)] = tuning.log_path(top, N_LAM, LAM_RATIO)
+        lams = yield from _path_tops(batch, cfg, method, grid, w_grid, powers, strategy)
         # 2. every (fold, setting) fit, and the all-rows fit at every setting
         settings = [
             {"lam": lam, "w_dist": w, "ridge": r, "size_power": a}
@@ -204,6 +169,57 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
         return full[i].key
 
     return plan
+
+
+def _path_tops(batch, cfg: GrAUCConfig, method: str, grid: Grid, w_grid, powers, strategy):
+    """:func:`federated_plan`'s first stage: each ``(ridge, size_power)`` and graph
+    component pattern's common fit at :data:`COMMON_LAM`, whose sites' gradients give
+    ``lam_max`` and so the ``lam`` path of each ``(ridge, w_dist, size_power)`` (a stage of
+    its own; none when ``grid.lam`` is given).  Returns ``{(ridge, w_dist, size_power):
+    lam values}``."""
+    from strategies.batch import Job, Stage
+
+    from .graph import build_graph
+
+    registry = batch.registry
+    order = registry.order()
+    lams: dict[tuple, tuple] = {}
+    if grid.lam:
+        lams = {(r, w, a): grid.lam for r in grid.ridge for w in w_grid for a in powers}
+    else:
+        meta = [registry.sites[s].meta for s in order]
+        lat = np.array([float(m["lat"]) for m in meta])
+        lon = np.array([float(m["lon"]) for m in meta])
+        graph = build_graph(lat, lon, cfg.graph, cfg.knn_k)
+        patterns: dict[tuple, float] = {}  # component labels -> a w_dist that has them
+        for w in w_grid:
+            labels = tuning.components(graph.edges, graph.weights(w, cfg.q), len(order))
+            patterns.setdefault(tuple(labels), w)
+        tops = {}
+        for r in grid.ridge:
+            for a in powers:
+                for labels, w in patterns.items():
+                    point = cfg.replace(
+                        lam=COMMON_LAM, w_dist=w, ridge=r, size_power=a, inference="none"
+                    )
+                    key = f"top/r{r!r}/a{a!r}/w{w!r}"
+                    tops[(r, a, labels)] = Job(key, strategy(point, registry), {"ridge": r})
+        yield Stage(list(tops.values()), name="top of the path")
+        for (r, a, labels), job in tops.items():
+            qn = job.strategy.qn
+            grads = np.zeros((len(order), registry.sites[order[0]].sum_x.shape[0]))
+            if qn is not None:
+                grads = np.asarray(qn.grad, dtype=float)
+            for w in w_grid:
+                weights = graph.weights(w, cfg.q)
+                if tuple(tuning.components(graph.edges, weights, len(order))) != labels:
+                    continue
+                if method == "mean-fusion":
+                    top, _ = tuning.lam_max_mean(grads, cfg.penalty == "group")
+                else:
+                    top, _ = tuning.lam_max(graph.edges, weights, grads, cfg.penalty == "group")
+                lams[(r, w, a)] = tuning.log_path(top, N_LAM, LAM_RATIO)
+    return lams
 
 
 def federated_options(tc) -> tuple[tuning.CVOptions, Grid]:

@@ -92,124 +92,155 @@ def federated_plan(
         lam1_grid, lam2_grid = DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID
 
     def plan(batch):
-        from strategies.batch import Job, Stage
-
-        registry = batch.registry
-        order = registry.order()
         if by in GIC_BY:
-            found = None
-            if auto:
-                found = yield from auto_levels(cfg, method, (cfg.size_power,), strategy, registry)
-            levels = (found or {}).get(cfg.size_power) or grid_levels(
-                method, cfg, lam1_grid, lam2_grid
-            )
-            jobs = [
-                Job(
-                    f"gic/{i}",
-                    strategy(cfg.replace(lam1=a, lam2=b), registry),
-                    {},
-                    {"lam1": a, "lam2": b},
-                )  # fmt: skip
-                for i, (a, b) in enumerate(levels)
-            ]
-            yield Stage(jobs, evaluate=True, name="gic")
-            rows = []
-            for job in jobs:
-                st = job.strategy
-                labels, support = st.structure()
-                rows.append(
-                    {
-                        **job.setting,
-                        "gic": st.gic(),
-                        **({"gic_nq": st.gic("nq")} if by == "gic-nq" else {}),
-                        "rss": st.rss(),
-                        "df": degrees_of_freedom(labels, support),
-                        "rounds": st.rounds,
-                        "converged": bool(st.converged),
-                        "objective": st.objective(),
-                    }
-                )
-            column = "gic_nq" if by == "gic-nq" else "gic"
-            table, best = gic_table(rows, column)
-            batch.outputs = {"table": table, "by": by, "best": rows[best], "column": column,
-                             "lam_path": found is not None}  # fmt: skip
-            return jobs[best].key
-        sizes = [registry.sites[s].n for s in order]
-        powers = ()
-        if method in fed.FUSED_METHODS:
-            powers = tuning.size_powers(sizes, cfg, size_power_grid)
-        found = None
-        if auto:
-            found = yield from auto_levels(cfg, method, powers or (cfg.size_power,), strategy,
-                                           registry)  # fmt: skip
-        if found and all(found.values()):
-            weighted = method in fed.FUSED_METHODS
-            settings = [
-                {"lam1": a, "lam2": b, **({"size_power": w} if weighted else {})}
-                for w, levels in found.items()
-                for a, b in levels
-            ]
-        else:
-            found = None
-            settings = settings_grid(method, cfg, lam1_grid, lam2_grid, None, powers)
-        small, partial = check_folds(registry, opts.folds)
-        tuning.warn_small_folds(small, "client", "rows", "MSEs")
-        tuning.note_partial_folds(partial, opts.folds, "client", "rows", "MSE")
-        base = opts.fit_config(cfg)
-        speculative = cfg.inference == "none"
-        cv_jobs, full = [], {}
-        for i, setting in enumerate(settings):
-            for rep in range(opts.repeats):
-                for k in range(opts.folds):
-                    view = {"fold": k, "folds": opts.folds, "fold-seed": opts.seed}
-                    if opts.repeats > 1:
-                        view["repeat"] = rep
-                    label = {"fold": k, **({"repeat": rep} if opts.repeats > 1 else {})}
-                    cv_jobs.append(
-                        Job(
-                            f"cv/{i}/{rep}/{k}",
-                            strategy(base.replace(**setting), batch.registry_for(view)),
-                            view,
-                            {**label, **setting},
-                            group=f"s{i}/r{rep}",
-                        )  # fmt: skip
-                    )
-            if speculative:
-                full[i] = Job(f"full/{i}", strategy(cfg.replace(**setting), registry))
-        yield Stage(cv_jobs, evaluate=True, name="cross-validation", also=list(full.values()))
-        rows, site_rows = [], []
-        for job in cv_jobs:
-            ev = job.strategy.evaluation
-            # a client with fewer rows than folds has no validation rows in some folds
-            # (it then scores its training rows): those add nothing
-            mse = [ev[s]["mse_pred"] for s in order if ev.get(s, {}).get("split") == "test"]
-            oof = batch.pooled.get(job.group, {})
-            pooled = [oof[s]["mse"] for s in order if s in oof]
-            rows.append({**job.setting, "val_mse": float(np.mean(mse)) if mse else np.nan,
-                         "pooled_mse": float(np.mean(pooled)) if pooled else np.nan,
-                         "rounds": int(job.strategy.rounds),
-                         "converged": bool(job.strategy.converged)})  # fmt: skip
-        for i, setting in enumerate(settings):
-            for site, value in pooled_by_site(batch.pooled, i, "mse").items():
-                site_rows.append({"site": site, **setting, "pooled_mse": value})
-        table = pd.DataFrame(rows)
-        order_cols = [c for c in ("fold", "repeat") if c in table.columns]
-        table = table.sort_values(order_cols, kind="stable").reset_index(drop=True)
-        score, frame = ("pooled_mse", pd.DataFrame(site_rows)) if opts.criterion == "pooled" else (
-            "val_mse", table)  # fmt: skip
-        knob = tuning.KNOBS.get(method)
-        simplest = PARAMS if knob is None else (params[0], *knob.simplest)
-        chosen, summary = tuning.choose(frame, params, score, False, opts.rule, simplest)
-        i = next(j for j, s in enumerate(settings) if all(s[p] == chosen[p] for p in params))
-        batch.outputs = {"table": table, "by": "cv", "summary": summary, "tuned": chosen,
-                         "score": score, "small_sites": small, "partial_sites": partial,
-                         "lam_path": found is not None}  # fmt: skip
-        if i not in full:
-            full[i] = Job(f"full/{i}", strategy(cfg.replace(**settings[i]), registry))
-            yield Stage([full[i]], name="refit")
-        return full[i].key
+            choice = yield from _gic_stages(batch, cfg, method, by, auto, (lam1_grid, lam2_grid),
+                                            strategy)  # fmt: skip
+            return choice
+        choice = yield from _cv_stages(batch, cfg, method, opts, auto, (lam1_grid, lam2_grid),
+                                       size_power_grid, params, strategy)  # fmt: skip
+        return choice
 
     return plan
+
+
+def _gic_stages(batch, cfg: RowFedConfig, method: str, by: str, auto: bool, grids, strategy):
+    """:func:`federated_plan`'s stages for ``by`` in :data:`GIC_BY`: the paths' top (if
+    ``auto``), every grid point's fit on all rows, one batched evaluation, the smallest
+    criterion.  Returns the chosen fit's job key."""
+    from strategies.batch import Job, Stage
+
+    lam1_grid, lam2_grid = grids
+    registry = batch.registry
+    found = None
+    if auto:
+        found = yield from auto_levels(cfg, method, (cfg.size_power,), strategy, registry)
+    levels = (found or {}).get(cfg.size_power) or grid_levels(method, cfg, lam1_grid, lam2_grid)
+    jobs = [
+        Job(
+            f"gic/{i}",
+            strategy(cfg.replace(lam1=a, lam2=b), registry),
+            {},
+            {"lam1": a, "lam2": b},
+        )  # fmt: skip
+        for i, (a, b) in enumerate(levels)
+    ]
+    yield Stage(jobs, evaluate=True, name="gic")
+    rows = []
+    for job in jobs:
+        st = job.strategy
+        labels, support = st.structure()
+        rows.append(
+            {
+                **job.setting,
+                "gic": st.gic(),
+                **({"gic_nq": st.gic("nq")} if by == "gic-nq" else {}),
+                "rss": st.rss(),
+                "df": degrees_of_freedom(labels, support),
+                "rounds": st.rounds,
+                "converged": bool(st.converged),
+                "objective": st.objective(),
+            }
+        )
+    column = "gic_nq" if by == "gic-nq" else "gic"
+    table, best = gic_table(rows, column)
+    batch.outputs = {"table": table, "by": by, "best": rows[best], "column": column,
+                     "lam_path": found is not None}  # fmt: skip
+    return jobs[best].key
+
+
+def _cv_stages(batch, cfg: RowFedConfig, method: str, opts: tuning.CVOptions, auto: bool,
+               grids, size_power_grid, params, strategy):  # fmt: skip
+    """:func:`federated_plan`'s stages for ``by = "cv"``: the paths' top (if ``auto``), every
+    ``(fold, setting)`` fit beside the all-rows fit at every setting, one batched evaluation,
+    the choice and, if its all-rows fit did not run alongside, the refit.  Returns the
+    chosen fit's job key."""
+    from strategies.batch import Job, Stage
+
+    lam1_grid, lam2_grid = grids
+    registry = batch.registry
+    order = registry.order()
+    sizes = [registry.sites[s].n for s in order]
+    powers = ()
+    if method in fed.FUSED_METHODS:
+        powers = tuning.size_powers(sizes, cfg, size_power_grid)
+    found = None
+    if auto:
+        found = yield from auto_levels(cfg, method, powers or (cfg.size_power,), strategy,
+                                       registry)  # fmt: skip
+    if found and all(found.values()):
+        weighted = method in fed.FUSED_METHODS
+        settings = [
+            {"lam1": a, "lam2": b, **({"size_power": w} if weighted else {})}
+            for w, levels in found.items()
+            for a, b in levels
+        ]
+    else:
+        found = None
+        settings = settings_grid(method, cfg, lam1_grid, lam2_grid, None, powers)
+    small, partial = check_folds(registry, opts.folds)
+    tuning.warn_small_folds(small, "client", "rows", "MSEs")
+    tuning.note_partial_folds(partial, opts.folds, "client", "rows", "MSE")
+    base = opts.fit_config(cfg)
+    speculative = cfg.inference == "none"
+    cv_jobs, full = [], {}
+    for i, setting in enumerate(settings):
+        for rep in range(opts.repeats):
+            for k in range(opts.folds):
+                view = {"fold": k, "folds": opts.folds, "fold-seed": opts.seed}
+                if opts.repeats > 1:
+                    view["repeat"] = rep
+                label = {"fold": k, **({"repeat": rep} if opts.repeats > 1 else {})}
+                cv_jobs.append(
+                    Job(
+                        f"cv/{i}/{rep}/{k}",
+                        strategy(base.replace(**setting), batch.registry_for(view)),
+                        view,
+                        {**label, **setting},
+                        group=f"s{i}/r{rep}",
+                    )  # fmt: skip
+                )
+        if speculative:
+            full[i] = Job(f"full/{i}", strategy(cfg.replace(**setting), registry))
+    yield Stage(cv_jobs, evaluate=True, name="cross-validation", also=list(full.values()))
+    table, site_table = _cv_tables(cv_jobs, batch.pooled, settings, order)
+    score, frame = ("pooled_mse", site_table) if opts.criterion == "pooled" else (
+        "val_mse", table)  # fmt: skip
+    knob = tuning.KNOBS.get(method)
+    simplest = PARAMS if knob is None else (params[0], *knob.simplest)
+    chosen, summary = tuning.choose(frame, params, score, False, opts.rule, simplest)
+    i = next(j for j, s in enumerate(settings) if all(s[p] == chosen[p] for p in params))
+    batch.outputs = {"table": table, "by": "cv", "summary": summary, "tuned": chosen,
+                     "score": score, "small_sites": small, "partial_sites": partial,
+                     "lam_path": found is not None}  # fmt: skip
+    if i not in full:
+        full[i] = Job(f"full/{i}", strategy(cfg.replace(**settings[i]), registry))
+        yield Stage([full[i]], name="refit")
+    return full[i].key
+
+
+def _cv_tables(cv_jobs, pooled: dict, settings, order) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``cv.csv`` (a row per ``(fold, setting)``: the clients' mean validation MSE, their
+    mean pooled out-of-fold MSE, rounds, converged; by fold, then repeat) and the per-client
+    pooled MSEs of every setting."""
+    rows, site_rows = [], []
+    for job in cv_jobs:
+        ev = job.strategy.evaluation
+        # a client with fewer rows than folds has no validation rows in some folds
+        # (it then scores its training rows): those add nothing
+        mse = [ev[s]["mse_pred"] for s in order if ev.get(s, {}).get("split") == "test"]
+        oof = pooled.get(job.group, {})
+        pooled_mse = [oof[s]["mse"] for s in order if s in oof]
+        rows.append({**job.setting, "val_mse": float(np.mean(mse)) if mse else np.nan,
+                     "pooled_mse": float(np.mean(pooled_mse)) if pooled_mse else np.nan,
+                     "rounds": int(job.strategy.rounds),
+                     "converged": bool(job.strategy.converged)})  # fmt: skip
+    for i, setting in enumerate(settings):
+        for site, value in pooled_by_site(pooled, i, "mse").items():
+            site_rows.append({"site": site, **setting, "pooled_mse": value})
+    table = pd.DataFrame(rows)
+    order_cols = [c for c in ("fold", "repeat") if c in table.columns]
+    table = table.sort_values(order_cols, kind="stable").reset_index(drop=True)
+    return table, pd.DataFrame(site_rows)
 
 
 def federated_options(tc) -> tuple[tuning.CVOptions, tuple, tuple, tuple | None]:
