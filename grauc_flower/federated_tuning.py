@@ -298,9 +298,10 @@ def run_tuned_inprocess(
 
 
 def federated_outputs(batch, method: str, opts: tuning.CVOptions) -> dict:
-    """What a finished federated tuning adds to its fit's outputs: ``cv_table``
-    (``cv.csv``), the metrics (``tuned``, ``cv`` with the criterion, ``tuning`` with the
-    rounds and fits it took) and the chosen ``config``."""
+    """What a finished federated tuning adds to its fit's outputs, by RowFed's keys:
+    ``tuning_table`` (``("cv.csv", table)``), ``tuning_metrics`` (``tuned``, ``cv`` with the
+    criterion, ``tuning`` with the rounds and fits it took), ``calibration`` and the chosen
+    ``config``."""
     from strategies.runtime.tuning_options import tuning_metrics
 
     out = batch.outputs
@@ -324,7 +325,7 @@ def federated_outputs(batch, method: str, opts: tuning.CVOptions) -> dict:
         "model": "expit(intercept + slope * score), per site, shrunk toward the sites' mean",
         "between_site_variance": {"intercept": cal.attrs["tau2"][0], "slope": cal.attrs["tau2"][1]},
     }
-    return {"cv_table": out["table"], "cv_metrics": metrics, "calibration": cal,
+    return {"tuning_table": ("cv.csv", out["table"]), "tuning_metrics": metrics, "calibration": cal,
             "config": batch.result.strategy.cfg}  # fmt: skip
 
 

@@ -312,12 +312,13 @@ def write_result(
     federated tuning ``cv.csv`` into ``out_dir`` (``metrics.json``'s settings: the tuned
     ones)."""
     os.makedirs(out_dir, exist_ok=True)
-    if "cv_table" in res.extra:
-        res.extra["cv_table"].to_csv(os.path.join(out_dir, "cv.csv"), index=False)
+    if "tuning_table" in res.extra:
+        name, table = res.extra["tuning_table"]
+        table.to_csv(os.path.join(out_dir, name), index=False)
     if "calibration" in res.extra:
         res.extra["calibration"].to_csv(os.path.join(out_dir, "calibration.csv"), index=False)
-    if "cv_table" in res.extra:
-        extra_metrics = {**res.extra["cv_metrics"], **(extra_metrics or {})}
+    if "tuning_table" in res.extra:
+        extra_metrics = {**res.extra["tuning_metrics"], **(extra_metrics or {})}
         cfg = res.extra["config"]
     coef = pd.DataFrame(res.coefficients, columns=list(features))
     coef.insert(0, "site", res.sites)

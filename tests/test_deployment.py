@@ -210,10 +210,10 @@ def test_tls_auth_tuned_run_equals_inprocess(federation, tmp_path):
     coef = pd.read_csv(os.path.join(out, "coefficients.csv"))
     np.testing.assert_array_equal(coef[FEATURES].to_numpy(), ref.coefficients)
     cv = pd.read_csv(os.path.join(out, "cv.csv"))
-    pd.testing.assert_frame_equal(cv, ref.extra["cv_table"], check_dtype=False)
+    pd.testing.assert_frame_equal(cv, ref.extra["tuning_table"][1], check_dtype=False)
     metrics = json.load(open(os.path.join(out, "metrics.json")))
-    assert metrics["tuned"] == ref.extra["cv_metrics"]["tuned"]
-    assert metrics["tuning"]["rounds"] == ref.extra["cv_metrics"]["tuning"]["rounds"] > 0
+    assert metrics["tuned"] == ref.extra["tuning_metrics"]["tuned"]
+    assert metrics["tuning"]["rounds"] == ref.extra["tuning_metrics"]["tuning"]["rounds"] > 0
 
 
 def test_unregistered_supernode_is_refused(federation):

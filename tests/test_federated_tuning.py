@@ -338,7 +338,7 @@ def test_repeats_draw_each_sites_folds_again(files):
     opts = CVOptions(folds=2, repeats=2, seed=SEED, quiet=True)
     grid = Grid(lam=(0.3,), w_dist=(1.0,), ridge=(0.1,))
     res = run_tuned_inprocess(GrAUCConfig(), sites, "grauc", (opts, grid))
-    cv = res.extra["cv_table"]
+    cv = res.extra["tuning_table"][1]
     assert sorted(zip(cv["fold"], cv["repeat"], strict=True)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     values = []
     for _, row in cv.iterrows():
@@ -354,7 +354,7 @@ def test_repeats_draw_each_sites_folds_again(files):
     # the second repeat drew other folds (else the test could not tell them apart)
     assert not np.allclose(cv.sort_values(["repeat", "fold"])["val_loss"].iloc[:2],
                            cv.sort_values(["repeat", "fold"])["val_loss"].iloc[2:])  # fmt: skip
-    stats = res.extra["cv_metrics"]["cv"]
+    stats = res.extra["tuning_metrics"]["cv"]
     assert stats["repeats"] == 2
     assert stats["mean"] == pytest.approx(np.mean(values), abs=1e-12)
     assert stats["se"] == pytest.approx(np.std(values, ddof=1) / 2, rel=1e-9)
@@ -641,7 +641,7 @@ def test_at_most_max_fits_run_at_once_with_the_same_results(method, files, rowfe
             res = run_tuned_inprocess(
                 GrAUCConfig(), files[0], "grauc", (opts, grid), progress=lines.append
             )
-            coef, table, metrics = res.coefficients, res.extra["cv_table"], res.extra["cv_metrics"]
+            coef = res.coefficients
         else:
             from rowfed_flower.federated_tuning import run_tuned_inprocess
             from strategies.config import RowFedConfig
@@ -650,12 +650,12 @@ def test_at_most_max_fits_run_at_once_with_the_same_results(method, files, rowfe
             res = run_tuned_inprocess(
                 RowFedConfig(), rowfed_data, "rowfed", tune, progress=lines.append
             )
-            coef, (_, table), metrics = (
-                res.theta,
-                res.extra["tuning_table"],
-                res.extra["tuning_metrics"],
-            )
-        runs[cap] = table, coef, metrics["tuning"]["rounds"], _most_running(lines)
+            coef = res.theta
+        # both methods' tuned results: (file name, table) and the metrics, by the same keys
+        name, table = res.extra["tuning_table"]
+        assert name == "cv.csv"
+        rounds = res.extra["tuning_metrics"]["tuning"]["rounds"]
+        runs[cap] = table, coef, rounds, _most_running(lines)
     (table, coef, rounds, most), (table2, coef2, rounds2, most2) = runs[0], runs[2]
     assert most > 2 and most2 == 2
     pd.testing.assert_frame_equal(table, table2, check_exact=True)
