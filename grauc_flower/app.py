@@ -13,6 +13,7 @@ import os
 from flwr.app import Context
 from flwr.serverapp import Grid
 
+from strategies.config import grauc_config, grauc_methods
 from strategies.errors import InputError
 
 from . import sources
@@ -31,8 +32,8 @@ def run(grid: Grid, context: Context) -> dict:
     from . import federation as fed
 
     rc = context.run_config
-    cfg = fed.grauc_config(rc)
-    methods = fed.grauc_methods(rc)
+    cfg = grauc_config(rc)
+    methods = grauc_methods(rc)
     spec = fed.DataSpec.from_run_config(rc)
     out = out_dir(rc)
     timeout = round_timeout(rc)
@@ -99,7 +100,7 @@ def make_client(context: Context):
     """The ClientApp's client: ``partition-id`` picks site ``z`` of the run's data; a
     SuperNode with ``data-path`` in its node config reads its own file."""
     rc = context.run_config
-    cfg = sources.grauc_config(rc)
+    cfg = grauc_config(rc)
     node = context.node_config
     if "data-path" in node:
         from .data import load_site_file

@@ -34,7 +34,7 @@ from .client import GrAUCClient
 from .datafit import PairwiseLogistic, local_fit, split_by_class
 from .graph import build_graph
 from .inference import OracleFit, inference_table, oracle_fit, read_sandwich, without_sandwich
-from .sources import DataSpec, grauc_config, grauc_methods, load_sites  # noqa: F401
+from .sources import DataSpec, load_sites  # noqa: F401  (the apps and benches read them here)
 
 
 def pooled_datafit(sites, cfg: GrAUCConfig, registry: Registry | None) -> PairwiseLogistic:

@@ -7,11 +7,7 @@ import functools
 from dataclasses import dataclass
 
 from strategies.config import (
-    GRAUC_METHODS,
-    GrAUCConfig,
     Section,
-    from_run_config,
-    parse_methods,
     setting,
 )
 from strategies.errors import InputError
@@ -160,11 +156,3 @@ def load_real_spec(spec: DataSpec):
         spec.max_per_class,
         spec.missing_levels,
     )
-
-
-def grauc_config(rc: dict) -> GrAUCConfig:
-    return from_run_config(GrAUCConfig, rc, "grauc")
-
-
-def grauc_methods(rc: dict) -> list[str]:
-    return parse_methods(rc.get("method", "grauc"), GRAUC_METHODS)

@@ -342,6 +342,16 @@ def registration_config(run_config: dict) -> RegistrationConfig:
     return from_run_config(RegistrationConfig, run_config, "registration")
 
 
+def grauc_config(run_config: dict) -> GrAUCConfig:
+    """:class:`GrAUCConfig` from a Flower run config (keys ``grauc.<name>`` and ``seed``)."""
+    return from_run_config(GrAUCConfig, run_config, "grauc")
+
+
+def grauc_methods(run_config: dict) -> list[str]:
+    """The ``method`` key of a GrAUC-PFL run config, checked (default ``grauc``)."""
+    return parse_methods(run_config.get("method", "grauc"), GRAUC_METHODS)
+
+
 # ---------------------------------------------------------------------------------------
 # RowFed
 # ---------------------------------------------------------------------------------------
@@ -475,4 +485,5 @@ def rowfed_run_config(cfg: RowFedConfig) -> dict:
 
 
 def rowfed_methods(run_config: dict) -> list[str]:
+    """The ``method`` key of a RowFed run config, checked (default ``rowfed``)."""
     return parse_methods(run_config.get("method", "rowfed"), ROWFED_METHODS)
