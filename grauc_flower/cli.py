@@ -157,12 +157,16 @@ def cmd_bench(a) -> int:
     if a.scale:
         if a.max_rows < 1000:
             raise InputError(f"--max-rows: must be at least 1000, got {a.max_rows}")
-        print(format_scale(bench.scale_run(a.out, quick=a.quick, max_rows=a.max_rows)))
+        from . import scale
+
+        print(format_scale(scale.scale_run(a.out, quick=a.quick, max_rows=a.max_rows)))
         return 0
     if a.criteria:
         df = bench.criteria_run(a.out, a.seeds, quick=a.quick)
     elif a.family:
-        df = bench.family_run(a.out, quick=a.quick)
+        from . import family
+
+        df = family.family_run(a.out, quick=a.quick)
     elif a.new_site:
         df = bench.new_site_run(a.out, a.seeds)
     elif a.calibration:

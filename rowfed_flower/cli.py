@@ -152,9 +152,13 @@ def dispatch(args) -> int:
         from . import bench
 
         if args.scale:
-            print(format_scale(bench.scale_run(args.out, quick=args.quick)))
+            from . import scale
+
+            print(format_scale(scale.scale_run(args.out, quick=args.quick)))
             return 0
-        run = bench.family_run if args.family else bench.run
+        from . import family
+
+        run = family.family_run if args.family else bench.run
         print(bench.format_table(run(args.out, quick=args.quick)))
         return 0
     return cmd_fit(args)

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import numpy as np
+import pandas as pd
 
 from strategies.config import RowFedConfig
+from strategies.experiments.benchtable import check_out, finish
 from strategies.experiments.family import (
     VARIANTS,
     measure_variants,
@@ -222,3 +225,13 @@ __all__ = [
     "reference",
     "simulate_shape",
 ]
+
+
+def family_run(out: str, quick: bool = False) -> pd.DataFrame:
+    """The problem family's rounds (``bench --family``): a row per member and variant,
+    then their distribution (median, 90th percentile, worst) per penalty, variant."""
+    from strategies.experiments.family import run_family
+
+    check_out(out)
+    keep = os.path.join(os.path.abspath(out), "members") if out else None
+    return finish(run_family(measure, FAMILY, ("penalty", "variant"), quick, keep), out)

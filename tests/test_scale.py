@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from grauc_flower import bench as gbench
-from rowfed_flower import bench as rbench
+from grauc_flower import scale as gscale
+from rowfed_flower import scale as rscale
 from strategies.experiments import scale
 
 
@@ -47,9 +47,9 @@ def _pid() -> dict:
 def test_a_scale_run_writes_its_table_slopes_and_figure(tmp_path):
     here = f"{__name__}:_pid"
     cells = [
-        scale.Cell("grauc", "gradient", "rows a site", 1000, "grauc_flower.bench:scale_gradient",
+        scale.Cell("grauc", "gradient", "rows a site", 1000, "grauc_flower.scale:scale_gradient",
                    {"rows": 1000, "p": 3, "repeats": 1}),
-        scale.Cell("grauc", "gradient", "rows a site", 2000, "grauc_flower.bench:scale_gradient",
+        scale.Cell("grauc", "gradient", "rows a site", 2000, "grauc_flower.scale:scale_gradient",
                    {"rows": 2000, "p": 3, "repeats": 1}),
         scale.Cell("test", "pid", "rows a site", 1, here),
         scale.Cell("test", "pid", "rows a site", 2, here),
@@ -68,18 +68,18 @@ def test_a_scale_run_writes_its_table_slopes_and_figure(tmp_path):
 
 
 def test_both_methods_declare_cells_for_every_axis():
-    grauc = gbench.scale_cells(quick=False)
+    grauc = gscale.scale_cells(quick=False)
     assert {c.what for c in grauc} == {"gradient", "gradient, pair loop", "fit", "tune cv"}
     assert max(c.size for c in grauc if c.what == "gradient") == 1_000_000
-    assert max(c.size for c in gbench.scale_cells(max_rows=10_000)) == 10_000
-    rowfed = rbench.scale_cells(quick=False)
+    assert max(c.size for c in gscale.scale_cells(max_rows=10_000)) == 10_000
+    rowfed = rscale.scale_cells(quick=False)
     assert {c.axis for c in rowfed} == {"clients", "p = q", "rows a client"}
     assert {c.size for c in rowfed if c.axis == "clients"} == {10, 20, 50}
     assert {c.kwargs.get("pq") for c in rowfed if c.axis == "clients"} == {100}
 
 
 def test_the_scale_design_has_the_stated_prevalence():
-    sites = gbench.scale_sites(5000, n_sites=3)
+    sites = gscale.scale_sites(5000, n_sites=3)
     share = np.mean(np.concatenate([s.y_train for s in sites]))
     assert 0.08 < share < 0.16
     assert len({(s.lat, s.lon) for s in sites}) == 3
