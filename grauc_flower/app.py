@@ -46,13 +46,14 @@ def run(grid: Grid, context: Context) -> dict:
     checkpoint = fed.checkpoint_settings(rc)
     registry = Registry(waiting=registration_config(rc))
     tc = tune_config(rc)
-    tune = None
+    tune, waves = None, 1
     if tc.by:
         from .federated_tuning import federated_options, tuning_waves
 
         if tc.by != "cv":
             raise InputError(f"tune.by: GrAUC-PFL is tuned by cv (gic is RowFed's), got {tc.by!r}")
         tune = federated_options(tc)
+        waves = tuning_waves(tune)  # the round budget's factor (tune.max-fits)
 
     def strategy(method):
         if tune is not None:  # the tuning and the refit, as one batched run
@@ -76,9 +77,7 @@ def run(grid: Grid, context: Context) -> dict:
         grid,
         methods,
         strategy,
-        lambda method: fed.max_rounds_for(
-            method, cfg, tune is not None, tuning_waves(tune) if tune is not None else 1
-        ),
+        lambda method: fed.max_rounds_for(method, cfg, tune is not None, waves),
         fed.collect,
         timeout,
     )

@@ -50,11 +50,12 @@ def run(grid: Grid, context: Context) -> dict:
     n_sites = spec.num_clients if data is None else len(data.clients)
     registry = rowfed_registry(registration_config(rc))
     tc = tune_config(rc)
-    tune = None
+    tune, waves = None, 1
     if tc.by:
         from .federated_tuning import federated_options, tuning_waves
 
         tune = (tc.by, federated_options(tc))
+        waves = tuning_waves(tune)  # the round budget's factor (tune.max-fits)
 
     def strategy(method):
         if tune is not None:  # the tuning and the refit, as one batched run
@@ -74,9 +75,7 @@ def run(grid: Grid, context: Context) -> dict:
         grid,
         methods,
         strategy,
-        lambda method: fed.max_rounds_for(
-            method, cfg, tune is not None, tuning_waves(tune) if tune is not None else 1
-        ),
+        lambda method: fed.max_rounds_for(method, cfg, tune is not None, waves),
         fed.collect,
         timeout,
     )
