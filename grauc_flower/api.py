@@ -39,7 +39,7 @@ from strategies.runtime.cli import (
     settings_from_args,
 )
 from strategies.runtime.tuning_options import cv_options, tune_run_config, tuning_metrics
-from strategies.tuning import size_powers
+from strategies.stats.tuning import size_powers
 
 from . import federated_tuning, tuning
 from .sources import DataSpec
@@ -93,7 +93,7 @@ def _checkpoint(a) -> CheckpointConfig:
 
 def _grid(a) -> tuning.Grid:
     """The cross-validation grid of the options (each value checked)."""
-    from strategies.tuning import parse_grid
+    from strategies.stats.tuning import parse_grid
 
     def given(name: str, default, minimum: float = 0.0):
         text = getattr(a, name.replace("-", "_") + "_grid")
@@ -113,7 +113,7 @@ def _grid(a) -> tuning.Grid:
 
 
 def _check_tuning(a) -> None:
-    from strategies.tuning import KNOBS
+    from strategies.stats.tuning import KNOBS
 
     grids = (
         "lam_grid",
@@ -425,7 +425,7 @@ class GrAUCPFL(FederatedModel):
         self.calibration_ = self._frame("calibration.csv", dtype={"site": str})
 
     def _predict_reader(self) -> tuple:
-        from strategies.predict import read_grauc_model
+        from strategies.stats.predict import read_grauc_model
 
         from .federation import new_site_model
 
@@ -435,7 +435,7 @@ class GrAUCPFL(FederatedModel):
                       probability=False):  # fmt: skip
         import argparse
 
-        from strategies.predict import NEW_SITE_RULES
+        from strategies.stats.predict import NEW_SITE_RULES
 
         if new_site_rule not in NEW_SITE_RULES:
             raise InputError(

@@ -25,9 +25,9 @@ def run(grid: Grid, context: Context) -> dict:
     # the server side's imports are here: a ClientApp starts for every message and needs
     # only the client and its data (measured: 0.5 s less per message)
     from strategies.config import registration_config, tune_config
-    from strategies.registry import Registry
     from strategies.runtime.engine import log_line, round_logger
     from strategies.runtime.flowerapp import out_dir, round_timeout, run_methods
+    from strategies.server.registry import Registry
 
     from . import federation as fed
 
@@ -105,7 +105,7 @@ def make_client(context: Context):
         from .data import load_site_file
 
         data = load_site_file(str(node["data-path"]), node)
-        from strategies.guards import Guards
+        from strategies.client.guards import Guards
         from strategies.runtime.flowerapp import node_index
 
         guards = Guards.from_node_config(node)
@@ -115,8 +115,8 @@ def make_client(context: Context):
     pid = int(node["partition-id"])
     if not 0 <= pid < len(sites):
         raise InputError(f"partition-id: must be in [0, {len(sites) - 1}], got {pid}")
+    from strategies.client.guards import Guards
     from strategies.config import GuardsConfig
-    from strategies.guards import Guards
 
     guards = Guards.from_config(GuardsConfig.from_run_config(rc))  # the simulated sites'
     return GrAUCClient(sites[pid], cfg.ridge, index=pid, guards=guards).to_client()

@@ -23,9 +23,9 @@ import tracemalloc
 import numpy as np
 import pandas as pd
 
-from strategies import admm
 from strategies.config import GrAUCConfig
 from strategies.experiments.benchtable import check_out, finish, format_table  # noqa: F401
+from strategies.solvers import admm
 
 from . import federation as fed
 from .datafit import PairwiseLogistic
@@ -166,7 +166,7 @@ def graph_table(zs) -> list[dict]:
 
 
 def server_step_table(zs, p: int = 20) -> list[dict]:
-    from strategies.problems import grauc_problem
+    from strategies.solvers.problems import grauc_problem
 
     rows = []
     rng = np.random.default_rng(0)
@@ -222,8 +222,8 @@ def tuning_time(quick: bool) -> dict:
     the tuning and refit together against one default fit's, the server's time per round
     against the slowest site's, the chosen setting and the refit's test AUC."""
     from strategies.experiments.benchtable import timed_tuning
-    from strategies.registry import Registry
-    from strategies.tuning import CVOptions
+    from strategies.server.registry import Registry
+    from strategies.stats.tuning import CVOptions
 
     from . import federated_tuning, tuning
     from .client import GrAUCClient
@@ -279,9 +279,9 @@ def criteria_table(seeds=3, quick: bool = False, designs=None, repeats=(1, 3)) -
     rows), one with the folds drawn 3 times (``repeats``), and
     FedAvg and individual fits tuned by their own cross-validation; the mean test AUC over
     sites of each.  Grids: :data:`CRITERIA_DESIGNS`."""
-    from strategies.registry import Registry
     from strategies.runtime.engine import run_inprocess
-    from strategies.tuning import RULES, CVOptions, choose
+    from strategies.server.registry import Registry
+    from strategies.stats.tuning import RULES, CVOptions, choose
 
     from . import federated_tuning, tuning
     from .client import GrAUCClient
@@ -376,12 +376,12 @@ def new_site_table(seeds=3, designs=None, rules=None) -> list[dict]:
     of :data:`NEW_SITE_DESIGNS` and data split, GrAUC-PFL is tuned inside the whole
     federation and FedAvg by its own cross-validation; then each site in turn is left out,
     both are refitted on the other sites at those settings, and the left-out site's test
-    rows are scored by each rule of :data:`strategies.predict.NEW_SITE_RULES` (GrAUC-PFL's
+    rows are scored by each rule of :data:`strategies.stats.predict.NEW_SITE_RULES` (GrAUC-PFL's
     coefficients of the sites near it) and by FedAvg's global model; for scale, the site's
     own coefficients of the whole federation's fit (``in the federation``).  A row per
     design, split, left-out site and scorer: its test AUC."""
-    from strategies.predict import NEW_SITE_RULES, combine
-    from strategies.tuning import CVOptions
+    from strategies.stats.predict import NEW_SITE_RULES, combine
+    from strategies.stats.tuning import CVOptions
 
     from . import federated_tuning, tuning
     from .graph import new_site_neighbours
@@ -460,16 +460,17 @@ CALIBRATED_METHODS = ("grauc", "grauc-default", "fedavg", "individual")
 
 
 def out_of_fold_calibration(sites, cfg: GrAUCConfig, method: str, folds: int, seed: int):
-    """A comparator's ``calibration.csv`` table (:func:`strategies.calibration.calibration_frame`)
-    the way a tuned GrAUC-PFL fit gets its own: each site's rows in the folds a federated
-    tuning draws (:func:`strategies.folds.site_folds`), ``method`` fitted at ``cfg`` on the
-    other folds' rows of every site, each held-out row scored by its site's coefficients of
-    that fit, and each site's out-of-fold scores recalibrated (Firth) and shrunk."""
+    """A comparator's ``calibration.csv`` table
+    (:func:`strategies.stats.calibration.calibration_frame`) the way a tuned GrAUC-PFL fit
+    gets its own: each site's rows in the folds a federated tuning draws
+    (:func:`strategies.client.folds.site_folds`), ``method`` fitted at ``cfg`` on the other
+    folds' rows of every site, each held-out row scored by its site's coefficients of that
+    fit, and each site's out-of-fold scores recalibrated (Firth) and shrunk."""
     from dataclasses import replace
 
-    from strategies.calibration import calibration_frame, recalibrate
-    from strategies.folds import site_folds
-    from strategies.guards import Guards
+    from strategies.client.folds import site_folds
+    from strategies.client.guards import Guards
+    from strategies.stats.calibration import calibration_frame, recalibrate
 
     fold_of = [site_folds(s.y_train, folds, seed, 0, s.site, True) for s in sites]
     oof = [np.full(len(s.y_train), np.nan) for s in sites]
@@ -500,8 +501,8 @@ def calibration_table(seeds=3, designs=None, methods=CALIBRATED_METHODS) -> list
     training counts."""
     from scipy.special import expit
 
-    from strategies.calibration import calibration_mean, calibration_metrics
-    from strategies.tuning import CVOptions
+    from strategies.stats.calibration import calibration_mean, calibration_metrics
+    from strategies.stats.tuning import CVOptions
 
     from . import federated_tuning, tuning
 

@@ -12,14 +12,9 @@ from __future__ import annotations
 
 import argparse
 
-from strategies.config import (
-    GRAUC_METHODS,
-    CheckpointConfig,
-    GrAUCConfig,
-)
+from strategies.config import GRAUC_METHODS, CheckpointConfig, GrAUCConfig
 from strategies.errors import InputError
 from strategies.experiments.scale import add_scale_option, format_scale
-from strategies.predict import add_predict_parser, cmd_predict, read_grauc_model
 from strategies.report import add_report_parser, cmd_report
 from strategies.runtime.cli import (
     Parser,
@@ -33,6 +28,7 @@ from strategies.runtime.cli import (
     run_main,
 )
 from strategies.runtime.tuning_options import add_tuning_arguments
+from strategies.stats.predict import add_predict_parser, cmd_predict, read_grauc_model
 
 from . import tuning
 from .sources import DataSpec

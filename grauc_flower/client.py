@@ -7,7 +7,7 @@ Tasks (``config["task"]``):
 
 Registration is Flower's properties exchange (``get_properties``): ``site, n, index,
 features`` and the packed per-feature sums ``sum_x, sum_x2`` (for standardization), with
-``lat, lon, n_pos, n_neg`` (:func:`strategies.registry.registration_properties`).
+``lat, lon, n_pos, n_neg`` (:func:`strategies.server.registry.registration_properties`).
 
 ``admm``      <- ``[beta_z, pull_z]`` and ``rho-sigma``, ``local-solver``: forms
                  ``beta_tilde = beta_z - pull_z / c_z`` with its own curvature ``c_z`` and takes
@@ -17,7 +17,7 @@ features`` and the packed per-feature sums ``sum_x, sum_x2`` (for standardizatio
                  scalar): the proximal quasi-Newton algorithm (what a FedSGD client sends).
 ``local``     -> the individual fit ``argmin f_z`` -> ``[beta_z]``.
 ``newton``    <- ``[beta_z]`` -> ``[grad f_z(beta_z) | Hessian]`` (one ``p x (1 + p)`` array,
-                 :func:`strategies.local.newton_answer`), metrics ``site, loss``: a round of
+                 :func:`strategies.solvers.local.newton_answer`), metrics ``site, loss``: a round of
                  the oracle refit (inference = oracle) or of pqn with ``curvature = exact``.
 ``personalize`` <- ``[w]`` (FedAvg's global model), ``how``: ``ditto`` ->
                  ``argmin f_z(b) + (ditto-mu/2)||b - w||^2`` (the datafit's exact prox);
@@ -36,7 +36,7 @@ With inference = oracle the evaluation carries ``sandwich-at`` (the refitted coe
 the site adds the ``p x p`` covariance of its gradient there (:mod:`grauc_flower.inference`).
 After a tuning it carries the site's calibration ``cal-a``, ``cal-b``: the site adds its
 calibrated risks' Brier score, calibration error, intercept and slope and its reliability
-bands, each of at least its guards' floor of rows (:mod:`strategies.calibration`).
+bands, each of at least its guards' floor of rows (:mod:`strategies.stats.calibration`).
 """
 
 from __future__ import annotations
@@ -45,16 +45,14 @@ import json
 
 import numpy as np
 
-from strategies import batch
-from strategies.client import SiteClient
-from strategies.folds import site_folds
-from strategies.guards import MOMENT_FLOOR, Guards
-from strategies.local import (
-    local_descent,
-    site_weight,
-)
-from strategies.registry import grauc_meta, registration_properties
+from strategies.client import batch
+from strategies.client.folds import site_folds
+from strategies.client.guards import MOMENT_FLOOR, Guards
+from strategies.client.site import SiteClient
+from strategies.server.registry import grauc_meta, registration_properties
+from strategies.solvers.local import local_descent, site_weight
 from strategies.wire import unpack
+from strategies.wire.batch import TASK, VIEW_FIELD
 
 from .data import SiteData
 from .datafit import PairwiseLogistic, local_fit, split_by_class, start_fit
@@ -73,15 +71,15 @@ class GrAUCClient(SiteClient):
         self.data = data
         self.ridge = float(ridge)
         self.index = int(index)
-        self.guards = guards or Guards()  # the site's own floors (strategies/guards.py)
+        self.guards = guards or Guards()  # the site's own floors (strategies/client/guards.py)
         self._cache: dict = {}
         self._views: dict = {}
 
-    # -- views of the rows (a federated tuning's folds: strategies/batch.py) ---------------
+    # -- views of the rows (a federated tuning's folds: strategies/client/batch.py) ---------------
     def view(self, spec: dict) -> GrAUCClient:
         """This site on a view of its rows: ``fold`` ``k`` of ``folds`` (its training rows
         outside the fold to fit, the fold to validate; stratified, from its own seeded
-        stream: :func:`strategies.tuning.site_folds`), at ``ridge`` when given."""
+        stream: :func:`strategies.stats.tuning.site_folds`), at ``ridge`` when given."""
         key = json.dumps(spec, sort_keys=True)
         if key not in self._views:
             d = self.data
@@ -110,9 +108,9 @@ class GrAUCClient(SiteClient):
     @staticmethod
     def pool(parts) -> dict:
         """The AUC of a setting's out-of-fold scores, all folds ranked together, and the
-        site's logistic recalibration of them (strategies/calibration.py: ``cal_a``,
+        site's logistic recalibration of them (strategies/stats/calibration.py: ``cal_a``,
         ``cal_b`` and their covariance): two numbers and their precision, no row."""
-        from strategies.calibration import recalibrate
+        from strategies.stats.calibration import recalibrate
 
         scores = np.concatenate([s for s, _ in parts])
         y = np.concatenate([y for _, y in parts])
@@ -157,7 +155,7 @@ class GrAUCClient(SiteClient):
     def get_properties(self, config):
         """Registration: who this site is, where, its counts and per-feature sums (of a view
         of its rows when the config names one)."""
-        if batch.VIEW_FIELD in config:
+        if VIEW_FIELD in config:
             return batch.answer_properties(self, config)
         d = self.data
         self.guards.check_rows(d.site, d.y_train.shape[0], {"1": d.n_pos, "0": d.n_neg})
@@ -171,7 +169,7 @@ class GrAUCClient(SiteClient):
             **{MOMENT_FLOOR: self.guards.moment_floor(d.n_features)},
         )
 
-    # -- the hooks of strategies/client.py: SiteClient ------------------------------------
+    # -- the hooks of strategies/client/site.py: SiteClient ------------------------------------
     @property
     def rows(self) -> int:
         return int(self.data.y_train.shape[0])
@@ -194,7 +192,7 @@ class GrAUCClient(SiteClient):
         """Test AUC (DeLong SE) of ``parameters[0]``; on the training data when the site has
         no test data (``split = train`` in the metrics)."""
         self._check_site(config)
-        if config.get("task") == batch.TASK:
+        if config.get("task") == TASK:
             return batch.answer_evaluate(self, parameters, config)
         (beta,) = parameters
         if self.data.y_test.shape[0] > 0:
@@ -216,7 +214,7 @@ class GrAUCClient(SiteClient):
         x_pos, x_neg = split_by_class(self._transform(x, config), y)
         loss = PairwiseLogistic(x_pos, x_neg).value(beta) if n_pos and n_neg else 0.0
         if config.get("cal-a") is not None:  # a tuned fit's calibrated risks on these rows
-            from strategies.calibration import calibrated_evaluation
+            from strategies.stats.calibration import calibrated_evaluation
 
             raw = self._input_score(x, beta, config)
             floor = max(self.guards.min_rows, self.guards.min_class_rows)

@@ -37,7 +37,7 @@ from strategies.experiments.coverage import (
     task_frame,
     true_kinds,
 )
-from strategies.inference import group_sizes
+from strategies.stats.inference import group_sizes
 
 from .data import site_means
 from .study import parse_settings, simulated_sites, simulation_arguments

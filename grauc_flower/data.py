@@ -361,7 +361,7 @@ def add_test_data(sites: list[SiteData], path: str) -> list[SiteData]:
 def hold_out(sites: list[SiteData], fraction: float, seed: int) -> list[SiteData]:
     """A stratified test set inside each site: ``fraction`` of each class (rounded half up,
     leaving one row of a class for training), drawn from the site's own seeded stream."""
-    from strategies.tuning import holdout_mask, site_rng
+    from strategies.stats.tuning import holdout_mask, site_rng
 
     if not 0 < fraction < 1:
         raise InputError(f"holdout: must be in (0, 1), got {fraction!r}")

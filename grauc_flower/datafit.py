@@ -2,7 +2,7 @@
 Lipschitz constant and proximal step, the damped Newton method that minimizes it, and the
 individual (local-only) fit.  Notation follows docs/methods.md 1.1: a site holds ``n``
 positives ``x_pos`` (``n x p``) and ``m`` negatives ``x_neg`` (``m x p``).  The ADMM local
-step of both methods is :func:`strategies.local.admm_update`.
+step of both methods is :func:`strategies.solvers.local.admm_update`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.special import expit
 
-from strategies import pairsum
+from strategies.solvers import pairsum
 
 #: Elements of the ``n x m`` pair matrix held in memory at once (8 MiB per float64 array).
 DEFAULT_CHUNK_ELEMENTS = 1 << 20
 
 #: ``pairs = "auto"`` sums the pairs one by one up to this many (``n m``) and on the score
-#: grid (:mod:`strategies.pairsum`) above it; the crossover measured in docs/performance.md.
+#: grid (:mod:`strategies.solvers.pairsum`) above it; the crossover measured in docs/performance.md.
 GRID_PAIRS = 1 << 16
 
 #: Points whose value and gradient a datafit keeps (:meth:`PairwiseLogistic.value_and_grad`).
@@ -49,11 +49,11 @@ class PairwiseLogistic:
         At most this many pair terms are held in memory at once.
     weight : float
         The site's weight ``w > 0`` in the fused objective (1: every site counts once;
-        :func:`strategies.local.site_weight`); it scales the value, gradient, Hessian and
+        :func:`strategies.solvers.local.site_weight`); it scales the value, gradient, Hessian and
         Lipschitz bound (and the gradient's covariance by ``w^2``).
     pairs : {"auto", "exact", "grid"}
         How the pair sums are taken: ``"exact"`` one pair at a time (the reference),
-        ``"grid"`` by grid summation in time linear in ``n + m`` (:mod:`strategies.pairsum`,
+        ``"grid"`` by grid summation in time linear in ``n + m`` (:mod:`strategies.solvers.pairsum`,
         relative error near 1e-13), ``"auto"`` exact up to :data:`GRID_PAIRS` pairs and on
         the grid above.
 

@@ -225,8 +225,8 @@ def problem(shape: Shape) -> tuple[list[SiteData], GrAUCConfig]:
 def recorded_run(sites, cfg: GrAUCConfig) -> tuple[object, list[float]]:
     """The fit's strategy and its true objective after every round, in process
     (:func:`strategies.experiments.family.true_objectives`)."""
-    from strategies.guards import Guards
-    from strategies.registry import Registry
+    from strategies.client.guards import Guards
+    from strategies.server.registry import Registry
 
     from . import federation as fed
     from .federation import clients_of

@@ -1,6 +1,6 @@
 """GrAUC-PFL's tuning inside the federation (docs/methods.md 3.12): the top of each ``lam``
 path, every (fold, setting) fit beside the all-rows fit at every setting, the choice and
-the refit, as one batched Flower run (:class:`strategies.batch.BatchStrategy`) on every
+the refit, as one batched Flower run (:class:`strategies.server.batch.BatchStrategy`) on every
 engine; a plain fit's calibration is the same plan at one setting."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from strategies import tuning
-from strategies.batch import pooled_by_site
 from strategies.config import GRAUC_FUSED_METHODS, GrAUCConfig
 from strategies.errors import InputError
-from strategies.registry import Registry
+from strategies.server.batch import pooled_by_site
+from strategies.server.registry import Registry
+from strategies.stats import tuning
 
 from .federation import clients_of
 from .tuning import LAM_RATIO, N_LAM, PARAMS, RIDGE_GRID, SIMPLEST, W_DIST_GRID, Grid
@@ -26,7 +26,7 @@ COMMON_LAM = 1e12
 
 
 def check_folds(registry: Registry, k: int, borrow: bool = False) -> tuple[list, dict]:
-    """The sites with fewer than :data:`strategies.tuning.SMALL_FOLD` validation rows of a
+    """The sites with fewer than :data:`strategies.stats.tuning.SMALL_FOLD` validation rows of a
     class per fold, and ``{site: folds it scores}`` for the sites with fewer rows of a class
     than ``k``: such a site trains in every fold
     and has a validation AUC in the folds that hold both its classes (its smaller class is
@@ -53,20 +53,20 @@ def check_folds(registry: Registry, k: int, borrow: bool = False) -> tuple[list,
 
 
 def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOptions):
-    """The plan of :class:`strategies.batch.BatchStrategy` that tunes ``method`` (GrAUC-PFL
+    """The plan of :class:`strategies.server.batch.BatchStrategy` that tunes ``method`` (GrAUC-PFL
     or mean fusion) inside the federation (docs/methods.md 3.12):
 
     1. *top of the path*: one fit per ``(ridge, size_power)`` and graph component pattern at
        :data:`COMMON_LAM` (each component's common fit); each site's gradient there gives
-       ``lam_max`` per ``(ridge, w_dist, size_power)`` (:func:`strategies.tuning.lam_max`);
+       ``lam_max`` per ``(ridge, w_dist, size_power)`` (:func:`strategies.stats.tuning.lam_max`);
        skipped when ``grid.lam`` is given;
     2. *cross-validation*: every ``(fold, setting)`` fit side by side on each site's own
-       folds (stratified, :func:`strategies.folds.site_folds`), and, alongside, the fit on
+       folds (stratified, :func:`strategies.client.folds.site_folds`), and, alongside, the fit on
        all rows at every setting (the refit, so that it costs no rounds of its own; not with
        ``inference = oracle``, whose refit follows the choice); then one batched evaluation:
        each site's AUC and surrogate loss per fold and its AUC of the pooled out-of-fold
        scores per setting;
-    3. the choice (:func:`strategies.tuning.choose` by ``opts.criterion`` and ``opts.rule``);
+    3. the choice (:func:`strategies.stats.tuning.choose` by ``opts.criterion`` and ``opts.rule``);
        the result is the all-rows fit at the chosen setting.
 
     Fits start as a plain fit does (``cfg.init``); the refit therefore equals a plain fit at
@@ -84,13 +84,13 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
     params = PARAMS[method]
 
     def strategy(point: GrAUCConfig, registry, fuse: str = fusion):
-        from strategies.grauc import GrAUCStrategy
+        from strategies.server.grauc import GrAUCStrategy
 
         return GrAUCStrategy(point, len(registry.sites), registry, graph_builder=build_graph,
                              fusion=fuse)  # fmt: skip
 
     def plan(batch):
-        from strategies.batch import Job, Stage
+        from strategies.server.batch import Job, Stage
 
         registry = batch.registry
         order = registry.order()
@@ -177,7 +177,7 @@ def _path_tops(batch, cfg: GrAUCConfig, method: str, grid: Grid, w_grid, powers,
     ``lam_max`` and so the ``lam`` path of each ``(ridge, w_dist, size_power)`` (a stage of
     its own; none when ``grid.lam`` is given).  Returns ``{(ridge, w_dist, size_power):
     lam values}``."""
-    from strategies.batch import Job, Stage
+    from strategies.server.batch import Job, Stage
 
     from .graph import build_graph
 
@@ -244,7 +244,7 @@ def federated_options(tc) -> tuple[tuning.CVOptions, Grid]:
 
 def tuning_waves(tune) -> int:
     """The factor on a federated tuning's round budget (``tune``: ``(CVOptions, Grid)``):
-    :meth:`strategies.tuning.CVOptions.waves` of the most fits a stage of
+    :meth:`strategies.stats.tuning.CVOptions.waves` of the most fits a stage of
     :func:`federated_plan` starts (every setting's folds and its all-rows fit)."""
     opts, grid = tune
     lams = len(set(grid.lam)) or N_LAM + 1
@@ -254,9 +254,9 @@ def tuning_waves(tune) -> int:
 
 
 def federated_strategy(cfg, method, opts, grid, n_sites, registry, timeout=None, progress=None):
-    """The :class:`strategies.batch.BatchStrategy` of :func:`federated_plan`: tuning and
+    """The :class:`strategies.server.batch.BatchStrategy` of :func:`federated_plan`: tuning and
     refit of ``method`` as one Flower run, on either engine."""
-    from strategies.batch import tuning_batch
+    from strategies.server.batch import tuning_batch
 
     for value in grid.ridge:
         cfg.replace(ridge=value)  # a value out of range names the setting
@@ -333,8 +333,8 @@ def calibration_table(pooled: dict, i: int, order) -> pd.DataFrame:
     """``calibration.csv``: each site's logistic recalibration of its pooled out-of-fold
     scores at setting ``i`` (the mean over repeats of the folds), its standard errors, and
     the estimates shrunk toward the sites' mean (``intercept``, ``slope``: what ``predict
-    --probability`` uses; strategies/calibration.py, docs/methods.md 3.14)."""
-    from strategies.calibration import calibration_frame
+    --probability`` uses; strategies/stats/calibration.py, docs/methods.md 3.14)."""
+    from strategies.stats.calibration import calibration_frame
 
     cols = ("cal_a", "cal_b", "cal_vaa", "cal_vbb", "n_pos", "n_neg")
     got = {c: pooled_by_site(pooled, i, c) for c in cols}

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from strategies import admm
 from strategies.config import (
     FEDAVG_FAMILY,
     GRAUC_FUSED_METHODS,
@@ -19,16 +18,17 @@ from strategies.config import (
     GrAUCConfig,
 )
 from strategies.errors import InputError
-from strategies.fedavg import round_limit
-from strategies.grauc import (
+from strategies.runtime.engine import run_inprocess
+from strategies.server.fedavg import round_limit
+from strategies.server.grauc import (
     COMPARATORS,
     FixedModelStrategy,
     GrAUCStrategy,
     IndividualStrategy,
 )
-from strategies.inference import REFIT_ROUNDS
-from strategies.registry import Registry, pooled_scaling
-from strategies.runtime.engine import run_inprocess
+from strategies.server.registry import Registry, pooled_scaling
+from strategies.solvers import admm
+from strategies.stats.inference import REFIT_ROUNDS
 
 from .client import GrAUCClient
 from .datafit import PairwiseLogistic, local_fit, split_by_class
@@ -121,7 +121,7 @@ def max_rounds_for(method: str, cfg: GrAUCConfig, tuned: bool = False, waves: in
     """A round budget for Flower's server loop: the method's own rounds, and one for the
     evaluation after the last (the loop stops as soon as the method has finished); a
     federated tuning's stages each within their fits' limits, ``waves`` times over when
-    not all its fits run at once (:meth:`strategies.tuning.CVOptions.waves`)."""
+    not all its fits run at once (:meth:`strategies.stats.tuning.CVOptions.waves`)."""
     if tuned:
         return waves * (3 * (cfg.max_rounds + 1) + REFIT_ROUNDS)
     if method in FEDAVG_FAMILY:
@@ -148,7 +148,7 @@ class MethodResult:
 def collect(method: str, strategy) -> MethodResult:
     """What a finished strategy produced (coefficients on the input scale); of a federated
     tuning, its refit with the tuning's outputs in ``extra``."""
-    from strategies.batch import BatchStrategy
+    from strategies.server.batch import BatchStrategy
 
     if isinstance(strategy, BatchStrategy):
         res = collect(method, strategy.result.strategy)
@@ -208,7 +208,7 @@ def oracle_inference(strategy: GrAUCStrategy) -> OracleFit | str:
 
 def clients_of(sites, ridge: float, guards=None) -> list[GrAUCClient]:
     """The sites' clients, each at its place in the list, with ``guards`` (the default
-    floors when ``None``; a fold's rows: :meth:`strategies.guards.Guards.for_view`)."""
+    floors when ``None``; a fold's rows: :meth:`strategies.client.guards.Guards.for_view`)."""
     return [GrAUCClient(s, ridge, index=z, guards=guards) for z, s in enumerate(sites)]
 
 
@@ -392,7 +392,7 @@ RELIABILITY_COLUMNS = ["site", "split", "lower", "upper", "rows", "mean_probabil
 
 def reliability_table(evaluation: dict, order) -> pd.DataFrame:
     """``reliability.csv``: each site's reliability bands of its calibrated risks on its
-    evaluation rows (:func:`strategies.calibration.reliability_bins`, as the site sent
+    evaluation rows (:func:`strategies.stats.calibration.reliability_bins`, as the site sent
     them; ``split``: its test rows, or its training rows when it has none), sites in
     ``order``; empty when no site sent any."""
     rows = []
@@ -429,8 +429,8 @@ def new_site_model(args, model):
     added to ``model`` with coefficients borrowed from the fitted sites by
     ``args.new_site_rule`` (docs/methods.md 3.13), from the fit's ``sites.csv`` (the fitted
     sites' locations) and ``metrics.json`` (its graph, weights, penalty and working scale).
-    Returns the model and one :class:`strategies.predict.Borrowed` per new site."""
-    from strategies.predict import Borrowed, combine
+    Returns the model and one :class:`strategies.stats.predict.Borrowed` per new site."""
+    from strategies.stats.predict import Borrowed, combine
 
     from .data import location, read_sites
     from .graph import new_site_neighbours
@@ -505,8 +505,8 @@ def auc_frame(metrics: dict, order, split: str = "test", level: float = 0.95) ->
     interval at ``level`` (columns :data:`AUC_COLUMNS`, sites in ``order``), from
     ``metrics.json``'s per-site evaluation; after a tuning also each site's calibrated
     risks' Brier score, calibration error, intercept and slope
-    (:data:`strategies.calibration.TEST_COLUMNS`)."""
-    from strategies.calibration import TEST_COLUMNS
+    (:data:`strategies.stats.calibration.TEST_COLUMNS`)."""
+    from strategies.stats.calibration import TEST_COLUMNS
 
     from .metrics import auc_interval
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from geopy.distance import geodesic
 
-from strategies.admm import all_pairs
+from strategies.solvers.admm import all_pairs
 
 GRAPHS = ("mst", "knn", "complete")
 #: Above this many sites the MST uses the great-circle shortcut (see :func:`build_graph`).
@@ -257,9 +257,9 @@ def new_site_neighbours(
     one; the new site's neighbours there, weighted by the fit's edge weights
     (:func:`edge_weights` with the fitted sites' bandwidth ``H``).  ``nearest``: the nearest
     site, weight 1.  ``inverse-distance``: the ``idw_k`` nearest (default
-    :data:`strategies.predict.IDW_NEIGHBOURS`), weights ``1 / d`` (a site at distance 0
+    :data:`strategies.stats.predict.IDW_NEIGHBOURS`), weights ``1 / d`` (a site at distance 0
     alone, weight 1).  Ties go to the lower index."""
-    from strategies.predict import IDW_NEIGHBOURS, NEW_SITE_RULES
+    from strategies.stats.predict import IDW_NEIGHBOURS, NEW_SITE_RULES
 
     if rule not in NEW_SITE_RULES:
         raise ValueError(f"rule: must be one of {', '.join(NEW_SITE_RULES)}, got {rule!r}")

@@ -4,10 +4,10 @@ identified fused groups, with sandwich standard errors.
 After the fit, each feature's sites fall into fused groups (``clusters.csv``).  The refit
 minimizes ``F(theta) = sum_z f_z(A_z theta)`` -- the sites' surrogates with the ridge as
 fitted, one coefficient per (feature, group), no fusion penalty -- by damped Newton rounds
-(:func:`strategies.inference.newton_round`): the server sends each site its coefficients
+(:func:`strategies.stats.inference.newton_round`): the server sends each site its coefficients
 ``A_z theta``; the site answers with its loss, gradient and ``p x p`` Hessian there
-(``task = newton``, :func:`strategies.local.newton_answer`).  At the refit, each site sends once the
-``p x p`` covariance ``Sigma_z`` of its gradient from the Hájek projection
+(``task = newton``, :func:`strategies.solvers.local.newton_answer`).  At the refit, each
+site sends once the ``p x p`` covariance ``Sigma_z`` of its gradient from the Hájek projection
 (:meth:`grauc_flower.datafit.PairwiseLogistic.hajek`, :func:`sandwich_metrics`), and
 
     Cov(theta) = H^-1 S H^-1,   H = sum_z A_z^T H_z A_z,   S = sum_z A_z^T Sigma_z A_z
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from strategies import inference as oracle
+from strategies.stats import inference as oracle
 from strategies.wire import pack, unpack
 
 #: The key of a site's ``Sigma_z`` in its evaluation metrics (only with inference = oracle).

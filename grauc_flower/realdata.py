@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategies.errors import InputError
-from strategies.tuning import site_rng
+from strategies.stats.tuning import site_rng
 
 from .data import SiteData, centroids, parse_counties
 

@@ -67,7 +67,7 @@ def scale_fit(rows: int) -> dict:
 def scale_tune(rows: int) -> dict:
     """``fit --tune cv`` (inside the federation, in process, default grid and 5 folds) of
     the scale design at ``rows`` rows a site: tuning and refit."""
-    from strategies.tuning import CVOptions
+    from strategies.stats.tuning import CVOptions
 
     from . import federated_tuning, tuning
 

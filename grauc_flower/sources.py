@@ -6,10 +6,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from strategies.config import (
-    Section,
-    setting,
-)
+from strategies.config import Section, setting
 from strategies.errors import InputError
 
 from .data import SiteData, add_test_data, hold_out, load_csv, simulate

@@ -58,14 +58,7 @@ import numpy as np
 import pandas as pd
 
 from strategies import quiet_flower
-from strategies.config import (
-    GRAUC_METHODS,
-    GrAUCConfig,
-    Table,
-    from_run_config,
-    listing,
-    setting,
-)
+from strategies.config import GRAUC_METHODS, GrAUCConfig, Table, from_run_config, listing, setting
 from strategies.errors import InputError
 from strategies.experiments.coverage import coverage_setting
 from strategies.experiments.design import (
@@ -77,8 +70,8 @@ from strategies.experiments.design import (
     study_methods,
 )
 from strategies.experiments.runner import add_study_parser, run_study_args
-from strategies.tuning import RULES, CVOptions
-from strategies.tuning import choose as choose_setting
+from strategies.stats.tuning import RULES, CVOptions
+from strategies.stats.tuning import choose as choose_setting
 
 from . import tuning as cv
 from .data import LEVEL_SHIFT, simulate
@@ -359,7 +352,7 @@ def tuned_comparator(sites, cfg: GrAUCConfig, method: str, st: Settings, seed: i
 
 
 def choose(table: pd.DataFrame, rule: str = "best") -> dict:
-    """``lam``, ``w_dist``, ``ridge`` and ``size_power`` by :func:`strategies.tuning.choose`
+    """``lam``, ``w_dist``, ``ridge`` and ``size_power`` by :func:`strategies.stats.tuning.choose`
     (mean validation AUC over folds)."""
     chosen, _ = choose_setting(
         table, cv.PARAMS["grauc"], "val_auc", True, rule, cv.SIMPLEST["grauc"]

@@ -7,7 +7,7 @@ path is fitted in descending order with warm starts.  By default the ``lam`` gri
 the same coefficients) and goes down to ``lam_max * 1e-3`` (12 values) and 0.  Individual
 fits: a grid over ``ridge``.  FedAvg: ``ridge x fedavg_rounds`` (the rounds path continues
 one run: FedAvg's next round depends only on the global model).  The other comparators:
-``ridge x`` their own setting (:data:`strategies.tuning.KNOBS`: FedProx's and Ditto's
+``ridge x`` their own setting (:data:`strategies.stats.tuning.KNOBS`: FedProx's and Ditto's
 ``mu``, the adaptive servers' ``eta``, IFCA's ``k``, ...).  The criterion is the mean
 validation AUC over sites (sites whose validation fold lacks a class are left out).
 
@@ -23,10 +23,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from strategies import tuning
 from strategies.config import FEDAVG_FAMILY, GRAUC_FUSED_METHODS, GrAUCConfig
 from strategies.errors import InputError
-from strategies.registry import Registry
+from strategies.server.registry import Registry
+from strategies.stats import tuning
 
 from .data import SiteData
 from .federation import clients_of
@@ -51,7 +51,7 @@ class Grid:
     w_dist: tuple[float, ...] = W_DIST_GRID
     ridge: tuple[float, ...] = RIDGE_GRID
     fedavg_rounds: tuple[int, ...] = ROUNDS_GRID
-    knob: tuple | None = None  # a comparator's own setting (strategies.tuning.KNOBS)
+    knob: tuple | None = None  # a comparator's own setting (strategies.stats.tuning.KNOBS)
     #: The fused methods' site weighting ``size_power`` (empty: the config's value).
     size_power: tuple[float, ...] = ()
 
@@ -64,7 +64,7 @@ class Grid:
 
 
 #: The columns naming a setting, per method (``cv.csv``; ``metrics.json: tuned``): the
-#: ridge and, for a comparator, its knob (:data:`strategies.tuning.KNOBS`).
+#: ridge and, for a comparator, its knob (:data:`strategies.stats.tuning.KNOBS`).
 PARAMS = {
     "grauc": ("lam", "w_dist", "ridge", "size_power"),
     "mean-fusion": ("lam", "ridge", "size_power"),
@@ -126,8 +126,8 @@ def _gradients(sites, cfg: GrAUCConfig, ridge: float):
 
 def lam_maxes(sites, cfg: GrAUCConfig, ridges, w_dists) -> dict[tuple[float, float], float]:
     """``lam_max`` per ``(ridge, w_dist)``, from the sites' own gradients at each graph
-    component's common fit (:func:`strategies.tuning.common_fit`, then
-    :func:`strategies.tuning.lam_max`).
+    component's common fit (:func:`strategies.stats.tuning.common_fit`, then
+    :func:`strategies.stats.tuning.lam_max`).
 
     The sites answer ``gradient`` instructions, as in a ``pqn`` round; the server sums them.
     The common fit depends on the ridge only, so it is computed once per ridge (and
@@ -168,7 +168,7 @@ def lam_maxes(sites, cfg: GrAUCConfig, ridges, w_dists) -> dict[tuple[float, flo
 def lam_maxes_mean(sites, cfg: GrAUCConfig, ridges) -> dict[float, float]:
     """``lam_max`` of the mean-fusion comparator per ridge: the sites' gradients at the
     common fit of all of them (as :func:`lam_maxes`), then
-    :func:`strategies.tuning.lam_max_mean`."""
+    :func:`strategies.stats.tuning.lam_max_mean`."""
     p = sites[0].x_train.shape[1]
     everyone = tuple(range(len(sites)))
     out = {}
@@ -189,7 +189,7 @@ def lam_grids(
     sites, cfg: GrAUCConfig, grid: Grid, method: str = "grauc"
 ) -> dict[tuple[float, float], tuple]:
     """The ``lam`` values per ``(ridge, w_dist)``: ``grid.lam`` when given, else
-    :func:`strategies.tuning.log_path` below :func:`lam_maxes` (mean-fusion:
+    :func:`strategies.stats.tuning.log_path` below :func:`lam_maxes` (mean-fusion:
     :func:`lam_maxes_mean`, the same for every ``w_dist``)."""
     if grid.lam:
         return {(r, w): grid.lam for r in grid.ridge for w in grid.w_dist}
@@ -249,7 +249,7 @@ def cv_piece(piece) -> list[dict]:
     from .federation import make_strategy, max_rounds_for
 
     method, k, sites, cfg, w_grid, lams, rounds_grid, knobs = piece
-    from strategies.guards import Guards
+    from strategies.client.guards import Guards
 
     clients = clients_of(sites, cfg.ridge, Guards().for_view())  # a fold's rows
     registry = Registry()
@@ -276,7 +276,7 @@ def cv_piece(piece) -> list[dict]:
         run_inprocess(strategy, clients, max_rounds_for("individual", cfg))
         rows.append(_row(k, {"ridge": cfg.ridge}, strategy))
     elif method == "fedavg":
-        from strategies.grauc import GrAUCFedAvg
+        from strategies.server.grauc import GrAUCFedAvg
 
         model, done = None, 0
         for total in rounds_grid:  # one FedAvg run, evaluated at each round count

@@ -21,8 +21,6 @@ from strategies.api import FederatedModel
 from strategies.config import FEDAVG_FAMILY, RowFedConfig, rowfed_run_config
 from strategies.datasets.tables import as_path
 from strategies.errors import InputError
-from strategies.fedavg import round_limit
-from strategies.predict import INTERCEPT
 from strategies.runtime.cli import (
     RoundProgress,
     atomic_output_dir,
@@ -39,7 +37,9 @@ from strategies.runtime.cli import (
     settings_from_args,
 )
 from strategies.runtime.tuning_options import cv_options, tune_run_config, tuning_metrics
-from strategies.tuning import KNOBS, parse_grid
+from strategies.server.fedavg import round_limit
+from strategies.stats.predict import INTERCEPT
+from strategies.stats.tuning import KNOBS, parse_grid
 
 from . import tuning as grid_search
 from .federated_tuning import FEDERATED_TUNABLE
@@ -318,7 +318,7 @@ class RowFed(FederatedModel):
         return super().predict_table(data, **options)
 
     def _predict_reader(self) -> tuple:
-        from strategies.predict import read_rowfed_model
+        from strategies.stats.predict import read_rowfed_model
 
         return read_rowfed_model, True, None
 

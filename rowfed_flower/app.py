@@ -13,6 +13,7 @@ import os
 from flwr.app import Context
 from flwr.serverapp import Grid
 
+from strategies.client.guards import Guards
 from strategies.config import (
     GuardsConfig,
     registration_config,
@@ -21,10 +22,9 @@ from strategies.config import (
     tune_config,
 )
 from strategies.errors import InputError
-from strategies.guards import Guards
-from strategies.rowfed import dims, rowfed_registry
 from strategies.runtime.engine import log_line, round_logger
 from strategies.runtime.flowerapp import node_index, out_dir, round_timeout, run_methods
+from strategies.server.rowfed import dims, rowfed_registry
 
 from . import federation as fed
 from . import sources as rsources

@@ -116,8 +116,8 @@ def tuning_rows(quick: bool) -> list[dict]:
     refit together against one default fit's, the server's time per round against the
     slowest client's."""
     from strategies.experiments.benchtable import timed_tuning
-    from strategies.rowfed import rowfed_registry
-    from strategies.tuning import CVOptions
+    from strategies.server.rowfed import rowfed_registry
+    from strategies.stats.tuning import CVOptions
 
     from . import federation as fed
     from . import sources as rsources

@@ -22,7 +22,6 @@ import os
 
 from strategies.config import ROWFED_METHODS, RowFedConfig
 from strategies.experiments.scale import add_scale_option, format_scale
-from strategies.predict import add_predict_parser, cmd_predict, read_rowfed_model
 from strategies.report import add_report_parser, cmd_report
 from strategies.runtime.cli import (
     Parser,
@@ -36,6 +35,7 @@ from strategies.runtime.cli import (
     run_main,
 )
 from strategies.runtime.tuning_options import add_tuning_arguments
+from strategies.stats.predict import add_predict_parser, cmd_predict, read_rowfed_model
 
 from . import tuning as grid_search
 from .api import DEFAULT_LAM1_GRID, DEFAULT_LAM2_GRID

@@ -12,19 +12,19 @@ Tasks (``config["task"]``):
 
 Registration is Flower's properties exchange (``get_properties``): ``site, n, index,
 features``, the packed sums ``sum_x, sum_x2`` and ``p, q, sum_y``
-(:func:`strategies.registry.registration_properties`).
+(:func:`strategies.server.registry.registration_properties`).
 
 ``local``     <- ``init`` (ridge | nonfed), ``penalty``, ``concavity``, ``lam2``, ``sparsity``:
                  the client's own fit (the oracle initial estimate, or the NonFed baseline
                  with the same sparsity) -> ``[Theta_m]``, metrics ``task, site, loss``.
 ``admm``      <- ``[Theta_m, pull_m]``, ``rho-sigma`` (``rho sigma_max``), ``local-solver``:
-                 ``c_m`` from its own ``L_m`` (:func:`strategies.local.curvature`),
+                 ``c_m`` from its own ``L_m`` (:func:`strategies.solvers.local.curvature`),
                  ``Theta_tilde_m = Theta_m - pull_m / c_m`` and one local step
                  (docs/methods.md 2.3 step 4) -> ``[Theta_m_new]``, metrics ``task, site, loss``.
 ``gradient``  <- ``[Theta_m]`` -> ``[grad f_m(Theta_m)]``, metrics ``task, site, loss`` (and,
                  when ``curvature`` is true, ``L_m``): the proximal quasi-Newton algorithm.
 ``newton``    <- ``[Theta_m]`` -> ``[grad f_m(Theta_m) | X'X/n]`` (one ``p x (q + p)`` array,
-                 :func:`strategies.local.newton_answer`), metrics ``task, site, loss``: pqn
+                 :func:`strategies.solvers.local.newton_answer`), metrics ``task, site, loss``: pqn
                  with ``curvature = exact``.
 ``fedavg``    <- ``[Theta]`` (common), ``fedavg-local-steps``, ``fedavg-lr`` and the sparsity
                  penalty (and FedProx's ``proximal_mu``): proximal-gradient steps ->
@@ -53,17 +53,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies import batch
-from strategies.client import SiteClient
-from strategies.folds import site_folds
-from strategies.guards import MOMENT_FLOOR, Guards
-from strategies.local import (
-    local_descent,
-    site_weight,
-)
-from strategies.penalties import Penalty
-from strategies.registry import registration_properties, rowfed_meta
+from strategies.client import batch
+from strategies.client.folds import site_folds
+from strategies.client.guards import MOMENT_FLOOR, Guards
+from strategies.client.site import SiteClient
+from strategies.server.registry import registration_properties, rowfed_meta
+from strategies.solvers.local import local_descent, site_weight
+from strategies.solvers.penalties import Penalty
 from strategies.wire import unpack
+from strategies.wire.batch import TASK, VIEW_FIELD
 
 from .datafit import LocalLeastSquares, start_fit
 
@@ -117,7 +115,7 @@ def fedavg_local_steps(
 ) -> np.ndarray:
     """``steps`` proximal-gradient steps on ``f + P_lam2`` (plus FedProx's
     ``(mu/2) ||Theta - theta||^2``) from ``theta``: FedAvg's local work
-    (:func:`strategies.local.local_descent` with the sparsity threshold as the prox; its
+    (:func:`strategies.solvers.local.local_descent` with the sparsity threshold as the prox; its
     curvature doubled until ``penalty.check_rho`` holds for MCP/SCAD)."""
     group = sparsity == "row"
 
@@ -160,15 +158,15 @@ class RowFedClient(SiteClient):
         self.data = data
         self.index = int(index)
         self.features = tuple(features)
-        self.guards = guards or Guards()  # the client's own floors (strategies/guards.py)
+        self.guards = guards or Guards()  # the client's own floors (strategies/client/guards.py)
         self._cache: dict = {}
         self._views: dict = {}
 
-    # -- views of the rows (a federated tuning's folds: strategies/batch.py) ---------------
+    # -- views of the rows (a federated tuning's folds: strategies/client/batch.py) ---------------
     def view(self, spec: dict) -> RowFedClient:
         """This client on fold ``k`` of ``folds`` of its rows (the rows outside it to fit,
         the fold to validate; random, from its own seeded stream:
-        :func:`strategies.folds.site_folds`), or on all its rows."""
+        :func:`strategies.client.folds.site_folds`), or on all its rows."""
         key = json.dumps(spec, sort_keys=True)
         if key not in self._views:
             d = self.data
@@ -223,14 +221,14 @@ class RowFedClient(SiteClient):
     def get_properties(self, config):
         """Registration: who this client is, its counts and per-column sums (of a view of
         its rows when the config names one)."""
-        if batch.VIEW_FIELD in config:
+        if VIEW_FIELD in config:
             return batch.answer_properties(self, config)
         d = self.data
         self.guards.check_rows(d.site, d.n)
         meta = {**rowfed_meta(d.p, d.q, d.y), MOMENT_FLOOR: self.guards.moment_floor(d.p)}
         return registration_properties(d.site, d.n, self.index, d.x, self.features, **meta)
 
-    # -- the hooks of strategies/client.py: SiteClient ------------------------------------
+    # -- the hooks of strategies/client/site.py: SiteClient ------------------------------------
     @property
     def rows(self) -> int:
         return self.data.n
@@ -266,7 +264,7 @@ class RowFedClient(SiteClient):
         error of that mean of squared errors (their SD over the rows / sqrt(rows); NaN with
         one row), and the training RSS."""
         self._check_site(config)
-        if config.get("task") == batch.TASK:
+        if config.get("task") == TASK:
             return batch.answer_evaluate(self, parameters, config)
         (theta,) = parameters
         d = self.data

@@ -22,7 +22,7 @@ from strategies.experiments.coverage import (
     task_frame,
     true_kinds,
 )
-from strategies.inference import group_sizes
+from strategies.stats.inference import group_sizes
 
 from .study import parse_settings, simulated_federation
 

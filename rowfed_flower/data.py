@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies.problems import canonical_labels
+from strategies.solvers.problems import canonical_labels
 
 #: Row ``j < 6`` of the true ``Theta`` has ``N_CLUSTERS[j]`` client clusters (docs/methods.md 2.8).
 N_CLUSTERS = (1, 1, 2, 2, 3, 3)

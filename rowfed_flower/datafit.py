@@ -7,7 +7,7 @@ The SROF objective (docs/methods.md 2.2) is::
                + sum_m sum_j P_lam2(||theta_m(j)||_2)  or  sum_{m,j,k} P_lam2(|theta_mjk|)
 
 with ``Theta`` stacked as an array of shape ``(M, p, q)``.  The penalty side is a
-:class:`strategies.admm.Problem` with two splits, in this order:
+:class:`strategies.solvers.admm.Problem` with two splits, in this order:
 
 - ``problem.splits[FUSION]``: the signed incidence matrix of ``G`` (all pairs by default),
   grouped by rows ``theta_m(j)`` (``"row"``), or by whole matrices (``"block"``, PerFL-LSMA);
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 
-from strategies.admm import (
+from strategies.solvers.admm import (
     AdmmState,
     History,
     Problem,
@@ -42,9 +42,9 @@ from strategies.admm import (
     init_state,
     server_update,
 )
-from strategies.local import LOCAL_SOLVERS, curvature, local_step
-from strategies.penalties import Penalty
-from strategies.problems import (  # noqa: F401 - the penalty side, defined once there
+from strategies.solvers.local import LOCAL_SOLVERS, curvature, local_step
+from strategies.solvers.penalties import Penalty
+from strategies.solvers.problems import (  # noqa: F401 - the penalty side, defined once there
     FUSION,
     SPARSITIES,
     SPARSITY,
@@ -76,7 +76,7 @@ class LocalLeastSquares:
     ``grad f(Theta) = -w X^T (Y - X Theta) / n = G Theta - w X^T Y / n`` where
     ``G = w X^T X / n``, and Lipschitz constant ``L = lambda_max(G)``; the weight ``w`` is 1
     unless the fused objective weights clients by their rows
-    (:func:`strategies.local.site_weight`).  Only ``G``, ``w X^T Y / n`` and ``||Y||_F^2``
+    (:func:`strategies.solvers.local.site_weight`).  Only ``G``, ``w X^T Y / n`` and ``||Y||_F^2``
     are kept after construction (besides ``x`` and ``y`` themselves).
     """
 

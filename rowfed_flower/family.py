@@ -167,8 +167,8 @@ def problem(shape: Shape):
 def recorded_run(data, cfg: RowFedConfig) -> tuple[object, list[float]]:
     """The fit's strategy and its true objective after every round
     (:func:`strategies.experiments.family.true_objectives`)."""
-    from strategies.guards import Guards
-    from strategies.rowfed import rowfed_registry
+    from strategies.client.guards import Guards
+    from strategies.server.rowfed import rowfed_registry
 
     from . import federation as fed
 

@@ -1,6 +1,6 @@
 """RowFed's tuning inside the federation (docs/methods.md 2.5, 3.12): GIC over the grid, or
 every (fold, setting) fit beside the all-rows fit at every setting, then the choice and the
-refit, as one batched Flower run (:class:`strategies.batch.BatchStrategy`) on every
+refit, as one batched Flower run (:class:`strategies.server.batch.BatchStrategy`) on every
 engine."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import functools
 import numpy as np
 import pandas as pd
 
-from strategies import tuning
-from strategies.batch import pooled_by_site
 from strategies.config import RowFedConfig
 from strategies.errors import InputError
-from strategies.problems import degrees_of_freedom
-from strategies.rowfed import rowfed_registry
 from strategies.runtime.engine import run_inprocess
+from strategies.server.batch import pooled_by_site
+from strategies.server.rowfed import rowfed_registry
+from strategies.solvers.problems import degrees_of_freedom
+from strategies.stats import tuning
 
 from . import federation as fed
 from .tuning import (
@@ -42,7 +42,7 @@ FEDERATED_TUNABLE = TUNABLE
 
 
 def check_folds(registry, k: int) -> tuple[list, dict]:
-    """The clients with fewer than :data:`strategies.tuning.SMALL_FOLD` validation rows per
+    """The clients with fewer than :data:`strategies.stats.tuning.SMALL_FOLD` validation rows per
     fold, and ``{client: folds it scores}`` for the clients with fewer rows than ``k``: such
     a client trains in every fold and has a validation MSE in the folds that hold one of its
     rows (they are dealt one a fold), its other folds adding nothing to the criterion."""
@@ -65,7 +65,7 @@ def federated_plan(
     cfg: RowFedConfig, method: str, by: str, opts: tuning.CVOptions, lam1_grid, lam2_grid,
     size_power_grid=None,
 ):  # fmt: skip
-    """The plan of :class:`strategies.batch.BatchStrategy` that tunes ``method`` inside the
+    """The plan of :class:`strategies.server.batch.BatchStrategy` that tunes ``method`` inside the
     federation (docs/methods.md 3.12).
 
     ``by = "gic"``: every grid point fitted side by side on all rows, one batched evaluation
@@ -107,7 +107,7 @@ def _gic_stages(batch, cfg: RowFedConfig, method: str, by: str, auto: bool, grid
     """:func:`federated_plan`'s stages for ``by`` in :data:`GIC_BY`: the paths' top (if
     ``auto``), every grid point's fit on all rows, one batched evaluation, the smallest
     criterion.  Returns the chosen fit's job key."""
-    from strategies.batch import Job, Stage
+    from strategies.server.batch import Job, Stage
 
     lam1_grid, lam2_grid = grids
     registry = batch.registry
@@ -154,7 +154,7 @@ def _cv_stages(batch, cfg: RowFedConfig, method: str, opts: tuning.CVOptions, au
     ``(fold, setting)`` fit beside the all-rows fit at every setting, one batched evaluation,
     the choice and, if its all-rows fit did not run alongside, the refit.  Returns the
     chosen fit's job key."""
-    from strategies.batch import Job, Stage
+    from strategies.server.batch import Job, Stage
 
     lam1_grid, lam2_grid = grids
     registry = batch.registry
@@ -258,7 +258,7 @@ def federated_options(tc) -> tuple[tuning.CVOptions, tuple, tuple, tuple | None]
 
 def tuning_waves(tune) -> int:
     """The factor on a federated tuning's round budget (``tune``: ``(by, options)``):
-    :meth:`strategies.tuning.CVOptions.waves` of the most fits a stage of
+    :meth:`strategies.stats.tuning.CVOptions.waves` of the most fits a stage of
     :func:`federated_plan` starts (GIC: the grid; cv: every setting's folds and its
     all-rows fit, at up to two site weightings)."""
     by, (opts, lam1, lam2, powers) = tune
@@ -270,8 +270,8 @@ def tuning_waves(tune) -> int:
 
 
 def federated_strategy(cfg, method, by, tune, n_sites, registry, timeout=None, progress=None):
-    """The :class:`strategies.batch.BatchStrategy` of :func:`federated_plan`."""
-    from strategies.batch import tuning_batch
+    """The :class:`strategies.server.batch.BatchStrategy` of :func:`federated_plan`."""
+    from strategies.server.batch import tuning_batch
 
     opts, lam1, lam2, powers = tune
     if not check_auto(lam1, lam2, "tune."):

@@ -14,10 +14,10 @@ import pandas as pd
 
 from strategies.config import FEDAVG_FAMILY, ROWFED_FUSED_METHODS, ROWFED_METHODS, RowFedConfig
 from strategies.errors import InputError
-from strategies.fedavg import round_limit
-from strategies.registry import Registry
-from strategies.rowfed import COMPARATORS, NonFedStrategy, RowFedStrategy, rowfed_registry
 from strategies.runtime.engine import run_inprocess
+from strategies.server.fedavg import round_limit
+from strategies.server.registry import Registry
+from strategies.server.rowfed import COMPARATORS, NonFedStrategy, RowFedStrategy, rowfed_registry
 
 from .graph import build_graph
 from .metrics import mean_rand_index, mse_est
@@ -69,7 +69,7 @@ def max_rounds_for(method: str, cfg: RowFedConfig, tuned: bool = False, waves: i
     """A round budget for Flower's server loop: initialization, the method's own rounds and
     the evaluation after the last (the loop stops as soon as the method has finished); a
     federated tuning's stages each within their fits' limits, ``waves`` times over when
-    not all its fits run at once (:meth:`strategies.tuning.CVOptions.waves`)."""
+    not all its fits run at once (:meth:`strategies.stats.tuning.CVOptions.waves`)."""
     if tuned:
         return waves * (2 * (cfg.max_rounds + 2) + 2)
     if method in FEDAVG_FAMILY:
@@ -118,7 +118,7 @@ def oracle_inference(strategy, theta: np.ndarray, clusters: np.ndarray):
 def collect(method: str, strategy) -> MethodResult:
     """What a finished strategy produced (coefficients on the input scale); of a federated
     tuning, its result's fit with the tuning's outputs in ``extra``."""
-    from strategies.batch import BatchStrategy
+    from strategies.server.batch import BatchStrategy
 
     from .inference import without_moments
 

@@ -18,9 +18,10 @@ def build_graph(graph: str, sites: list[str]) -> tuple[np.ndarray | None, np.nda
     Parameters
     ----------
     graph : str
-        ``"all-pairs"`` (returns ``(None, None)``: :func:`strategies.problems.build_problem`'s
-        default) or a CSV path whose first two columns are client ids ``u, v`` (one edge a
-        row) and whose optional ``weight`` column (``>= 0``) multiplies ``lam1`` per edge.
+        ``"all-pairs"`` (returns ``(None, None)``:
+        :func:`strategies.solvers.problems.build_problem`'s default) or a CSV path whose
+        first two columns are client ids ``u, v`` (one edge a row) and whose optional
+        ``weight`` column (``>= 0``) multiplies ``lam1`` per edge.
     sites : list of str
 
     Returns

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from strategies import inference as oracle
+from strategies.stats import inference as oracle
 from strategies.wire import pack, unpack
 
 #: The keys of a client's moments in its evaluation metrics.

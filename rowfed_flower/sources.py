@@ -80,7 +80,7 @@ class FederatedData:
 
     def make_clients(self, guards=None) -> list[RowFedClient]:
         """The clients with ``guards`` (the default floors when ``None``; a fold's rows:
-        :meth:`strategies.guards.Guards.for_view`)."""
+        :meth:`strategies.client.guards.Guards.for_view`)."""
         return [RowFedClient(c, k, self.features, guards) for k, c in enumerate(self.clients)]
 
 
@@ -185,7 +185,7 @@ def with_test_set(
     """``data`` with each client's test rows: from ``test_path`` (the data's columns, in any
     order; only known clients) or a random ``holdout`` share of its rows (at least one row
     kept for training; the client's own seeded stream)."""
-    from strategies.tuning import holdout_mask, site_rng
+    from strategies.stats.tuning import holdout_mask, site_rng
 
     if test_path and holdout:
         raise InputError("holdout: give a test file or a holdout share, not both")

@@ -80,8 +80,8 @@ from strategies.experiments.design import (
     study_methods,
 )
 from strategies.experiments.runner import add_study_parser, run_study_args
-from strategies.problems import gic
-from strategies.tuning import KNOBS, CVOptions
+from strategies.solvers.problems import gic
+from strategies.stats.tuning import KNOBS, CVOptions
 
 from . import sources as rsources
 from . import tuning as grid_search
@@ -296,7 +296,7 @@ def load(path: str) -> tuple[Study, Settings]:
 # ---------------------------------------------------------------------------------------
 def gic_nq(table: pd.DataFrame, n_total: int, p: int, q: int, m: int) -> np.ndarray:
     """``log(RSS/(N q)) + log(log N) log(p q M) df / (N q)`` for every row of a GIC table
-    (:func:`strategies.problems.gic` with ``per = "nq"``)."""
+    (:func:`strategies.solvers.problems.gic` with ``per = "nq"``)."""
     return gic(table["rss"], n_total, p, q, m, table["df"], per="nq")
 
 

@@ -16,13 +16,13 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from strategies import tuning
+from strategies.client.guards import Guards
 from strategies.config import FEDAVG_FAMILY, RowFedConfig
 from strategies.errors import InputError
-from strategies.guards import Guards
-from strategies.problems import degrees_of_freedom
-from strategies.rowfed import rowfed_registry
 from strategies.runtime.engine import run_inprocess
+from strategies.server.rowfed import rowfed_registry
+from strategies.solvers.problems import degrees_of_freedom
+from strategies.stats import tuning
 
 from . import federation as fed
 from . import sources as rsources
@@ -40,13 +40,13 @@ N_LAM1, N_LAM2, LAM_RATIO = 6, 5, 1e-2
 AUTO = "auto"
 #: A level far above any ``lam_max``: the fit at it is all fused (``lam1``) or zero (``lam2``).
 COMMON_LAM = 1e12
-#: ``--tune``'s information criteria and their df scaling (:func:`strategies.problems.gic`):
+#: ``--tune``'s information criteria and their df scaling (:func:`strategies.solvers.problems.gic`):
 #: the paper's GIC, and the GIC with its df term over the ``N q`` residuals.
 GIC_BY = {"gic": "n", "gic-nq": "nq"}
 #: The methods ``--tune gic`` chooses levels for (GIC needs a fused structure's df).
 TUNABLE = ("rowfed", "perfl-lsma", "mean-fusion", "nonfed")
 #: The methods ``--tune cv`` chooses settings for: also the FedAvg family (``lam2`` and the
-#: comparator's own setting, :data:`strategies.tuning.KNOBS`).
+#: comparator's own setting, :data:`strategies.stats.tuning.KNOBS`).
 CV_TUNABLE = TUNABLE + FEDAVG_FAMILY
 
 
@@ -138,9 +138,9 @@ def sparsity_level(grads: np.ndarray, sparsity: str) -> float:
 def fusion_level(grads: np.ndarray, edges, weights, grouping: str, fusion: str) -> float:
     """``lam1_max``: a fusion level at which the clients' common fit solves the fused problem,
     from each client's gradient at that fit ``(M, p, q)``.  Each row (``grouping = "row"``)
-    or the whole matrix (``"block"``) is a group: :func:`strategies.tuning.lam_max` over the
+    or the whole matrix (``"block"``) is a group: :func:`strategies.stats.tuning.lam_max` over the
     edges (``None``: all pairs, weight 1), exact on a tree and an upper bound with cycles;
-    mean fusion: :func:`strategies.tuning.lam_max_mean`.  Returns the largest over groups."""
+    mean fusion: :func:`strategies.stats.tuning.lam_max_mean`.  Returns the largest over groups."""
     g = np.asarray(grads, dtype=float)
     m = g.shape[0]
     if edges is None:
@@ -166,7 +166,7 @@ def auto_levels(cfg: RowFedConfig, method: str, powers, strategy, registry):
     smallest of them gives :func:`fusion_level` and ``N_LAM1`` levels from it down.  Returns
     ``{power: [(lam1, lam2), ...]}`` in walking order (NonFed: ``lam1`` as ``cfg``'s), or
     ``None`` when a fit gave no gradients."""
-    from strategies.batch import Job, Stage
+    from strategies.server.batch import Job, Stage
 
     base = cfg.replace(algorithm="pqn", inference="none")
     own = "rowfed" if method == "nonfed" else method
@@ -306,7 +306,7 @@ def cross_validate(
 ) -> pd.DataFrame:
     """Validation MSE for every setting and fold: ``fold``, the settings
     (:func:`params_of`), ``val_mse, rounds, converged``.  The fused methods also try the
-    site weightings of :func:`strategies.tuning.size_powers` (``size_power_grid``, else both
+    site weightings of :func:`strategies.stats.tuning.size_powers` (``size_power_grid``, else both
     ends when the clients differ in size).  CV fits use ``opts.tol`` and
     ``opts.max_rounds``."""
     opts = opts or tuning.CVOptions()
@@ -340,7 +340,7 @@ def tune(
 ) -> tuple[RowFedConfig, pd.DataFrame, pd.DataFrame]:
     """Cross-validate; returns ``cfg`` at the chosen setting (lowest mean validation MSE,
     or the ``1se`` rule: the largest ``lam1``, then ``lam2`` -- for a comparator ``lam2``,
-    then its knob's simpler end (:class:`strategies.tuning.Knob`) -- within one standard
+    then its knob's simpler end (:class:`strategies.stats.tuning.Knob`) -- within one standard
     error), the per-fold
     table (``cv.csv``) and the per-setting summary."""
     opts = opts or tuning.CVOptions()

@@ -369,7 +369,7 @@ class FederatedModel:
 
     def report(self, path: str) -> str:
         """Write the fit's one-page report (``report.html``) to the file ``path``."""
-        from .predict import write_bytes_atomic
+        from .stats.predict import write_bytes_atomic
 
         self._check_fitted()
         return write_bytes_atomic(self._files["report.html"], os.fspath(path))
@@ -378,7 +378,7 @@ class FederatedModel:
     def predict_table(self, data, **options) -> pd.DataFrame:
         """The table ``predict`` writes for ``data`` (a data frame or CSV path with the
         site column and the features): ``row``, the site, the outputs."""
-        from .predict import predicted_rows
+        from .stats.predict import predicted_rows
 
         self._check_fitted()
         with (

@@ -351,7 +351,7 @@ def read_csv(out_dir: str, name: str) -> pd.DataFrame | None:
 def cv_section(out_dir: str, metrics: dict, params: Sequence[str]) -> Section:
     """The cross-validation curve from ``cv.csv`` and ``metrics.json`` (or a line saying
     the fit was not tuned)."""
-    from .tuning import summarize
+    from .stats.tuning import summarize
 
     cv = read_csv(out_dir, "cv.csv")
     title = "Cross-validation"

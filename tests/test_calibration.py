@@ -1,4 +1,4 @@
-"""strategies/calibration.py against independent references: Firth's penalized likelihood
+"""strategies/stats/calibration.py against independent references: Firth's penalized likelihood
 maximized by a derivative-free search (scipy), the DerSimonian-Laird estimator written out
 again, the Brier score and ECE by their definitions."""
 
@@ -11,7 +11,7 @@ import pytest
 from scipy.optimize import minimize
 from scipy.special import expit
 
-from strategies.calibration import calibration_metrics, recalibrate, shrink
+from strategies.stats.calibration import calibration_metrics, recalibrate, shrink
 
 
 def _firth_reference(score, y):
@@ -146,8 +146,8 @@ def test_a_comparators_calibration_scores_each_row_by_a_model_that_did_not_see_i
 
     from grauc_flower import bench
     from grauc_flower.data import simulate
-    from strategies import calibration
-    from strategies.folds import site_folds
+    from strategies.client.folds import site_folds
+    from strategies.stats import calibration
 
     sites = simulate(n_sites=3, n_features=2, n_train=30, seed=4)
     # a row is known by its first feature; the second is 1, so site z's model of fold k,
@@ -188,7 +188,7 @@ def test_reliability_bands_hold_at_least_the_floor_and_every_row_once(seed):
     the tenths of [0, 1], each with at least ``floor`` rows (and 3), together every row once, with
     the mean risk and observed rate of exactly its rows; no tenth with ``floor`` rows or more
     is merged into another unless the one before it was short."""
-    from strategies.calibration import reliability_bins
+    from strategies.stats.calibration import reliability_bins
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(3, 80))

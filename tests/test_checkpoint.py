@@ -11,8 +11,8 @@ from grauc_flower.client import GrAUCClient
 from grauc_flower.data import simulate
 from strategies.config import GrAUCConfig
 from strategies.errors import InputError
-from strategies.registry import Registry
 from strategies.runtime.engine import run_inprocess
+from strategies.server.registry import Registry
 
 
 @pytest.mark.parametrize(

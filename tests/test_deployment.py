@@ -196,7 +196,7 @@ def test_tls_auth_tuned_run_equals_inprocess(federation, tmp_path):
     cross-validation table, choice and coefficients as the in-process engine."""
     from grauc_flower.federated_tuning import run_tuned_inprocess
     from grauc_flower.tuning import Grid
-    from strategies.tuning import CVOptions
+    from strategies.stats.tuning import CVOptions
 
     out = str(tmp_path / "tuned")
     tune = {"tune.by": "cv", "tune.folds": 2, "tune.lam-grid": "0.3,0.03"}
@@ -314,7 +314,7 @@ def test_bad_input_or_an_absent_site_ends_the_run_naming_it(tmp_path, pki):
             f'data-path="{path}" site="{bad}" lat=123.4 lon=0 index=1': (
                 f"site {bad}: node-config: lat must be within [-90, 90], got 123.4"
             ),
-            # a disclosure guard the hospital sets itself (strategies/guards.py)
+            # a disclosure guard the hospital sets itself (strategies/client/guards.py)
             f'data-path="{path}" site="{bad}" lat=40.0 lon=-75.0 index=1 min-class-rows=100000': (
                 f"site {bad}: min-class-rows: refuses to take part with"
             ),
@@ -340,7 +340,7 @@ def test_rowfed_runs_the_same_way(tmp_path, pki):
     from rowfed_flower import sources as rsources
     from rowfed_flower.federated_tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
-    from strategies.tuning import CVOptions
+    from strategies.stats.tuning import CVOptions
 
     base = {
         "task": "rowfed",

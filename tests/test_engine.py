@@ -12,8 +12,8 @@ from grauc_flower import federation as fed
 from grauc_flower.client import GrAUCClient
 from grauc_flower.data import simulate
 from strategies.config import GrAUCConfig
-from strategies.registry import Registry
 from strategies.runtime.engine import InProcessClientProxy, StoppingServer, run_inprocess
+from strategies.server.registry import Registry
 
 
 class _Counting(GrAUCClient):

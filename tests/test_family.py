@@ -234,8 +234,8 @@ def test_members_below_the_moment_floor_are_fitted_with_exact_curvature():
     runs on every member, for both methods."""
     import dataclasses
 
+    from strategies.client.guards import Guards
     from strategies.errors import InputError
-    from strategies.guards import Guards
 
     shape = dataclasses.replace(gfam.FAMILY[0], name="tiny-wide", rows=(6, 8))
     sites, cfg = gfam.problem(shape)

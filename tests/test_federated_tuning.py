@@ -1,4 +1,4 @@
-"""``fit --tune cv`` of GrAUC-PFL inside the federation (strategies/batch/,
+"""``fit --tune cv`` of GrAUC-PFL inside the federation (strategies/server/batch.py,
 grauc_flower/federated_tuning.py: federated_plan), checked against independent references.
 
 What is checked against what: each batched (fold, setting) fit against the same fit run
@@ -86,7 +86,7 @@ def _pairs(scores, y) -> tuple[float, float]:
 def _fold_sites(sites, k, repeat=0, folds=K, seed=SEED) -> list[SiteData]:
     """Each site's rows outside fold ``k`` of its own stratified folds for training, fold
     ``k`` for validation (the folds rebuilt here from ``site_folds``)."""
-    from strategies.folds import site_folds
+    from strategies.client.folds import site_folds
 
     out = []
     for s in sites:
@@ -105,7 +105,7 @@ def _alone(sites, lam, w_dist, ridge, guards=None):
     """The fit of one (fold, setting) run alone: the CLI's defaults at the CV tolerance."""
     from grauc_flower.federation import run_methods_inprocess
     from strategies.config import GrAUCConfig
-    from strategies.tuning import CVOptions
+    from strategies.stats.tuning import CVOptions
 
     opts = CVOptions()
     point = GrAUCConfig().replace(
@@ -217,7 +217,7 @@ def test_calibration_is_each_sites_recalibration_of_its_out_of_fold_scores(
     from scipy.special import expit
     from test_calibration import _firth_reference
 
-    from strategies.calibration import shrink
+    from strategies.stats.calibration import shrink
 
     sites = files[0]
     out = tuned("folds")
@@ -332,7 +332,7 @@ def test_repeats_draw_each_sites_folds_again(files):
     from grauc_flower.federated_tuning import run_tuned_inprocess
     from grauc_flower.tuning import Grid
     from strategies.config import GrAUCConfig
-    from strategies.tuning import CVOptions
+    from strategies.stats.tuning import CVOptions
 
     sites = files[0]
     opts = CVOptions(folds=2, repeats=2, seed=SEED, quiet=True)
@@ -376,7 +376,7 @@ def test_top_of_the_path_is_lam_max(files, tmp_path):
     from grauc_flower.graph import build_graph
     from grauc_flower.tuning import lam_maxes
     from strategies.config import GrAUCConfig
-    from strategies.tuning import components, log_path
+    from strategies.stats.tuning import components, log_path
 
     sites = files[0]
     ridges, w_dists = (0.01, 1.0), (0.0, 2.0)
@@ -626,7 +626,7 @@ def test_at_most_max_fits_run_at_once_with_the_same_results(method, files, rowfe
     """``max_fits = 2``: no round runs more than two fits, the others wait their turn, and
     the tuning's table, choice and coefficients are those of the run with every fit at
     once, to the last digit (each fit advances as it would alone); it takes more rounds."""
-    from strategies.tuning import CVOptions
+    from strategies.stats.tuning import CVOptions
 
     runs = {}
     for cap in (0, 2):
@@ -667,8 +667,8 @@ def test_the_batch_clock_splits_each_round_between_server_and_sites(monkeypatch)
     """A round's hooks count as the server's time, but for their waits on the sites'
     registrations; from a configure that sent messages to the aggregate that takes the
     answers, as the sites'; a configure that sent nothing starts no wait."""
-    from strategies.batch import BatchStrategy
-    from strategies.batch import server as batch_module
+    from strategies.server import batch as batch_module
+    from strategies.server.batch import BatchStrategy
 
     now = [0.0]
     monkeypatch.setattr(batch_module.time, "perf_counter", lambda: now[0])
@@ -717,8 +717,8 @@ def test_a_round_reads_the_node_list_once_not_once_per_fit(rowfed_data, monkeypa
     from rowfed_flower.federated_tuning import tuned_strategy
     from strategies.config import RowFedConfig
     from strategies.experiments.benchtable import timed_tuning
-    from strategies.rowfed import rowfed_registry
-    from strategies.tuning import CVOptions
+    from strategies.server.rowfed import rowfed_registry
+    from strategies.stats.tuning import CVOptions
 
     calls = [0]
     inner = SimpleClientManager.all
@@ -744,18 +744,19 @@ def test_a_stages_views_register_in_one_message_per_site(rowfed_data, monkeypatc
     from rowfed_flower import federation as fed
     from rowfed_flower.client import RowFedClient
     from rowfed_flower.federated_tuning import tuned_strategy
-    from strategies import batch as batch_module
     from strategies.config import RowFedConfig
     from strategies.experiments.benchtable import timed_tuning
-    from strategies.rowfed import rowfed_registry
-    from strategies.tuning import CVOptions
+    from strategies.server.batch import BatchStrategy
+    from strategies.server.rowfed import rowfed_registry
+    from strategies.stats.tuning import CVOptions
+    from strategies.wire.batch import VIEW_FIELD
 
     def run():
         asked: list[str] = []
         inner = RowFedClient.get_properties
 
         def counted(self, config):
-            asked.append(str(config.get(batch_module.VIEW_FIELD, "")))
+            asked.append(str(config.get(VIEW_FIELD, "")))
             return inner(self, config)
 
         monkeypatch.setattr(RowFedClient, "get_properties", counted)
@@ -771,7 +772,7 @@ def test_a_stages_views_register_in_one_message_per_site(rowfed_data, monkeypatc
     m = len(rowfed_data.clients)
     views = [a for a in asked if a]  # the messages that carry views (not a view's own call)
     assert len(views) == m and all(a.startswith("[") for a in views)  # the three folds at once
-    monkeypatch.setattr(batch_module.BatchStrategy, "_register_views", lambda *a: None)
+    monkeypatch.setattr(BatchStrategy, "_register_views", lambda *a: None)
     asked_one_by_one, ref = run()
     assert len([a for a in asked_one_by_one if a]) == 3 * m
     assert res.extra["tuning_table"][1].equals(ref.extra["tuning_table"][1])
@@ -808,7 +809,7 @@ def test_rowfed_gic_inside_the_federation_equals_the_warm_started_walk(rowfed_da
     from rowfed_flower import tuning as rtuning
     from rowfed_flower.federated_tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
-    from strategies.tuning import CVOptions
+    from strategies.stats.tuning import CVOptions
 
     cfg = RowFedConfig(tol=1e-10)
     tune = ("gic", (CVOptions(quiet=True), *ROWFED_GRID, None))
@@ -836,7 +837,7 @@ def _rowfed_fold(data, k: int, folds: int = 3, seed: int = 4):
     validation (the folds rebuilt here from ``site_folds``)."""
     from rowfed_flower.client import ClientSamples
     from rowfed_flower.sources import FederatedData
-    from strategies.folds import site_folds
+    from strategies.client.folds import site_folds
 
     parts = []
     for c in data.clients:
@@ -853,7 +854,7 @@ def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
     from rowfed_flower import federation as rfed
     from rowfed_flower.federated_tuning import run_tuned_inprocess
     from strategies.config import RowFedConfig
-    from strategies.tuning import CVOptions
+    from strategies.stats.tuning import CVOptions
 
     cfg = RowFedConfig()
     opts = CVOptions(folds=3, quiet=True, seed=4)
@@ -896,9 +897,9 @@ def test_rowfed_client_with_fewer_rows_than_folds_takes_part(rowfed_data):
     from rowfed_flower.client import ClientSamples
     from rowfed_flower.federated_tuning import run_tuned_inprocess
     from rowfed_flower.sources import FederatedData
+    from strategies.client.guards import Guards
     from strategies.config import RowFedConfig
-    from strategies.guards import Guards
-    from strategies.tuning import CVOptions
+    from strategies.stats.tuning import CVOptions
 
     first = rowfed_data.clients[0]
     small = ClientSamples(first.site, first.x[:2], first.y[:2])
@@ -1021,7 +1022,7 @@ def test_rowfed_auto_gic_path_starts_at_the_data(rowfed_data):
     from rowfed_flower.federated_tuning import run_tuned_inprocess
     from rowfed_flower.tuning import LAM_RATIO, N_LAM1, N_LAM2
     from strategies.config import RowFedConfig
-    from strategies.tuning import CVOptions
+    from strategies.stats.tuning import CVOptions
 
     tune = ("gic-nq", (CVOptions(quiet=True), "auto", "auto", None))
     res = run_tuned_inprocess(RowFedConfig(), rowfed_data, "rowfed", tune)
@@ -1048,7 +1049,7 @@ def test_a_site_with_fewer_rows_of_a_class_than_folds_takes_part(tmp_path):
     in every fold and has a validation AUC in the 2 folds that hold one of its positives;
     each fold's ``val_auc`` is the mean over the sites that fold can score (counted here,
     brute force over pairs, from the same fit run alone); metrics.json names the site."""
-    from strategies.guards import Guards
+    from strategies.client.guards import Guards
 
     sites = simulate(1, 4, 3, 36, 60, 0.4, 3, seed=4242)
     pos = np.flatnonzero(sites[1].y_train == 1)
@@ -1124,7 +1125,7 @@ def test_the_tuning_options_reach_a_flower_run(method):
     each method's ServerApp reads back the options ``fit`` was given."""
     from strategies.config import tune_config
     from strategies.runtime.tuning_options import tune_run_config
-    from strategies.tuning import CVOptions
+    from strategies.stats.tuning import CVOptions
 
     given = CVOptions(folds=4, rule="1se", tol=1e-4, max_rounds=33, seed=5, criterion="pooled",
                       repeats=2, max_fits=7)  # fmt: skip

@@ -217,7 +217,7 @@ def test_grauc_comparators_tune_their_own_setting(
 ):
     """A comparator's CV: ridge x its own setting (the default grid, or --knob-grid); the
     choice is the best mean validation AUC of cv.csv, and the refit uses it."""
-    from strategies.tuning import KNOBS
+    from strategies.stats.tuning import KNOBS
 
     out = str(tmp_path / method)
     extra = ("--method", method, "--tune", "cv", "--folds", "2", "--ridge-grid", "0.01,1")
@@ -240,9 +240,9 @@ def test_fedavg_rounds_path_continues_one_run(grauc_files):
     """The CV's rounds path (5, then 15 more from the 5-round model) equals 20 rounds."""
     from grauc_flower.tuning import cv_piece
     from strategies.config import GrAUCConfig
-    from strategies.grauc import GrAUCFedAvg
-    from strategies.registry import Registry
     from strategies.runtime.engine import run_inprocess
+    from strategies.server.grauc import GrAUCFedAvg
+    from strategies.server.registry import Registry
 
     sites = grauc_files[0]
     cfg = GrAUCConfig(ridge=0.1)

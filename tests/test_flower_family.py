@@ -112,8 +112,8 @@ def test_grauc_global_methods_follow_the_published_rules(keep):
     from grauc_flower import federation as fed
     from grauc_flower.client import GrAUCClient
     from grauc_flower.data import simulate
-    from strategies.registry import Registry
     from strategies.runtime.engine import run_inprocess
+    from strategies.server.registry import Registry
 
     sites = simulate(simulation=1, n_sites=6, n_features=4, n_train=40, seed=4711)
     cfg = GrAUCConfig(**_settings(), krum_keep=keep)
@@ -132,8 +132,8 @@ def test_grauc_global_methods_follow_the_published_rules(keep):
 def test_rowfed_global_methods_follow_the_published_rules():
     from rowfed_flower import federation as fed
     from rowfed_flower import sources as rsources
-    from strategies.rowfed import rowfed_registry
     from strategies.runtime.engine import run_inprocess
+    from strategies.server.rowfed import rowfed_registry
 
     spec = rsources.DataSpec(num_clients=6, num_features=4, num_responses=2, n_train=30, seed=8)
     data = rsources.load_data(spec)
@@ -151,7 +151,7 @@ def test_fedprox_local_steps_reach_the_proximal_point():
     exact proximal map."""
     from grauc_flower.data import simulate
     from grauc_flower.datafit import PairwiseLogistic, split_by_class
-    from strategies.local import local_descent
+    from strategies.solvers.local import local_descent
 
     site = simulate(simulation=1, n_sites=1, n_features=3, n_train=60, seed=5)[0]
     f = PairwiseLogistic(*split_by_class(site.x_train, site.y_train), eta=1e-3)
@@ -332,8 +332,8 @@ def test_grauc_ifca_against_the_algorithm_written_out():
     from grauc_flower.client import GrAUCClient
     from grauc_flower.data import simulate
     from grauc_flower.datafit import PairwiseLogistic, split_by_class
-    from strategies.registry import Registry
     from strategies.runtime.engine import run_inprocess
+    from strategies.server.registry import Registry
 
     sites = simulate(simulation=1, n_sites=8, n_features=3, n_train=40, seed=77)
     fs = [PairwiseLogistic(*split_by_class(s.x_train, s.y_train), eta=1e-3) for s in sites]
@@ -368,8 +368,8 @@ def test_rowfed_ifca_gives_each_client_its_best_model():
     best (least squares), and the clients do not all share one model."""
     from rowfed_flower import federation as fed
     from rowfed_flower.datafit import LocalLeastSquares
-    from strategies.rowfed import rowfed_registry
     from strategies.runtime.engine import run_inprocess
+    from strategies.server.rowfed import rowfed_registry
 
     spec = rsources.DataSpec(num_clients=6, num_features=4, num_responses=2, n_train=30, seed=5)
     data = rsources.load_data(spec)
@@ -397,8 +397,8 @@ def test_a_round_nobody_answered_does_not_count(name):
     from grauc_flower import federation as fed
     from grauc_flower.client import GrAUCClient
     from grauc_flower.data import simulate
-    from strategies.registry import Registry
     from strategies.runtime.engine import run_inprocess
+    from strategies.server.registry import Registry
 
     class FailsOnce(GrAUCClient):
         failed = False

@@ -1,8 +1,8 @@
-"""RowFed's model problem with fused rows held compactly (strategies/fusedrows.py).
+"""RowFed's model problem with fused rows held compactly (strategies/solvers/fusedrows.py).
 
 The reference is a conic solver (cvxpy, Clarabel) on the model problem written out here
 (every client pair, row groups, entrywise sparsity, matrix blocks), and the generic inner
-ADMM of strategies/pqn.py (``eligible`` switched off): the compact path must reach the same
+ADMM of strategies/solvers/pqn.py (``eligible`` switched off): the compact path must reach the same
 minimizer with the same fused rows, hold rows compactly where they are fused, and expand a
 row whose pairs leave zero.
 """
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from strategies import admm, anderson, fusedrows, modelsolve
-from strategies.penalties import Penalty
-from strategies.problems import build_problem
+from strategies.solvers import admm, anderson, fusedrows, modelsolve
+from strategies.solvers.penalties import Penalty
+from strategies.solvers.problems import build_problem
 
 M, P, Q = 6, 5, 3
 

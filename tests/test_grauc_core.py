@@ -45,9 +45,9 @@ from grauc_flower.graph import (
     unit_vectors,
 )
 from grauc_flower.metrics import auc, delong
-from strategies.admm import all_pairs
 from strategies.errors import InputError
-from strategies.local import PROX_SLACK, curvature, local_step
+from strategies.solvers.admm import all_pairs
+from strategies.solvers.local import PROX_SLACK, curvature, local_step
 
 P = 4
 

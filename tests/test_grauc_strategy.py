@@ -4,7 +4,7 @@ The strategies are driven by hand: ``configure_fit`` / ``aggregate_fit`` /
 ``configure_evaluate`` on a ``SimpleClientManager`` holding stub proxies (which fail if
 anything calls them), with hand-made ``FitRes`` objects, including failures.  Expected
 values are computed here with numpy from docs/methods.md 1.3 and, separately, with the pure
-functions of :mod:`strategies.admm`.
+functions of :mod:`strategies.solvers.admm`.
 """
 
 from __future__ import annotations
@@ -34,16 +34,11 @@ from grauc_flower.data import SiteData
 from grauc_flower.datafit import PairwiseLogistic, split_by_class
 from grauc_flower.graph import build_graph
 from grauc_flower.metrics import delong
-from strategies import admm
 from strategies.config import GrAUCConfig
-from strategies.grauc import (
-    GrAUCFedAvg,
-    GrAUCStrategy,
-    IndividualStrategy,
-    initial_beta,
-)
-from strategies.local import PROX_SLACK
-from strategies.registry import EMPTY, Registry, grauc_meta, registration_properties
+from strategies.server.grauc import GrAUCFedAvg, GrAUCStrategy, IndividualStrategy, initial_beta
+from strategies.server.registry import EMPTY, Registry, grauc_meta, registration_properties
+from strategies.solvers import admm
+from strategies.solvers.local import PROX_SLACK
 from strategies.wire import pack, unpack
 
 P = 3

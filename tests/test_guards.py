@@ -1,4 +1,4 @@
-"""Disclosure guards a site sets for itself (strategies/guards.py): a site below its floor
+"""Disclosure guards a site sets for itself (strategies/client/guards.py): a site below its floor
 of rows (of a class) refuses to register, a site below its floor of rows per feature
 refuses second moments; the server stops such a run before its first round naming the
 site and the guard; the node config's keys are checked; the CLI's refusal is one line."""
@@ -16,11 +16,11 @@ from grauc_flower.data import SiteData, simulate
 from rowfed_flower import federation as rfed
 from rowfed_flower import sources as rsources
 from rowfed_flower.client import ClientSamples, RowFedClient
+from strategies.client.guards import Guards
 from strategies.config import GrAUCConfig, RowFedConfig
 from strategies.errors import InputError, SiteInputError
-from strategies.guards import Guards
-from strategies.registry import Registry
 from strategies.runtime.engine import run_inprocess
+from strategies.server.registry import Registry
 
 
 def _with_positives(site: SiteData, k: int) -> SiteData:

@@ -119,6 +119,71 @@ def test_strategies_imports_no_method_package_but_in_its_app():
     assert upward == []
 
 
+#: ``strategies/``'s rooms: each role is a folder; only these modules stay at its top.
+ROOMS = {"client", "config", "datasets", "experiments", "runtime", "server", "solvers", "stats"}
+TOP_MODULES = {"__init__", "api", "app", "errors", "report"}
+
+
+def _imports_flower(path: str) -> bool:
+    """Whether the module at ``path`` imports ``flwr`` anywhere (inside functions too)."""
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "flwr" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            if (node.module or "").split(".")[0] == "flwr":
+                return True
+    return False
+
+
+def _reach(edges: dict[str, set[str]], start: str) -> set[str]:
+    """Every project module ``start`` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for t in edges[todo.pop()] - seen:
+            seen.add(t)
+            todo.append(t)
+    return seen
+
+
+def test_the_import_rule_checks_find_what_they_look_for():
+    assert _reach({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a") == {"b", "c"}
+    mods = _modules()
+    assert _imports_flower(mods["strategies.server.base"])
+    assert not _imports_flower(mods["strategies.solvers.pqn"])
+
+
+def test_each_role_is_a_folder_of_strategies():
+    """docs/architecture.md: a module of ``strategies/`` lives in the folder of its role."""
+    top = os.path.join(ROOT, "strategies")
+    folders = {f for f in os.listdir(top) if os.path.isfile(os.path.join(top, f, "__init__.py"))}
+    modules = {f[:-3] for f in os.listdir(top) if f.endswith(".py")}
+    assert folders == ROOMS | {"wire"}
+    assert modules == TOP_MODULES
+
+
+def test_solvers_import_no_flower():
+    """The mathematics runs without Flower: no module of ``strategies/solvers/`` imports
+    ``flwr``, nor any project module it reaches."""
+    mods, edges = _graph()
+    solvers = [m for m in mods if m.startswith("strategies.solvers")]
+    assert len(solvers) > 10
+    flower = {m for m, p in mods.items() if _imports_flower(p)}
+    found = {m: sorted(({m} | _reach(edges, m)) & flower) for m in solvers}
+    assert {m: f for m, f in found.items() if f} == {}
+
+
+def test_the_sites_side_imports_nothing_of_the_server():
+    """A site runs ``strategies/client/`` without the server's code: no module there reaches
+    ``strategies/server/`` (the two halves meet in ``strategies/wire/``)."""
+    mods, edges = _graph()
+    clients = [m for m in mods if m.startswith("strategies.client")]
+    assert len(clients) >= 4
+    found = {
+        m: sorted(t for t in _reach(edges, m) if t.startswith("strategies.server")) for m in clients
+    }
+    assert {m: f for m, f in found.items() if f} == {}
+
+
 def test_both_method_packages_list_the_same_modules():
     """docs/architecture.md: the same roles under the same module names in both packages."""
     names = {
@@ -174,9 +239,9 @@ def test_comparators_are_declared_classes():
     global-model methods, the personal stages before it for the personalized ones."""
     import inspect
 
-    from strategies import grauc, rowfed
     from strategies.config import FEDAVG_FAMILY, PERSONAL_METHODS
-    from strategies.fedavg import FLOWER_CLASSES, ClusterStage, PersonalStage
+    from strategies.server import grauc, rowfed
+    from strategies.server.fedavg import FLOWER_CLASSES, ClusterStage, PersonalStage
 
     for module, base in ((grauc, grauc.GrAUCFedAvg), (rowfed, rowfed.RowFedAvg)):
         assert set(module.COMPARATORS) == set(FEDAVG_FAMILY)

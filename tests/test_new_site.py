@@ -19,7 +19,7 @@ from grauc_flower.cli import main as grauc_main
 from grauc_flower.data import simulate
 from grauc_flower.graph import build_graph, edge_weights, new_site_neighbours
 from strategies.config import GrAUCConfig
-from strategies.predict import combine, geometric_median, weighted_median
+from strategies.stats.predict import combine, geometric_median, weighted_median
 
 FEATURES = ["age", "bmi", "sbp"]
 

@@ -1,4 +1,4 @@
-"""The pair sums on the score grid (strategies/pairsum.py) against the pair loop.
+"""The pair sums on the score grid (strategies/solvers/pairsum.py) against the pair loop.
 
 The reference is the sum over every (positive, negative) pair, written here from the
 kernels' definitions (docs/methods.md 1.1, 1.12): the grid must agree with it to 1e-10
@@ -17,8 +17,8 @@ import grauc_flower.datafit as datafit
 from grauc_flower.data import SiteData
 from grauc_flower.datafit import PairwiseLogistic, local_fit
 from grauc_flower.federation import run_methods_inprocess
-from strategies import pairsum
 from strategies.config import GrAUCConfig
+from strategies.solvers import pairsum
 
 TOL = 1e-10
 

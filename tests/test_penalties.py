@@ -1,4 +1,4 @@
-"""Penalties and thresholds (strategies/penalties.py) against hand formulas and brute force.
+"""Penalties and thresholds (strategies/solvers/penalties.py) against hand formulas and brute force.
 
 Each threshold is checked as what it claims to be, ``argmin_x (rho/2)||x - v||^2 +
 P_lam(||x||)``, by minimizing over a fine grid (then a finer grid around the coarse
@@ -12,7 +12,7 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.integrate import quad
 
-from strategies.penalties import Penalty, soft_threshold
+from strategies.solvers.penalties import Penalty, soft_threshold
 
 LAMS = (0.5, 1.3)
 # rho values satisfying the concavity condition for the default iota (3 for MCP: rho > 1/3;

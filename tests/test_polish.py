@@ -1,4 +1,4 @@
-"""Exact polishing of the fused-lasso model problem on a tree (strategies.polish) against
+"""Exact polishing of the fused-lasso model problem on a tree (strategies.solvers.polish) against
 independent references: a conic solver (cvxpy), a dense least-squares solve for the tree's
 flows, and the optimality conditions written out directly."""
 
@@ -10,10 +10,10 @@ import pytest
 import scipy.sparse as sp
 from numpy.testing import assert_allclose
 
-from strategies import admm, modelsolve
-from strategies import polish as polish_module
-from strategies.penalties import Penalty
-from strategies.polish import cluster_solve, forest, polish
+from strategies.solvers import admm, modelsolve
+from strategies.solvers import polish as polish_module
+from strategies.solvers.penalties import Penalty
+from strategies.solvers.polish import cluster_solve, forest, polish
 
 
 def random_forest(n_sites, n_trees, seed):

@@ -12,8 +12,8 @@ from numpy.testing import assert_allclose
 
 from grauc_flower.datafit import PairwiseLogistic
 from rowfed_flower import sources as rsources
-from strategies import admm, anderson, curvature, modelsolve, pqn, qnstate
-from strategies.penalties import Penalty
+from strategies.solvers import admm, anderson, curvature, modelsolve, pqn, qnstate
+from strategies.solvers.penalties import Penalty
 
 Z, P = 7, 3
 EDGES = np.array([[0, 1], [1, 2], [1, 3], [3, 4], [4, 5], [2, 6]])
@@ -457,7 +457,7 @@ def test_scad_by_pqn_ends_no_higher_than_the_papers_admm_in_far_fewer_rounds(sca
 def test_scad_by_pqn_is_a_fixed_point_of_its_weighted_lasso(scad_fits):
     """The end point minimizes the weighted lasso whose weights are SCAD's derivative there
     (a stationary point of the SCAD objective), checked by a conic solver."""
-    from strategies.problems import rowfed_problem
+    from strategies.solvers.problems import rowfed_problem
 
     data, cfg, fits = scad_fits
     theta = fits["pqn"].theta_work
@@ -487,7 +487,7 @@ def test_a_participation_so_small_that_nobody_is_drawn_ends_at_the_round_limit()
     from grauc_flower.data import simulate
     from grauc_flower.federation import run_methods_inprocess
     from strategies.config import GrAUCConfig
-    from strategies.grauc import initial_beta
+    from strategies.server.grauc import initial_beta
 
     sites = simulate(1, 6, 3, 30, 8, 0.3, 3, seed=1)
     # a start the test knows (the start round of init = local asks every site, drawn or not)
@@ -504,7 +504,7 @@ def test_the_stopping_rule_reads_tol_as_a_gap_once_the_models_are_learned():
     step pair yet; the exact Hessian counts as learned)."""
     from types import SimpleNamespace
 
-    from strategies.pqn import _converged
+    from strategies.solvers.pqn import _converged
 
     tol = 1e-6
 

@@ -363,7 +363,7 @@ def test_cdc_study(cdc, tmp_path, capsys):
     assert res["auc"].between(0, 1).all()
     table = read_cdc(path, min_per_class=5)
     # the 60% per-class split of each county (at least 3 training rows of a class: the
-    # sites' default disclosure floor, strategies/guards.py)
+    # sites' default disclosure floor, strategies/client/guards.py)
     for site, grp in res.groupby("site"):
         y = table.y[table.sites.index(site)]
         n_pos = int(y.sum())

@@ -17,7 +17,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from strategies.config import RegistrationConfig, registration_config
 from strategies.errors import InputError
-from strategies.registry import Registry, registration_properties
+from strategies.server.registry import Registry, registration_properties
 
 
 class SiteNode(ClientProxy):
@@ -156,8 +156,8 @@ def test_expected_sites_must_match_the_number_of_sites():
 def test_weight_config_gives_each_site_its_share_of_the_rows():
     """``size-power a``: each site weights its loss by ``Z n_z^a / sum n^a`` (brute force
     over the registered sizes); ``a = 0`` sends nothing and every weight is 1."""
-    from strategies.local import site_weight
-    from strategies.registry import Registry
+    from strategies.server.registry import Registry
+    from strategies.solvers.local import site_weight
 
     sizes = {"a": 10, "b": 30, "c": 60}
     registry = Registry()

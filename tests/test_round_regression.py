@@ -153,8 +153,8 @@ def _true_gaps(cfg, rounds_list, fstar):
     (each a fresh seeded fit cut at that round), from the sites' own losses -- not from the
     fit's history."""
     from grauc_flower.datafit import PairwiseLogistic, split_by_class
-    from strategies.registry import Registry
     from strategies.runtime.engine import run_inprocess
+    from strategies.server.registry import Registry
 
     sites, _ = fed.load_sites(fed.DataSpec())
     out = []

@@ -25,11 +25,11 @@ from rowfed_flower.datafit import (
 )
 from rowfed_flower.metrics import mean_rand_index, mse_est, mse_pred, rand_index
 from rowfed_flower.realdata import load_crime
-from strategies.admm import all_pairs
 from strategies.datasets import dataset_path
-from strategies.local import local_step
-from strategies.penalties import Penalty
-from strategies.problems import (
+from strategies.solvers.admm import all_pairs
+from strategies.solvers.local import local_step
+from strategies.solvers.penalties import Penalty
+from strategies.solvers.problems import (
     FUSION,
     SPARSITY,
     build_problem,

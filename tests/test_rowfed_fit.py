@@ -18,7 +18,7 @@ from numpy.testing import assert_allclose
 
 from rowfed_flower.cli import main
 from rowfed_flower.datafit import LocalLeastSquares, fit_rowfed, gic_of_fit
-from strategies.problems import build_problem
+from strategies.solvers.problems import build_problem
 
 SIZES = (22, 30, 26, 35)  # rows per client (unequal on purpose)
 P, Q = 4, 3

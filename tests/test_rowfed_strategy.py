@@ -29,15 +29,15 @@ from rowfed_flower.datafit import LocalLeastSquares, fit_rowfed
 from rowfed_flower.federation import run_methods_inprocess, summarize
 from rowfed_flower.graph import build_graph
 from rowfed_flower.sources import DataSpec, simulated_data
-from strategies import admm
 from strategies.config import RowFedConfig, rowfed_config, rowfed_methods
 from strategies.errors import InputError
-from strategies.local import curvature, local_step, newton_shape
-from strategies.penalties import Penalty
-from strategies.problems import SPARSITY, build_problem, exact_row_clusters
-from strategies.registry import EMPTY
-from strategies.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy
 from strategies.runtime.engine import run_inprocess
+from strategies.server.registry import EMPTY
+from strategies.server.rowfed import NonFedStrategy, RowFedAvg, RowFedStrategy
+from strategies.solvers import admm
+from strategies.solvers.local import curvature, local_step, newton_shape
+from strategies.solvers.penalties import Penalty
+from strategies.solvers.problems import SPARSITY, build_problem, exact_row_clusters
 from strategies.wire import unpack
 
 logging.getLogger("flwr").setLevel(logging.ERROR)
@@ -580,7 +580,7 @@ def test_client_registration_sends_only_sums(samples):
     s = samples[2]
     props = RowFedClient(s, index=2).get_properties({})
     sums = {k: unpack(props.pop(k)) for k in ("sum_x", "sum_x2", "sum_y")}
-    # and the rows its guard needs for second moments (a count: strategies/guards.py)
+    # and the rows its guard needs for second moments (a count: strategies/client/guards.py)
     assert props == {"site": "s2", "n": N, "p": P, "q": Q, "index": 2, "moment-floor": 3 * P}
     assert_allclose(sums["sum_x"], s.x.sum(0))
     assert_allclose(sums["sum_x2"], (s.x**2).sum(0))

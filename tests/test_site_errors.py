@@ -15,8 +15,8 @@ from grauc_flower.data import simulate
 from strategies.app import _client_fn
 from strategies.config import GrAUCConfig
 from strategies.errors import InputError, SiteInputError, at_site, site_input_error
-from strategies.registry import Registry
 from strategies.runtime.engine import run_inprocess
+from strategies.server.registry import Registry
 
 
 def _context(node_config: dict, task: str = "grauc") -> Context:

@@ -317,7 +317,7 @@ def test_task_seed_depends_on_cell_and_rep_only():
 
 
 def test_stratified_folds_balance_classes():
-    from strategies.tuning import stratified_folds
+    from strategies.stats.tuning import stratified_folds
 
     y = np.array([1] * 7 + [0] * 23)
     fold = stratified_folds(y, 5, np.random.default_rng(0))
@@ -540,7 +540,7 @@ def test_extends_errors(tmp_path, capsys, text, words):
 def test_study_tunes_the_comparators_by_the_same_cv(tmp_path, capsys):
     """``[tuning] comparators = true``: each comparator's ridge and own setting chosen by the
     study's folds and rule, recorded per row; a method without a knob gets only its ridge."""
-    from strategies.tuning import KNOBS
+    from strategies.stats.tuning import KNOBS
 
     text = GRAUC_TOML.replace(
         'methods = ["grauc", "individual", "fedavg"]',
@@ -616,7 +616,7 @@ def test_rowfed_study_tunes_the_comparators_own_setting(tmp_path, capsys):
     """``[tuning] comparators = true`` in a RowFed study: each comparator with a knob gets it
     by 5-fold CV (a value of its grid, recorded in ``tuned``) at NonFed's lam2."""
     from rowfed_flower import study as rs
-    from strategies.tuning import KNOBS
+    from strategies.stats.tuning import KNOBS
 
     text = ROWFED_TOML.replace(
         'methods = ["rowfed", "perfl-lsma", "nonfed", "fedavg"]',

@@ -75,7 +75,7 @@ def test_warnings_name_the_first_few_and_say_how_many(caplog):
     from conftest import flwr_warnings
 
     from strategies.datasets.tables import named
-    from strategies.tuning import warn_small_folds
+    from strategies.stats.tuning import warn_small_folds
 
     assert named(["a", "b"]) == "a, b"
     assert named(list("abcdefghij"), quote=True).endswith("'h' ...")

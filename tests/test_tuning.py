@@ -16,9 +16,9 @@ from test_grauc_reference import mst_graph
 from grauc_flower.data import SiteData
 from grauc_flower.graph import build_graph
 from grauc_flower.tuning import lam_max_of, lam_maxes
-from strategies import tuning
 from strategies.config import GrAUCConfig
 from strategies.errors import InputError
+from strategies.stats import tuning
 
 
 def make_sites(seed=3, z=5, p=3):
@@ -255,7 +255,7 @@ def test_grid_edge_only_where_a_wider_grid_could_help():
     ends."""
     import pandas as pd
 
-    from strategies.tuning import grid_edges
+    from strategies.stats.tuning import grid_edges
 
     dependent = pd.DataFrame({"lam": [0.5, 0.4, 0.3, 0.1, 0.3, 0.2], "w_dist": [0, 0, 1, 1, 2, 2]})
     assert grid_edges(dependent, ["lam", "w_dist"], {"lam": 0.3, "w_dist": 1}) == {}

@@ -1,4 +1,4 @@
-"""The Parameters codec of strategies/wire.py against numpy's own .npy writer and reader
+"""The Parameters codec of strategies/wire/ against numpy's own .npy writer and reader
 (Flower's ndarrays_to_parameters / parameters_to_ndarrays)."""
 
 from __future__ import annotations
@@ -66,11 +66,11 @@ def test_bad_bytes_fail_as_numpy_fails():
 
 
 def test_a_batched_message_writes_recurring_bytes_once():
-    """strategies/batch/messages.py: encode/decode give back every record as it was; bytes that
+    """strategies/wire/batch.py: encode/decode give back every record as it was; bytes that
     recur across records (a view's centring) are written once."""
     import json
 
-    from strategies.batch import decode, encode
+    from strategies.wire.batch import decode, encode
 
     centre = np.arange(10.0).tobytes()
     records = [

@@ -1,5 +1,5 @@
-"""Fits run in lockstep (strategies/lockstep.py) and their model problems solved in worker
-processes (strategies/workers.py): the same answers, in the same order, as one after
+"""Fits run in lockstep (strategies/solvers/lockstep.py) and their model problems solved in worker
+processes (strategies/server/workers.py): the same answers, in the same order, as one after
 another; a whole batched tuning gives bit-identical tables and coefficients with and
 without workers, and stops its workers."""
 
@@ -10,8 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from strategies import admm, lockstep, modelsolve, workers
-from strategies.penalties import Penalty
+from strategies.server import workers
+from strategies.solvers import admm, lockstep, modelsolve
+from strategies.solvers.penalties import Penalty
 
 
 def test_lockstep_batches_one_request_per_waiting_call_in_order():
@@ -148,8 +149,8 @@ def test_a_tuning_with_workers_equals_the_tuning_without(monkeypatch):
     from rowfed_flower.federated_tuning import tuned_strategy
     from strategies.config import RowFedConfig
     from strategies.experiments.benchtable import timed_tuning
-    from strategies.rowfed import rowfed_registry
-    from strategies.tuning import CVOptions
+    from strategies.server.rowfed import rowfed_registry
+    from strategies.stats.tuning import CVOptions
 
     monkeypatch.setattr(workers, "PARALLEL_AFTER", 0.0)
     spec = rsources.DataSpec(num_clients=6, n_train=60, num_features=6, num_responses=3)

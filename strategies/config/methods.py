@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..inference import INFERENCE_CHOICES
-from ..penalties import DEFAULT_CONCAVITY, KINDS, Penalty
+from ..solvers.penalties import DEFAULT_CONCAVITY, KINDS, Penalty
+from ..stats.inference import INFERENCE_CHOICES
 from .settings import (
     Section,
     check_fields,
@@ -26,7 +26,7 @@ from .settings import (
 )
 
 #: Flower's own strategies that train one global model, by method name (the FedAvg family;
-#: :mod:`strategies.fedavg`).  The same names for both methods.
+#: :mod:`strategies.server.fedavg`).  The same names for both methods.
 GLOBAL_METHODS = (
     "fedavg",
     "fedprox",
@@ -38,7 +38,7 @@ GLOBAL_METHODS = (
     "fedtrimmedavg",
     "krum",
 )
-#: Personalized comparators built on FedAvg (:mod:`strategies.fedavg`): Ditto's personal
+#: Personalized comparators built on FedAvg (:mod:`strategies.server.fedavg`): Ditto's personal
 #: models ``argmin f_z + (mu/2)||b - w||^2`` around FedAvg's ``w``, local fine-tuning of
 #: ``w``, and IFCA's clustered models.
 PERSONAL_METHODS = ("ditto", "fedavg-ft", "ifca")
@@ -98,7 +98,7 @@ class ComparatorSettings:
 
 def curvature_setting():
     """``curvature``: how the pqn server models each site's loss, the same for both methods
-    (:mod:`strategies.pqn`)."""
+    (:mod:`strategies.solvers.pqn`)."""
     return setting(
         "learned",
         "pqn's curvature: learned from the gradients, or exact (sites send p x p Hessians)",
@@ -108,7 +108,7 @@ def curvature_setting():
 
 def participation_setting(who: str):
     """``participation``: the probability that each site takes part in a round, drawn from
-    ``seed`` (:meth:`strategies.fused.FusedSiteStrategy.draw`), the same for both methods."""
+    ``seed`` (:meth:`strategies.server.fused.FusedSiteStrategy.draw`), the same for both methods."""
     return setting(
         1.0, f"each {who} takes part in a round with this probability", above=0, at_most=1
     )
@@ -116,7 +116,7 @@ def participation_setting(who: str):
 
 def size_power_setting(who: str):
     """``size-power`` ``a``: each site's loss is weighted by ``w_z = Z n_z^a / sum n^a``
-    in the fused objective (:func:`strategies.local.site_weight`): ``a = 0`` every site
+    in the fused objective (:func:`strategies.solvers.local.site_weight`): ``a = 0`` every site
     counts once (the papers'), ``a = 1`` in proportion to its rows (as FedAvg weights its
     answers); the same for both methods, used by the fused methods only."""
     return setting(
@@ -129,7 +129,7 @@ def size_power_setting(who: str):
 
 def inference_settings(refit: str) -> tuple:
     """``inference`` (none, or oracle: ``refit``) and ``level``, the same for both methods
-    (:mod:`strategies.inference`)."""
+    (:mod:`strategies.stats.inference`)."""
     return (
         setting("none", f"intervals: none, or oracle: {refit}", INFERENCE_CHOICES),
         setting(0.95, "confidence level of the intervals, in (0, 1)", above=0, below=1),
@@ -284,7 +284,8 @@ class TuneConfig:
 @dataclass(frozen=True)
 class GuardsConfig(Section):
     """The floors of sites simulated on one machine (run-config keys ``guards.<name>``;
-    :class:`strategies.guards.Guards`): ``flwr run``'s simulation and ``fit --engine flower``.
+    :class:`strategies.client.guards.Guards`): ``flwr run``'s simulation and
+    ``fit --engine flower``.
     A SuperNode across hospitals takes its own from its node config, whatever these say."""
 
     prefix = "guards"
@@ -327,7 +328,7 @@ class CheckpointConfig(Section):
         require(fine, "checkpoint.path", "must be a file in an existing directory", path)
 
     def strategy_kwargs(self) -> dict:
-        """What :class:`strategies.grauc.GrAUCStrategy` takes: ``checkpoint``,
+        """What :class:`strategies.server.grauc.GrAUCStrategy` takes: ``checkpoint``,
         ``checkpoint_every``, ``resume``."""
         return {"checkpoint": self.path, "checkpoint_every": self.every, "resume": self.resume}
 

@@ -1,4 +1,4 @@
-"""Everything the ``study`` commands of both methods share (both methods): the design grid of a TOML
+"""Everything the ``study`` commands of both methods share: the design grid of a TOML
 config, ``--only`` selection, one seed per (cell, replication), resumable part files, a
 process pool (or a Ray cluster), progress on stderr, and the tidy ``results.csv`` /
 ``summary.csv``.

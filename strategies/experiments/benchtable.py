@@ -32,7 +32,7 @@ def finish(rows: list[dict], out: str) -> pd.DataFrame:
 
 
 def timed_tuning(strategy, clients, max_rounds: int) -> dict:
-    """Run a federated tuning (:class:`strategies.batch.BatchStrategy`) in process with each
+    """Run a federated tuning (:class:`strategies.server.batch.BatchStrategy`) in process with each
     client's ``fit`` and ``evaluate`` timed: the rounds and fits it took, the wall time, and
     per round the server's time (the rest of the wall time) against the slowest site's (the
     sites answer side by side in a federation; here one after another)."""

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
-from ..problems import canonical_labels
+from ..solvers.problems import canonical_labels
 
 #: The kinds of coefficient, in table order.
 KINDS = ("fused", "unique", "zero")

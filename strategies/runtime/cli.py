@@ -141,7 +141,7 @@ def add_test_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_guard_arguments(parser: argparse.ArgumentParser) -> None:
     """The sites' disclosure floors as ``fit`` options, named as in a SuperNode's node
-    config (:mod:`strategies.guards`).  In ``fit`` every row is on this machine, so a floor
+    config (:mod:`strategies.client.guards`).  In ``fit`` every row is on this machine, so a floor
     applies only when given; the output names the sites a federation at the default floors
     would refuse."""
     for flag, kind, what in (
@@ -157,8 +157,8 @@ def add_guard_arguments(parser: argparse.ArgumentParser) -> None:
 
 def guards_from_args(args: argparse.Namespace):
     """The floors ``fit`` applies: the ones given (>= 0, else an error naming the option),
-    none for the rest (:meth:`strategies.guards.Guards.off`)."""
-    from ..guards import Guards
+    none for the rest (:meth:`strategies.client.guards.Guards.off`)."""
+    from ..client.guards import Guards
 
     given = {}
     for name in ("min_rows", "min_class_rows", "min_rows_per_feature"):
@@ -194,11 +194,11 @@ def guards_record(guards, refused: dict) -> dict:
 
 
 def note_default_floors(sites: list[tuple], moments: str, stream=None) -> dict[str, list[str]]:
-    """What a federation's sites at the default floors (:class:`strategies.guards.Guards`)
+    """What a federation's sites at the default floors (:class:`strategies.client.guards.Guards`)
     would refuse, from ``sites`` as ``(site, rows, {class: rows} or None, features)``
     (``moments``: what the run asks second moments for, or empty): one note line naming
     them on ``stream`` (stderr), and ``{site: [refusal, ...]}`` for ``metrics.json``."""
-    from ..guards import Guards
+    from ..client.guards import Guards
 
     floors = Guards()
     out = {}

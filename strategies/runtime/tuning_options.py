@@ -1,5 +1,5 @@
 """The tuning's command-line options, shared by both methods' ``fit``: ``--tune`` and the
-cross-validation options, their :class:`~strategies.tuning.CVOptions`, their run-config
+cross-validation options, their :class:`~strategies.stats.tuning.CVOptions`, their run-config
 keys for ``--engine flower``, and what ``metrics.json`` records of a cross-validation."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 
 def add_tuning_arguments(parser: argparse.ArgumentParser, tunes: tuple[str, ...]) -> None:
     """``--tune`` and the cross-validation options both ``fit`` commands share."""
-    from ..tuning import RULES
+    from ..stats.tuning import RULES
 
     parser.add_argument(
         "--tune",
@@ -62,13 +62,13 @@ def add_tuning_arguments(parser: argparse.ArgumentParser, tunes: tuple[str, ...]
         default="",
         metavar="LIST",
         help="cv, a comparator: values of its own setting (fedprox-mu, ditto-mu, ifca-k, "
-        "fedopt-eta, ...; default: strategies/tuning.py KNOBS)",
+        "fedopt-eta, ...; default: strategies/stats/tuning.py KNOBS)",
     )
 
 
 def cv_options(args: argparse.Namespace, seed: int):
-    """The :class:`~strategies.tuning.CVOptions` of a ``fit`` command's options."""
-    from ..tuning import CVOptions
+    """The :class:`~strategies.stats.tuning.CVOptions` of a ``fit`` command's options."""
+    from ..stats.tuning import CVOptions
 
     return CVOptions(
         folds=args.folds,
@@ -106,9 +106,9 @@ def tune_run_config(by: str, opts, grids: dict) -> dict:
 def tuning_metrics(summary, params, score: str, maximize: bool, opts, no_edge=()) -> dict:
     """What ``metrics.json`` records of a cross-validation: the chosen setting, its mean
     validation score and standard error, the best mean of the grid, the grid's size, the
-    folds and rule of ``opts``, and ``at_grid_edge`` (:func:`strategies.tuning.grid_edges`;
+    folds and rule of ``opts``, and ``at_grid_edge`` (:func:`strategies.stats.tuning.grid_edges`;
     less the ``(setting, end)`` pairs of ``no_edge``, ends that cannot be passed)."""
-    from ..tuning import grid_edges
+    from ..stats.tuning import grid_edges
 
     row = summary[summary["chosen"]].iloc[0]
     best = summary["mean"].max() if maximize else summary["mean"].min()

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .datasets.tables import numeric_columns, read_table
-from .errors import InputError, bad_cell
+from ..datasets.tables import numeric_columns, read_table
+from ..errors import InputError, bad_cell
 
 #: The label of RowFed's intercept row in its ``coefficients.csv``.
 INTERCEPT = "(intercept)"

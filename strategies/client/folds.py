@@ -1,5 +1,5 @@
 """Folds within a site (docs/methods.md 3.4): light on imports, as a site's ClientApp
-needs them for a federated tuning (:mod:`strategies.batch`)."""
+needs them for a federated tuning (:mod:`strategies.server.batch`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Many calls run in lockstep so that their expensive steps can be done together.
 
 A federated tuning hands every fit's answers to its own strategy, one fit after another
-(:mod:`strategies.batch`); with the proximal quasi-Newton solver each of them then solves
+(:mod:`strategies.server.batch`); with the proximal quasi-Newton solver each of them then solves
 its server model problem, an inner ADMM of tens to hundreds of milliseconds.  One fit after
 another, hundreds of fits make the server's step seconds a round on one core; gathered,
 the model problems of all fits can be solved in several processes at once
-(:mod:`strategies.workers`).
+(:mod:`strategies.server.workers`).
 
 :func:`run` executes the calls as cooperative threads: exactly one runs at any time, in
 the order given, until it finishes or asks for a deferred step through :func:`call`.

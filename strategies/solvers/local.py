@@ -41,7 +41,7 @@ class Datafit(Protocol):
 def site_weight(config, n: int) -> float:
     """The weight of a site's whole loss in the fused objective, ``n^a * norm`` with the
     ``size-power`` ``a`` and ``size-norm`` the server sent
-    (:meth:`strategies.registry.Registry.weight_config`), else 1 (docs/methods.md 3.11)."""
+    (:meth:`strategies.server.registry.Registry.weight_config`), else 1 (docs/methods.md 3.11)."""
     power = config.get("size-power")
     if power is None:
         return 1.0
@@ -100,7 +100,7 @@ def admm_update(
     It forms its global component ``tilde = beta_z - pull_z / c_z`` with its own curvature
     ``c_z`` (:func:`curvature`, from its own ``L_z``) and takes the local step.  The pull
     ``[Omega^T (gamma + rho (Omega beta - delta))]_z`` comes from the server
-    (:meth:`strategies.fused.FusedSiteStrategy.pull`).
+    (:meth:`strategies.server.fused.FusedSiteStrategy.pull`).
     """
     c = float(curvature(solver, f.lipschitz(), rho_sigma))
     return local_step(f, beta - pull / c, beta, c, solver)

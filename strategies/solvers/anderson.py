@@ -1,5 +1,5 @@
 """Safeguarded Anderson acceleration of a fixed-point iteration over tuples of arrays
-(the inner ADMM of :mod:`strategies.modelsolve`; docs/methods.md 1.4 step 3), and its use
+(the inner ADMM of :mod:`strategies.solvers.modelsolve`; docs/methods.md 1.4 step 3), and its use
 on an ADMM's governing variables (:func:`splitting_step`)."""
 
 from __future__ import annotations

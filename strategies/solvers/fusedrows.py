@@ -1,11 +1,12 @@
 """The model problem's ADMM with fused rows held compactly (Flower-free; docs/methods.md 2.4).
 
 RowFed fuses every pair of clients row by row: the inner ADMM of
-:func:`strategies.modelsolve.solve_model` keeps, for the fusion split, ``delta`` and its scaled dual
-``u`` for every pair ``(m, m')`` and every row ``j`` -- ``M (M - 1) / 2 x p x q`` numbers
-each (12 million at ``M = 50``, ``p = q = 100``), touched several times an iteration.  Yet at
-a solution most rows are *fused*: ``delta_mm'(j) = 0`` for every pair (in the paper's
-designs, every zero row and every row without client clusters).
+:func:`strategies.solvers.modelsolve.solve_model` keeps, for the fusion split, ``delta`` and
+its scaled dual ``u`` for every pair ``(m, m')`` and every row ``j`` --
+``M (M - 1) / 2 x p x q`` numbers each (12 million at ``M = 50``, ``p = q = 100``), touched
+several times an iteration.  Yet at a solution most rows are *fused*: ``delta_mm'(j) = 0``
+for every pair (in the paper's designs, every zero row and every row without client
+clusters).
 
 A row ``j`` whose ``delta`` is zero for every pair is held as one *potential* per client,
 ``a(j)`` (``M x q``), and a remainder ``w(j)``: its dual split as ``u(j) = D a(j) + w(j)``
@@ -244,12 +245,12 @@ def solve_rows(
     *,
     rebalance,
 ):
-    """:func:`strategies.modelsolve.solve_model`'s ADMM for an :func:`eligible` problem with
+    """:func:`strategies.solvers.modelsolve.solve_model`'s ADMM for an :func:`eligible` problem with
     the fused rows held compactly.  ``linear = B x - g``, ``factor`` the model's linear
-    solver (:func:`strategies.modelsolve.linear_solver`), ``accel`` an empty
-    :class:`strategies.anderson.Anderson`, ``solution`` the
-    :class:`strategies.modelsolve.ModelSolution` class, ``rebalance`` its residual balancing
-    rule (:func:`strategies.modelsolve.rebalance`, split by split: ``rho`` is the fusion's,
+    solver (:func:`strategies.solvers.modelsolve.linear_solver`), ``accel`` an empty
+    :class:`strategies.solvers.anderson.Anderson`, ``solution`` the
+    :class:`strategies.solvers.modelsolve.ModelSolution` class, ``rebalance`` its residual balancing
+    rule (:func:`strategies.solvers.modelsolve.rebalance`, split by split: ``rho`` is the fusion's,
     the sparsity's ``rho * w``); the rest as there.  Returns the same
     solution (full ``delta`` and ``u``); ``trace``, when given, gets ``(iteration, rows held
     compactly)`` at every event."""

@@ -1,9 +1,9 @@
-"""Each method's penalty as an ADMM :class:`~strategies.admm.Problem`, and the structure a
+"""Each method's penalty as an ADMM :class:`~strategies.solvers.admm.Problem`, and the structure a
 fit reads off it (Flower-free).
 
 - GrAUC-PFL: ``lam sum_e w_e ||beta_u - beta_v||_1`` (or group-L2) over the edges of the
   geographic graph: :func:`grauc_problem`; fused groups per coordinate:
-  :func:`strategies.admm.fused_groups`.
+  :func:`strategies.solvers.admm.fused_groups`.
 - RowFed: row-wise fusion ``sum_j sum_(m,m') P_lam1(||theta_m(j) - theta_m'(j)||)`` and
   sparsity ``P_lam2``: :func:`rowfed_problem` (splits ``FUSION`` and ``SPARSITY``);
   clusters and support: :func:`fitted_structure`; GIC: :func:`gic`.
@@ -29,7 +29,7 @@ from .admm import (
 from .penalties import Penalty
 
 if TYPE_CHECKING:
-    from .config import GrAUCConfig, RowFedConfig
+    from ..config import GrAUCConfig, RowFedConfig
 
 #: Index of RowFed's fusion split in ``problem.splits``.
 FUSION = 0
@@ -127,7 +127,7 @@ def build_problem(
 
 def edges_from_incidence(matrix: sp.spmatrix) -> np.ndarray:
     """Recover ``edges`` (``(n_edges, 2)``, ``(u, v)`` with ``+1`` at ``u``, ``-1`` at ``v``)
-    from a signed incidence matrix built by :func:`strategies.admm.incidence_matrix`."""
+    from a signed incidence matrix built by :func:`strategies.solvers.admm.incidence_matrix`."""
     coo = sp.coo_matrix(matrix)
     n_edges = coo.shape[0]
     edges = np.full((n_edges, 2), -1, dtype=np.int64)
@@ -199,7 +199,7 @@ def row_clusters(edges: np.ndarray, delta: np.ndarray, n_sites: int) -> np.ndarr
     Notes
     -----
     Clients ``m, m'`` share row ``j`` when ``delta_mm'(j) = 0`` (§2.3), closed transitively
-    along paths of the graph (:func:`strategies.admm.fused_groups`).  Labels are numbered by
+    along paths of the graph (:func:`strategies.solvers.admm.fused_groups`).  Labels are numbered by
     first appearance in client order.
     """
     delta = np.asarray(delta, dtype=float)

@@ -1,4 +1,4 @@
-"""The curvature models of :mod:`strategies.pqn`: self-scaling BFGS for a smooth loss and
+"""The curvature models of :mod:`strategies.solvers.pqn`: self-scaling BFGS for a smooth loss and
 the secant model of a quadratic one (docs/methods.md 1.4 step 2, 2.4)."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 KINDS = ("lasso", "mcp", "scad")
 DEFAULT_CONCAVITY = {"lasso": np.inf, "mcp": 3.0, "scad": 3.7}

@@ -37,10 +37,10 @@ import scipy.optimize
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from . import quiet_flower
-from .admm import incidence_matrix
-from .errors import InputError
-from .folds import row_folds, site_folds, stratified_folds  # noqa: F401 - their home here
+from .. import quiet_flower
+from ..client.folds import row_folds, site_folds, stratified_folds  # noqa: F401 - their home here
+from ..errors import InputError
+from ..solvers.admm import incidence_matrix
 
 RULES = ("best", "1se")
 #: Cross-validation criteria (docs/methods.md 3.4): ``pooled``, each site's score of its
@@ -176,7 +176,7 @@ def warn_small_folds(small: Sequence[str], entity: str, rows: str, score: str) -
     :data:`SMALL_FOLD` validation ``rows`` per fold, whose fold ``score`` is noisy."""
     if not small:
         return
-    from .datasets.tables import named, warn
+    from ..datasets.tables import named, warn
 
     warn(
         f"cv: {len(small)} {entity}(s) have fewer than {SMALL_FOLD} validation {rows} per fold "
@@ -191,7 +191,7 @@ def note_partial_folds(partial: dict, k: int, entity: str, rows: str, score: str
     only in the folds that hold what their ``score`` needs."""
     if not partial:
         return
-    from .datasets.tables import named, warn
+    from ..datasets.tables import named, warn
 
     warn(
         f"cv: {len(partial)} {entity}(s) have fewer {rows} than the {k} folds "

@@ -1,7 +1,7 @@
 """Flower strategies for RowFed and its baselines.
 
-They unpack, call the pure steps of :mod:`strategies.admm` / :mod:`strategies.pqn`
-(through :class:`~strategies.fused.FusedSiteStrategy`) and pack.  All per-client state is
+They unpack, call the pure steps of :mod:`strategies.solvers.admm` / :mod:`strategies.solvers.pqn`
+(through :class:`~strategies.server.fused.FusedSiteStrategy`) and pack.  All per-client state is
 keyed by the site id each client reports at registration, never by node id.
 
 - :class:`RowFedStrategy`: the start round, the paper's oracle initialization (each client
@@ -30,13 +30,10 @@ from flwr.server.strategy import (
     Krum,
 )
 
-from . import admm, pqn
-from .base import LocalOnlyStrategy
-from .config import RegistrationConfig, RowFedConfig
-from .errors import InputError
-from .fedavg import ClusterStage, PersonalStage, RegisteringFedAvg
-from .fused import FusedSiteStrategy
-from .problems import (
+from ..config import RegistrationConfig, RowFedConfig
+from ..errors import InputError
+from ..solvers import admm, pqn
+from ..solvers.problems import (
     FUSION,
     SPARSITY,
     degrees_of_freedom,
@@ -45,8 +42,11 @@ from .problems import (
     gic,
     rowfed_problem,
 )
+from ..wire import unpack
+from .base import LocalOnlyStrategy
+from .fedavg import ClusterStage, PersonalStage, RegisteringFedAvg
+from .fused import FusedSiteStrategy
 from .registry import Registry
-from .wire import unpack
 
 
 def rowfed_registry(waiting: RegistrationConfig | None = None) -> Registry:
@@ -109,7 +109,7 @@ class _RowFedOutputs:
         return float(sum(self.evaluation[s]["rss"] for s in self.sites))
 
     def gic(self, per: str = "n") -> float:
-        """GIC of the fit from the uploaded RSS (:func:`strategies.problems.gic`, its df
+        """GIC of the fit from the uploaded RSS (:func:`strategies.solvers.problems.gic`, its df
         term over ``N`` or, ``per = "nq"``, over ``N q``); ``nan`` before evaluation."""
         rss = self.rss()
         if not np.isfinite(rss):
@@ -137,7 +137,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
 
     Rounds: the start round (``rowfed.init``: each client returns its ridge or NonFed fit,
     the paper's oracle initialization; skipped when ``theta0`` is given, e.g. a warm start),
-    then the method's rounds (:class:`~strategies.fused.FusedSiteStrategy`).  Failures are
+    then the method's rounds (:class:`~strategies.server.fused.FusedSiteStrategy`).  Failures are
     non-participants.
 
     Parameters

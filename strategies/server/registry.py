@@ -22,9 +22,9 @@ import numpy as np
 from flwr.common import Code, GetPropertiesIns, Parameters, log
 from flwr.server.client_proxy import ClientProxy
 
-from .config import RegistrationConfig
-from .errors import InputError, site_input_error
-from .wire import pack, unpack
+from ..config import RegistrationConfig
+from ..errors import InputError, site_input_error
+from ..wire import pack, unpack
 
 EMPTY = Parameters(tensors=[], tensor_type="numpy.ndarray")
 
@@ -144,7 +144,7 @@ class Registry:
     absent: list[str] = field(default_factory=list)
     #: Nodes whose site is not among ``registration.sites`` (never asked again).
     refused: set[str] = field(default_factory=set)
-    #: The config of the properties exchange (a view of the rows: :mod:`strategies.batch`).
+    #: The config of the properties exchange (a view of the rows: :mod:`strategies.server.batch`).
     properties_config: dict = field(default_factory=dict)
 
     def register(self, cid: str, props: dict) -> str | None:
@@ -172,7 +172,7 @@ class Registry:
 
     def weight_config(self, power: float, sites=None) -> dict:
         """What a site needs to weight its loss by ``w_z = Z n_z^a / sum_k n_k^a``
-        (:func:`strategies.local.site_weight`, ``a = power``; over ``sites``, the
+        (:func:`strategies.solvers.local.site_weight`, ``a = power``; over ``sites``, the
         federation's, by default every registered site, so the weights average 1): nothing
         when ``a = 0``, else ``a`` and ``Z / sum_k n_k^a``."""
         if power == 0:

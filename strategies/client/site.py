@@ -15,11 +15,12 @@ from __future__ import annotations
 import numpy as np
 from flwr.client import NumPyClient
 
+from ..solvers.local import admm_update, best_model, newton_answer
+from ..wire.batch import TASK
 from . import batch
-from .local import admm_update, best_model, newton_answer
 
 #: The tasks of a strategy's fit instruction (``config["task"]``), besides a batch of a
-#: federated tuning (:data:`strategies.batch.TASK`): an ADMM local step, the loss and
+#: federated tuning (:data:`strategies.TASK`): an ADMM local step, the loss and
 #: gradient (pqn), the gradient and Hessian (oracle refit, exact curvature), the
 #: individual fit (in a fit's start round with ``then``: followed by the first pqn answer
 #: at it, one flat array), FedAvg's local steps, IFCA's choice and steps, a personal model
@@ -94,7 +95,7 @@ class SiteClient(NumPyClient):
     def fit(self, parameters, config):
         task = config.get("task")
         self._check_site(config)
-        if task == batch.TASK:
+        if task == TASK:
             return batch.answer_fit(self, parameters, config)
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .errors import InputError, at_site, plain
+from ..errors import InputError, at_site, plain
 
 
 def _rows(n: int) -> str:

@@ -1,5 +1,27 @@
-"""The server's half of a batch: :class:`BatchStrategy` runs a plan's stages of jobs side
-by side in one Flower run (the package docstring)."""
+"""The server's half of a batch, many fits side by side in one Flower run: the rounds of a
+federated tuning (docs/methods.md 3.12).
+
+A :class:`BatchStrategy` runs a *plan*, a generator that yields :class:`Stage` s.  A stage
+starts *jobs*: each job is one fit, a strategy of its own (GrAUC-PFL or RowFed at one
+setting, unchanged), and the *view* of the data its sites fit on (a fold of their own rows,
+or all of them; GrAUC-PFL's ridge).  Every round each site gets **one** message holding the
+instructions of every job still running (their arrays one after the other, their configs in
+one JSON field) and answers them all at once; the server hands each job its own answers, so
+each job advances exactly as it would alone.  A job leaves the batch when it is done.  A
+stage ends when its jobs are done; it may ask for one batched evaluation of them (each site
+scores every job on its view's held-out rows and pools the scores of the jobs of one setting
+across its folds), and the plan, resumed, reads the scores and yields the next stage.  The
+plan's ``return`` names the job whose fit is the run's result; it is evaluated as any fit
+is (:class:`~strategies.server.base.EvaluatedOnce`).
+
+Sites answer only what a fit already sends, job by job, and the validation scores or counts
+of the criterion; a view's rows never leave the site, nor which rows are in which fold.
+
+The client side (:mod:`strategies.client.batch`) is ``answer_properties``, ``answer_fit``
+and ``answer_evaluate``, written once for both methods' clients: a client supplies
+``view(spec)`` (a client of the same class on the view's rows) and, for pooled criteria,
+``oof_part(parameters, config)`` and ``pool(parts)``.
+"""
 
 from __future__ import annotations
 
@@ -26,10 +48,11 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from .. import flower_quieted, lockstep
-from ..registry import EMPTY, Registry, ask_properties
-from ..workers import ModelWorkers
-from .messages import FIELD, TASK, VIEW_FIELD, data_view, decode, encode, split_properties
+from .. import flower_quieted
+from ..solvers import lockstep
+from ..wire.batch import FIELD, TASK, VIEW_FIELD, data_view, decode, encode, split_properties
+from .registry import EMPTY, Registry, ask_properties
+from .workers import ModelWorkers
 
 
 def pooled_by_site(pooled: dict, i: int, key: str) -> dict[str, float]:
@@ -181,14 +204,14 @@ class BatchStrategy(Strategy):
     progress : callable, optional
         ``progress(line)``: a line per round (stage, fits running and done, time).
     workers : int, optional
-        Processes for the fits' server model problems (:mod:`strategies.workers`; ``None``
+        Processes for the fits' server model problems (:mod:`strategies.server.workers`; ``None``
         or 0: one per core, at most 4; 1: all in the server's process).
     max_fits : int, optional
         At most this many fits run at once (0: every fit a stage starts).  The others wait,
         in the order the plan gave them, and start as running ones finish: each fit
         advances as it would alone, so the results are the same; memory follows the fits
         running, and the rounds grow
-        (:meth:`strategies.tuning.CVOptions.waves`).
+        (:meth:`strategies.stats.tuning.CVOptions.waves`).
     """
 
     def __init__(
@@ -489,7 +512,7 @@ class BatchStrategy(Strategy):
 
 def tuning_batch(plan, n_sites: int, registry: Registry, opts, timeout=None, progress=None):
     """The :class:`BatchStrategy` of a federated tuning: ``opts``
-    (:class:`strategies.tuning.CVOptions`) gives its worker processes (``jobs``) and the
+    (:class:`strategies.stats.tuning.CVOptions`) gives its worker processes (``jobs``) and the
     most fits at once (``max_fits``)."""
     return BatchStrategy(
         plan, n_sites, registry, timeout=timeout, progress=progress, workers=opts.jobs,

@@ -1,6 +1,6 @@
 """Flower strategies for GrAUC-PFL and its baselines.  They unpack, call the pure steps of
-:mod:`strategies.admm` / :mod:`strategies.pqn` (through
-:class:`~strategies.fused.FusedSiteStrategy`) and pack; all per-site state is keyed by site
+:mod:`strategies.solvers.admm` / :mod:`strategies.solvers.pqn` (through
+:class:`~strategies.server.fused.FusedSiteStrategy`) and pack; all per-site state is keyed by site
 id.  The geographic graph is handed in (``graph_builder``), not imported."""
 
 from __future__ import annotations
@@ -21,15 +21,17 @@ from flwr.server.strategy import (
     Krum,
 )
 
-from . import admm, inference, wire
+from .. import wire
+from ..config import GrAUCConfig
+from ..solvers import admm
+from ..solvers.local import newton_shape, split_newton
+from ..solvers.problems import grauc_problem
+from ..stats import inference
+from ..wire import pack
 from .base import LocalOnlyStrategy, SiteStrategy
-from .config import GrAUCConfig
 from .fedavg import ClusterStage, PersonalStage, RegisteringFedAvg
 from .fused import FusedSiteStrategy
-from .local import newton_shape, split_newton
-from .problems import grauc_problem
 from .registry import EMPTY, Registry
-from .wire import pack
 
 
 def initial_beta(n_sites: int, p: int, cfg: GrAUCConfig) -> np.ndarray:
@@ -54,7 +56,7 @@ class GrAUCStrategy(FusedSiteStrategy):
     ``algorithm = "admm"`` (the paper): ``aggregate_fit`` does the fused-lasso ``delta``
     and dual updates; ``configure_fit`` sends each site its ``[beta_z, pull_z]``.
     ``algorithm = "pqn"`` (default): each site returns its loss and gradient at the point
-    sent; the server solves the fused model problem (:mod:`strategies.pqn`).
+    sent; the server solves the fused model problem (:mod:`strategies.solvers.pqn`).
 
     Parameters
     ----------
@@ -64,7 +66,7 @@ class GrAUCStrategy(FusedSiteStrategy):
     graph_edges : ndarray, shape (n_edges, 2), optional
         A user edge list (site indices) instead of ``cfg.graph``.
     progress : callable, optional
-    checkpoint, checkpoint_every, resume : see :class:`~strategies.fused.FusedSiteStrategy`
+    checkpoint, checkpoint_every, resume : see :class:`~strategies.server.fused.FusedSiteStrategy`
     beta0 : ndarray, shape (Z, p), optional
         A warm start on the working scale, in site order.
     graph_builder : callable
@@ -198,7 +200,7 @@ class GrAUCStrategy(FusedSiteStrategy):
 
     # -- oracle inference (docs/methods.md 1.10) -------------------------------------------
     def _start_refit(self) -> None:
-        """After the fit: the Newton refit on its fused groups (:mod:`strategies.inference`).
+        """After the fit: the Newton refit on its fused groups (:mod:`strategies.stats.inference`).
         A group whose sites all lack a class has no data: its coefficients stay as fitted."""
         meta = [self.registry.sites[s].meta for s in self.sites]
         has_data = np.array([int(m["n_pos"]) > 0 and int(m["n_neg"]) > 0 for m in meta])

@@ -2,17 +2,17 @@
 
 Both methods minimize ``sum_z f_z(beta_z) + penalty(A beta)`` over per-site coefficients
 ``beta_z`` (a vector for GrAUC-PFL, a ``p x q`` matrix for RowFed), with the penalty side an
-:class:`strategies.admm.Problem`.  :class:`FusedSiteStrategy` owns everything that does not
+:class:`strategies.solvers.admm.Problem`.  :class:`FusedSiteStrategy` owns everything that does not
 depend on the loss:
 
 - the ADMM round (``algorithm = "admm"``): ``configure_fit`` sends each drawn site its
   ``[beta_z, pull_z]`` with the graph pull :meth:`FusedSiteStrategy.pull`; the site takes
-  its local step (:func:`strategies.local.admm_update`); ``aggregate_fit`` does the
-  threshold and dual updates (:func:`strategies.admm.server_update`), the history and the
+  its local step (:func:`strategies.solvers.local.admm_update`); ``aggregate_fit`` does the
+  threshold and dual updates (:func:`strategies.solvers.admm.server_update`), the history and the
   stopping rule;
 - the proximal quasi-Newton round (``algorithm = "pqn"``): each site (each drawn site, with
   partial participation) returns its loss and gradient at the point sent;
-  ``aggregate_fit`` advances :mod:`strategies.pqn`;
+  ``aggregate_fit`` advances :mod:`strategies.solvers.pqn`;
 - the start round: each site fits alone (:meth:`FusedSiteStrategy.start_config`, the
   method's own fit) and its coefficients become its start (:meth:`_start_round`); the
   fit's rounds are counted after it;
@@ -33,28 +33,29 @@ import numpy as np
 from flwr.common import FitIns, Parameters, Scalar, log
 from flwr.server.client_proxy import ClientProxy
 
-from . import admm, pqn, qnstate, wire
+from .. import wire
+from ..errors import InputError
+from ..solvers import admm, pqn, qnstate
+from ..solvers.local import newton_shape, split_newton
 from .base import SiteStrategy
-from .errors import InputError
-from .local import newton_shape, split_newton
 from .registry import EMPTY
 
 
 class FusedSiteStrategy(SiteStrategy):
     """A per-site strategy for a fused penalty, solved by ADMM or by pqn.
 
-    Parameters (keyword, besides :class:`~strategies.base.SiteStrategy`'s)
+    Parameters (keyword, besides :class:`~strategies.server.base.SiteStrategy`'s)
     ----------------------------------------------------------------------
     rho, alpha : float
         ADMM penalty and its growth ``rho <- alpha rho`` per round.
     tol : float
         Stopping tolerance (ADMM: absolute and relative residual tolerance; pqn: relative
-        objective gap, :func:`strategies.pqn._converged`).
+        objective gap, :func:`strategies.solvers.pqn._converged`).
     max_rounds : int
         Round limit of the method.
     participation : float
         Each site takes part in a round with this probability (seeded by ``seed``); below 1
-        pqn runs its incremental form (:mod:`strategies.pqn`).
+        pqn runs its incremental form (:mod:`strategies.solvers.pqn`).
     local_solver : {"prox", "linearized"}
         The sites' ADMM local step.
     size_power : float
@@ -73,7 +74,7 @@ class FusedSiteStrategy(SiteStrategy):
     #: The pqn curvature model: ``"bfgs"`` or ``"secant"`` (exact for a quadratic loss).
     qn_model = "bfgs"
     #: With exact curvature, a site's first model is damped by this multiple of its mean
-    #: curvature (:func:`strategies.qnstate.init_qn`; 0 for a quadratic loss).
+    #: curvature (:func:`strategies.solvers.qnstate.init_qn`; 0 for a quadratic loss).
     first_damping = 0.0
     #: The history column counting the sites that answered.
     count_column = "n_answered"
@@ -149,7 +150,7 @@ class FusedSiteStrategy(SiteStrategy):
 
     # -- set-up -----------------------------------------------------------------------------
     def _set_problem(self, problem) -> None:
-        """The penalty side (:class:`strategies.admm.Problem`) and its ``sigma_max``."""
+        """The penalty side (:class:`strategies.solvers.admm.Problem`) and its ``sigma_max``."""
         self.problem = problem
         self.target = problem  # what the fit minimizes (pqn with MCP/SCAD: see _start)
         self.sigma_max = problem.sigma_max()
@@ -177,7 +178,7 @@ class FusedSiteStrategy(SiteStrategy):
         model = "exact" if self.curvature == "exact" else self.qn_model
         # the line search needs every site's loss at one trial point: with partial
         # participation, and with exact curvature (each site's model checked on its own),
-        # pqn takes its incremental form (strategies/pqn.py)
+        # pqn takes its incremental form (strategies/solvers/pqn.py)
         incremental = self.participation < 1.0 or model == "exact"
         self.qn = (
             qnstate.init_qn(
@@ -294,7 +295,7 @@ class FusedSiteStrategy(SiteStrategy):
 
     def answer_shape(self, block: tuple[int, ...]) -> tuple[int, ...]:
         """A fit answer's shape for coefficients of shape ``block``: ``[gradient | Hessian]``
-        (:func:`strategies.local.newton_shape`) in pqn rounds with exact curvature, else
+        (:func:`strategies.solvers.local.newton_shape`) in pqn rounds with exact curvature, else
         ``block``."""
         if self.qn is not None and self.qn.model == "exact":
             return newton_shape(tuple(block))
@@ -303,7 +304,7 @@ class FusedSiteStrategy(SiteStrategy):
     # -- the graph pull ---------------------------------------------------------------------
     def pull(self) -> np.ndarray:
         """``[Omega^T (gamma + rho (Omega beta - delta))]_z`` for every site
-        (:func:`strategies.admm.pull`): what site ``z`` needs, with its own curvature
+        (:func:`strategies.solvers.admm.pull`): what site ``z`` needs, with its own curvature
         ``c_z``, for its global component ``beta_z - pull_z / c_z``."""
         return admm.pull(self.problem, self.state)
 
@@ -432,7 +433,7 @@ class FusedSiteStrategy(SiteStrategy):
         return res
 
     def _qn_round(self, answered: dict, pairs: dict | None = None) -> dict[str, Scalar]:
-        """One round of the proximal quasi-Newton server (:mod:`strategies.pqn`): the sites'
+        """One round of the proximal quasi-Newton server (:mod:`strategies.solvers.pqn`): the sites'
         losses and gradients update their models (and ``pairs``, ``{z: (s, y)}``: the start
         round's curvature pairs, learned after each site's first bound); the fused model
         problem is solved and line-searched; records the round and the stopping rule."""

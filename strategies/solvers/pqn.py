@@ -17,7 +17,7 @@ round costs one message each way and the count of rounds no longer grows with th
        d = argmin_d  sum_z g_z^T d_z + (1/2) d_z^T B_z d_z + sum_k P_k(A_k (x + d))
 
    to high accuracy by ADMM on the server (the same fused-lasso threshold and dual steps
-   as :mod:`strategies.admm`, with exact linear solves: no communication).
+   as :mod:`strategies.solvers.admm`, with exact linear solves: no communication).
 3. A backtracking (Armijo) line search on ``F`` along ``d`` (Lee, Sun & Saunders 2014,
    "Proximal Newton-type methods for minimizing composite functions", SIAM J. Optim.):
    the next point sent is ``x + t d``; a rejected trial halves ``t``.
@@ -237,7 +237,7 @@ def _stand_ins(st: QuasiNewtonState) -> tuple[np.ndarray, np.ndarray]:
 
 def _solve_direction(problem: Problem, st: QuasiNewtonState, inner_tol: float) -> int:
     grad, hess = _stand_ins(st)
-    # here, or beside the other fits' of a batched run (strategies.lockstep)
+    # here, or beside the other fits' of a batched run (strategies.solvers.lockstep)
     request = ModelRequest(problem, st.x, grad, hess, st.frozen, st.inner, inner_tol, st.min_rho)
     sol = lockstep.call(solve_request, request)
     d = sol.b - st.x

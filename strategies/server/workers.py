@@ -1,7 +1,8 @@
 """The server's model problems of a batched run, solved in worker processes.
 
 In a federated tuning every running fit solves its own model problem each round
-(:func:`strategies.modelsolve.solve_model`); :mod:`strategies.lockstep` gathers them, and
+(:func:`strategies.solvers.modelsolve.solve_model`); :mod:`strategies.solvers.lockstep`
+gathers them, and
 :class:`ModelWorkers` answers the gathered requests: each step's first ones in the server's
 process, for up to :data:`PARALLEL_AFTER` seconds, and the rest in a pool of worker
 processes if there is a rest and each problem took at least :data:`MIN_PARALLEL` (so a
@@ -33,7 +34,7 @@ from logging import WARNING
 
 from flwr.common.logger import log
 
-from . import modelsolve
+from ..solvers import modelsolve
 
 #: Seconds of a step's model problems solved in the server's process before the rest go
 #: to the workers ...
@@ -96,7 +97,7 @@ def _solve_chunk(requests: Sequence[modelsolve.ModelRequest]) -> list[modelsolve
 
 
 class ModelWorkers:
-    """The batch function of :func:`strategies.lockstep.run` for model problems: the
+    """The batch function of :func:`strategies.solvers.lockstep.run` for model problems: the
     answers to ``requests``, in order (module docstring).  ``workers``: the pool's size
     (``None``: :func:`default_workers`; 0 or 1: always in this process); ``after``: the
     seconds of each step solved here first (``None``: :data:`PARALLEL_AFTER`; 0: every

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from .messages import FIELD, VIEW_FIELD, decode, encode
+from ..wire.batch import FIELD, VIEW_FIELD, decode, encode
 
 
 def answer_properties(client, config) -> dict:

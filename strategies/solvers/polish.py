@@ -1,6 +1,6 @@
 """Exact solutions of the fused-lasso model problem on a tree, from an approximate one.
 
-The proximal quasi-Newton server (:mod:`strategies.pqn`) solves, every round,
+The proximal quasi-Newton server (:mod:`strategies.solvers.pqn`) solves, every round,
 
     minimize_b  (1/2) sum_z b_z^T B_z b_z - c_z^T b_z + sum_e lam_e ||(D b)_e||_1
 

@@ -38,9 +38,9 @@ from flwr.server.strategy import (
     Krum,
 )
 
-from . import admm
+from ..config import FEDAVG_FAMILY, GLOBAL_METHODS, PERSONAL_METHODS
+from ..solvers import admm
 from .base import EvaluatedOnce
-from .config import FEDAVG_FAMILY, GLOBAL_METHODS, PERSONAL_METHODS
 from .registry import Registry
 
 #: Flower's class behind each global-model method name.
@@ -299,8 +299,8 @@ class PersonalStage:
       loss on the site's data.
 
     Each site is then evaluated on its own model.  Mixed in before a method's FedAvg
-    comparator by the declared classes (``COMPARATORS`` of ``strategies/grauc.py`` and
-    ``strategies/rowfed.py``)."""
+    comparator by the declared classes (``COMPARATORS`` of ``strategies/server/grauc.py`` and
+    ``strategies/server/rowfed.py``)."""
 
     personal = "ditto"
 

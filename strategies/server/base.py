@@ -21,8 +21,8 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from flwr.server.strategy.aggregate import weighted_loss_avg
 
-from . import wire
-from .guards import refuse_moments
+from .. import wire
+from ..client.guards import refuse_moments
 from .registry import EMPTY, Registry
 
 
@@ -281,7 +281,7 @@ class SiteStrategy(EvaluatedOnce, Strategy):
         first = self.registry.sites[self.sites[0]]
         self.n_features = int(first.sum_x.shape[0])
         needs = self.moments_needed()
-        if needs:  # the sites' own guards, reported at registration (strategies/guards.py)
+        if needs:  # the sites' own guards, reported at registration (strategies/client/guards.py)
             refuse_moments(self.registry, self.sites, needs)
         self._setup()
         self.ready = True

@@ -1,4 +1,4 @@
-"""The state of :mod:`strategies.pqn`'s federated proximal quasi-Newton method: each site's
+"""The state of :mod:`strategies.solvers.pqn`'s federated proximal quasi-Newton method: each site's
 kept point, loss, gradient and curvature model, the line search's step, the inner solver's
 warm start; what a round returns (:class:`Step`).  Saved whole by checkpoints
 (:meth:`QuasiNewtonState.arrays`)."""

@@ -1,8 +1,9 @@
-"""The server's model problem of :mod:`strategies.pqn`, solved without communication:
+"""The server's model problem of :mod:`strategies.solvers.pqn`, solved without communication:
 ``min_d sum_z [g_z'd_z + d_z'B_z d_z / 2] + P(x + d)`` by an inner ADMM with exact linear
 solves (dense, sparse, or block elimination on a forest; all pairs by per-site solves),
-Anderson acceleration (:mod:`strategies.anderson`), the exact polish on a tree
-(:mod:`strategies.polish`) and fused rows held compactly (:mod:`strategies.fusedrows`);
+Anderson acceleration (:mod:`strategies.solvers.anderson`), the exact polish on a tree
+(:mod:`strategies.solvers.polish`) and fused rows held compactly
+(:mod:`strategies.solvers.fusedrows`);
 docs/methods.md 1.4 step 3 and 2.4."""
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ def _forest_solver(hess: np.ndarray, gram: sp.spmatrix, order: _Elimination, rho
 
 
 def _tree_of(problem: Problem, x: np.ndarray, frozen: np.ndarray) -> Forest | None:
-    """The forest to polish on (:mod:`strategies.polish`): one entrywise lasso split on a
+    """The forest to polish on (:mod:`strategies.solvers.polish`): one entrywise lasso split on a
     forest incidence with a level per edge (not per entry: a local linear approximation's),
     vector blocks, no frozen site; else ``None``.  Cached on the split."""
     if len(problem.splits) != 1 or x.ndim != 2 or frozen.any():
@@ -302,8 +303,8 @@ def solve_model(
     inner penalty above a nonconvex threshold's bound (MCP, SCAD).
 
     With one entrywise lasso split on a forest (GrAUC-PFL's tree, ``l1``) and no frozen site,
-    the answer is made exact by :func:`strategies.polish.polish`: first from the warm start's
-    pattern (or, with no warm start, from the fusions of ``x`` itself, if it has any), then
+    the answer is made exact by :func:`strategies.solvers.polish.polish`: first from the warm
+    start's pattern (or, with no warm start, from the fusions of ``x`` itself, if it has any), then
     from ADMM's after 10, 20, 40, ... iterations; the first verified pattern is returned (the
     minimizer to rounding error, typically after one linear solve).
     """
@@ -408,7 +409,7 @@ def solve_model(
 @dataclass(frozen=True)
 class ModelRequest:
     """The arguments of one :func:`solve_model` call: a fit's model problem, solved where it
-    is asked for or, in a batched run, with the other fits' (:mod:`strategies.workers`)."""
+    is asked for or, in a batched run, with the other fits' (:mod:`strategies.server.workers`)."""
 
     problem: Problem
     x: np.ndarray
