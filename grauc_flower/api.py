@@ -196,7 +196,7 @@ def fit_to_dir(a) -> dict:
     from strategies.runtime.launch import stream_echo
 
     from . import federation as fed
-    from .figures import fit_report
+    from .fitreport import fit_report
 
     cfg = config_from_args(a)
     _check_tuning(a)

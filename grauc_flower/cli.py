@@ -213,7 +213,7 @@ def dispatch(args) -> int:
 
         return cmd_predict(args, read_grauc_model, ignore_outputs=False, extend=new_site_model)
     if args.command == "report":
-        from .figures import fit_report
+        from .fitreport import fit_report
 
         return cmd_report(args, fit_report)
     if args.command == "study":

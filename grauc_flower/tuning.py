@@ -25,6 +25,7 @@ import pandas as pd
 
 from strategies.config import FEDAVG_FAMILY, GRAUC_FUSED_METHODS, GrAUCConfig
 from strategies.errors import InputError
+from strategies.runtime.pieces import PieceProgress, run_items
 from strategies.server.registry import Registry
 from strategies.stats import tuning
 
@@ -341,8 +342,8 @@ def cross_validate(
                 point = base.replace(ridge=ridge, size_power=a)
                 rounds = grid.fedavg_rounds
                 pieces.append((method, k, train, point, grid.w_dist, path, rounds, knobs))
-    progress = tuning.PieceProgress(f"{method} cv", len(pieces), opts.quiet)
-    rows = tuning.run_items(cv_piece, pieces, opts.workers(len(pieces)), progress)
+    progress = PieceProgress(f"{method} cv", len(pieces), opts.quiet)
+    rows = run_items(cv_piece, pieces, opts.workers(len(pieces)), progress)
     table = pd.DataFrame([r for piece in rows for r in piece])
     order = ["fold", *PARAMS[method]]
     return table.sort_values(order, kind="stable", ascending=[True] + [False] * (len(order) - 1))

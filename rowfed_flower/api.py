@@ -129,7 +129,7 @@ def fit_to_dir(args) -> dict:
 
     from . import federation as fed
     from . import sources as rsources
-    from .figures import fit_report
+    from .fitreport import fit_report
     from .graph import build_graph
 
     guards = guards_from_args(args)

@@ -145,7 +145,7 @@ def dispatch(args) -> int:
     if args.command == "predict":
         return cmd_predict(args, read_rowfed_model, ignore_outputs=True)
     if args.command == "report":
-        from .figures import fit_report
+        from .fitreport import fit_report
 
         return cmd_report(args, fit_report)
     if args.command == "bench":

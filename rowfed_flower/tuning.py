@@ -20,6 +20,7 @@ from strategies.client.guards import Guards
 from strategies.config import FEDAVG_FAMILY, RowFedConfig
 from strategies.errors import InputError
 from strategies.runtime.engine import run_inprocess
+from strategies.runtime.pieces import PieceProgress, run_items
 from strategies.server.rowfed import rowfed_registry
 from strategies.solvers.problems import degrees_of_freedom
 from strategies.stats import tuning
@@ -323,8 +324,8 @@ def cross_validate(
     folds = [tuning.row_folds(c.n, opts.folds, rng) for c in data.clients]
     base = opts.fit_config(cfg)
     pieces = [(method, k, fold_data(data, folds, k), base, levels) for k in range(opts.folds)]
-    progress = tuning.PieceProgress(f"{method} cv", len(pieces), opts.quiet)
-    rows = tuning.run_items(cv_piece, pieces, opts.workers(len(pieces)), progress)
+    progress = PieceProgress(f"{method} cv", len(pieces), opts.quiet)
+    rows = run_items(cv_piece, pieces, opts.workers(len(pieces)), progress)
     return pd.DataFrame([r for piece in rows for r in piece])
 
 

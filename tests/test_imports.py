@@ -214,6 +214,7 @@ MIRRORED = {
     "realdata": ("load_crime",),
     "federation": ("run_methods_inprocess", "write_result", "write_test_table"),
     "app": ("make_client", "run"),
+    "fitreport": ("fit_report",),
 }
 
 

@@ -231,9 +231,10 @@ def test_reports_at_the_papers_sizes_are_readable_and_quiet(tmp_path, capsys):
     import matplotlib.pyplot as plt
 
     from grauc_flower.figures import HEATMAP_FEATURES
-    from grauc_flower.figures import fit_report as grauc_report
-    from rowfed_flower.figures import MAX_VARIABLES, shown_predictors
-    from rowfed_flower.figures import fit_report as rowfed_report
+    from grauc_flower.fitreport import fit_report as grauc_report
+    from rowfed_flower.figures import MAX_VARIABLES
+    from rowfed_flower.fitreport import fit_report as rowfed_report
+    from rowfed_flower.fitreport import shown_predictors
 
     rng = np.random.default_rng(3)
     m, p, q, n = 50, 100, 100, 25

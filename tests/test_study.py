@@ -438,8 +438,7 @@ def test_coefficient_figure_with_every_site_fused(tmp_path):
 def test_map_labels_do_not_overlap():
     """Twelve sites a few km apart (a crowded city): every label's drawn box is clear of
     every other label's."""
-    from grauc_flower.figures import place_labels
-    from strategies.experiments.plots import pyplot
+    from strategies.experiments.plots import place_labels, pyplot
 
     plt = pyplot()
     rng = np.random.default_rng(3)

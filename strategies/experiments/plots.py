@@ -124,3 +124,60 @@ def method_boxes(ax, groups, k: int, width: float, color: str) -> None:
     for box in bp["boxes"]:
         box.set_facecolor(color)
         box.set_alpha(0.75)
+
+
+def place_labels(ax, x, y, texts, fontsize: float = 8.0) -> list:
+    """Label points without overlap: each label tries eight positions around its point, at
+    growing distances (beyond the nearest with a leader line), and takes the first whose
+    drawn box overlaps no label placed before and no other point.  Needs the final layout
+    (call after ``fig.canvas.draw()``).  Returns the text artists."""
+    from matplotlib.transforms import Bbox
+
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    pts = ax.transData.transform(np.column_stack([x, y]))
+    r = 4.0 * fig.dpi / 72.0
+    dots = [Bbox([[px - r, py - r], [px + r, py + r]]) for px, py in pts]
+    placed: list = []
+    artists = []
+    directions = ((1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1))
+    for k in np.argsort(-pts[:, 1], kind="stable"):  # top first
+        text = ax.annotate(
+            str(texts[k]),
+            (x[k], y[k]),
+            xytext=(5, 4),
+            textcoords="offset points",
+            fontsize=fontsize,
+        )
+        fallback = None
+        for far in (1.0, 2.5, 4.0, 6.0, 8.5):
+            for dx, dy in directions:
+                text.set_position((dx * 5 * far, dy * 4 * far))
+                text.set_ha("left" if dx > 0 else "right" if dx < 0 else "center")
+                text.set_va("bottom" if dy > 0 else "top" if dy < 0 else "center")
+                box = text.get_window_extent(renderer).expanded(1.05, 1.1)
+                clear = not any(box.overlaps(b) for b in placed) and not any(
+                    box.overlaps(d) for j, d in enumerate(dots) if j != k
+                )
+                fallback = fallback or (far, dx, dy)
+                if clear:
+                    break
+            else:
+                continue
+            break
+        else:  # nowhere clear: the nearest position
+            far, dx, dy = fallback
+            text.set_position((dx * 5 * far, dy * 4 * far))
+            text.set_ha("left" if dx > 0 else "right" if dx < 0 else "center")
+            text.set_va("bottom" if dy > 0 else "top" if dy < 0 else "center")
+        if far > 1.0:
+            ax.annotate(
+                "",
+                (x[k], y[k]),
+                xytext=text.get_position(),
+                textcoords="offset points",
+                arrowprops={"arrowstyle": "-", "color": "0.45", "lw": 0.6, "shrinkB": 3},
+            )
+        placed.append(text.get_window_extent(renderer))
+        artists.append(text)
+    return artists
