@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -24,21 +23,17 @@ from strategies.config import GRAUC_FUSED_METHODS, CheckpointConfig, GrAUCConfig
 from strategies.datasets.tables import as_path
 from strategies.errors import InputError
 from strategies.runtime.cli import (
-    RoundProgress,
-    atomic_output_dir,
     check_test_arguments,
-    finish_outputs,
     from_flags,
     guards_from_args,
     guards_record,
     guards_run_config,
-    line_to_stderr,
     moments_asked,
     note_default_floors,
-    project_dir,
     settings_from_args,
 )
-from strategies.runtime.tuning_options import cv_options, tune_run_config, tuning_metrics
+from strategies.runtime.fitflow import FitFlow
+from strategies.runtime.tuning_options import tune_run_config
 from strategies.stats.tuning import size_powers
 
 from . import federated_tuning, tuning
@@ -189,109 +184,113 @@ def _calibration_only(tmp: str, run: dict, opts) -> dict:
     return run
 
 
-def fit_to_dir(a) -> dict:
-    """The fit of ``fit``'s options ``a`` (an :mod:`argparse` namespace of the ``fit``
-    subcommand, or :class:`GrAUCPFL`'s) into the directory ``a.out``: every file the
-    command line writes, all or nothing.  Returns ``metrics.json``'s content."""
-    from strategies.runtime.launch import stream_echo
+class GrAUCFit(FitFlow):
+    """GrAUC-PFL's part of the ``fit`` flow (:class:`strategies.runtime.fitflow.FitFlow`):
+    its data sources, the calibration batched with a fused method's plain fit, its run config
+    and its files."""
 
-    from . import federation as fed
-    from .fitreport import fit_report
-
-    cfg = config_from_args(a)
-    _check_tuning(a)
-    grid = _grid(a) if a.tune else None
-    spec = _data_spec(a)
-    guards = guards_from_args(a)
-    sites, features = _load(a, spec)
-    counts = [(s.site, len(s.y_train), {"1": s.n_pos, "0": s.n_neg}, s.n_features) for s in sites]
-    refused = note_default_floors(counts, moments_asked(cfg, "a Hessian or covariance"))
-    if grid is not None:
-        sizes = [len(s.y_train) for s in sites]
-        powers = size_powers(sizes, cfg, a.size_power_grid or None)
-        grid = replace(grid, size_power=powers)
-    # a fused method's plain fit is calibrated too: the cross-validation of its own setting,
-    # batched with the fit (docs/methods.md 3.14); its result is the plain fit
-    calibrate = (
-        not a.tune and a.method in GRAUC_FUSED_METHODS and a.calibration
-        and not (a.checkpoint or a.resume)
-    )  # fmt: skip
-    if calibrate and max(min(s.n_pos, s.n_neg) for s in sites) < a.folds:
-        calibrate = False  # no site fills the folds: a plain fit, without risks
-        sys.stderr.write(
-            f"note: no calibration (no site has {a.folds} training rows of each class for "
-            "the folds; give fewer --folds)\n"
+    def prepare(self) -> None:
+        a = self.a
+        self.cfg = config_from_args(a)
+        _check_tuning(a)
+        grid = _grid(a) if a.tune else None
+        self.spec = _data_spec(a)
+        self.guards = guards_from_args(a)
+        sites, self.features = _load(a, self.spec)
+        counts = [(s.site, len(s.y_train), {"1": s.n_pos, "0": s.n_neg}, s.n_features)
+                  for s in sites]  # fmt: skip
+        self.refused = note_default_floors(
+            counts, moments_asked(self.cfg, "a Hessian or covariance")
         )
-    if calibrate:
-        grid = tuning.Grid(lam=(cfg.lam,), w_dist=(cfg.w_dist,), ridge=(cfg.ridge,),
-                           size_power=(cfg.size_power,))  # fmt: skip
-    t0 = time.perf_counter()
-    extra: dict = {}
-    with atomic_output_dir(a.out) as tmp:
-        # a fused method is tuned inside the federation (one batched run, either engine);
-        # the comparators by the in-process cross-validation, then refitted
-        federated = (a.tune == "cv" or calibrate) and a.method in GRAUC_FUSED_METHODS
-        opts = cv_options(a, a.data_seed) if a.tune == "cv" or calibrate else None
-        if a.tune == "cv" and not federated:
-            cfg, table, summary = tuning.tune(sites, cfg, a.method, grid, opts, widen=True)
-            table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
-            extra = tuning_metrics(summary, tuning.PARAMS[a.method], "val_auc", True, opts)
-            if table.attrs.get("extended"):
-                extra["cv"]["extended"] = table.attrs["extended"]
-            if not a.quiet:
-                chosen = ", ".join(f"{k} = {v:g}" for k, v in extra["tuned"].items())
-                sys.stderr.write(
-                    f"cv: chose {chosen} (mean validation AUC {extra['cv']['mean']:.4f} over "
-                    f"{opts.folds} folds); refitting on all training data\n"
-                )
-        if opts is not None and (opts.criterion != "folds" or opts.repeats > 1) and not federated:
-            key = "cv-criterion" if opts.criterion != "folds" else "cv-repeats"
-            raise InputError(
-                f"{key}: for the fused methods' federated tuning ({a.method} is not one)"
+        if grid is not None:
+            sizes = [len(s.y_train) for s in sites]
+            grid = replace(grid, size_power=size_powers(sizes, self.cfg, a.size_power_grid or None))
+        # a fused method's plain fit is calibrated too: the cross-validation of its own
+        # setting, batched with the fit (docs/methods.md 3.14); its result is the plain fit
+        calibrate = (
+            not a.tune and a.method in GRAUC_FUSED_METHODS and a.calibration
+            and not (a.checkpoint or a.resume)
+        )  # fmt: skip
+        if calibrate and max(min(s.n_pos, s.n_neg) for s in sites) < a.folds:
+            calibrate = False  # no site fills the folds: a plain fit, without risks
+            sys.stderr.write(
+                f"note: no calibration (no site has {a.folds} training rows of each class for "
+                "the folds; give fewer --folds)\n"
             )
-        if a.engine == "inprocess":
-            limit = fed.round_limit(a.method, cfg)
-            progress = RoundProgress(a.method, limit, a.quiet)
-            if federated:
-                progress = None if a.quiet else line_to_stderr
-            ckpt = _checkpoint(a).strategy_kwargs()
-            if ckpt["resume"] and not os.path.isfile(ckpt["resume"]):
-                raise InputError(f"resume: file not found: {a.resume}")
-            if federated and (ckpt["checkpoint"] or ckpt["resume"]):
-                raise InputError("checkpoint: not with --tune cv (the tuning runs many fits)")
-            if federated:
-                res = federated_tuning.run_tuned_inprocess(
-                    cfg, sites, a.method, (opts, grid), progress, guards
-                )
-            else:
-                res = fed.run_methods_inprocess(
-                    cfg, sites, [a.method], progress=progress, checkpoint=ckpt, guards=guards
-                )[a.method]
-            fed.write_result(tmp, res, features, cfg)
-        else:
-            from strategies.runtime.simulation import flwr_run
+        if calibrate:
+            cfg = self.cfg
+            grid = tuning.Grid(lam=(cfg.lam,), w_dist=(cfg.w_dist,), ridge=(cfg.ridge,),
+                               size_power=(cfg.size_power,))  # fmt: skip
+        self.sites, self.grid, self.calibrate = sites, grid, calibrate
 
-            rc = {
-                **to_run_config(cfg, "grauc"),
-                "task": "grauc",
-                "method": a.method,
-                "out-dir": tmp,
-                **spec.to_run_config(),
-                "data.num-sites": len(sites),
-                **_checkpoint(a).to_run_config(),
-                **guards_run_config(guards),
-            }
-            if federated:
-                grids = {"lam-grid": grid.lam, "w-dist-grid": grid.w_dist}
-                grids.update({"ridge-grid": grid.ridge, "size-power-grid": grid.size_power})
-                rc.update(tune_run_config("cv", opts, grids))
-            flwr_run(project_dir(), rc, len(sites), echo=stream_echo(a.quiet, a.verbose))
-            os.remove(os.path.join(tmp, "auc.csv"))
+    def federated(self) -> bool:
+        """A fused method is tuned (or calibrated) inside the federation, in one batched run
+        on either engine; the comparators by the in-process cross-validation, then refitted."""
+        return (self.a.tune == "cv" or self.calibrate) and self.a.method in GRAUC_FUSED_METHODS
+
+    def cv_options(self):
+        return super().cv_options() if self.a.tune == "cv" or self.calibrate else None
+
+    def cross_validate(self, opts) -> tuple:
+        a = self.a
+        cfg, table, summary = tuning.tune(
+            self.sites, self.cfg, a.method, self.grid, opts, widen=True
+        )
+        return cfg, table, summary, tuning.PARAMS[a.method]
+
+    def round_limit(self) -> int:
+        from . import federation as fed
+
+        return fed.round_limit(self.a.method, self.cfg)
+
+    def n_sites(self) -> int:
+        return len(self.sites)
+
+    def run_inprocess(self, tmp: str, federated: bool, opts, progress) -> None:
+        from . import federation as fed
+
+        a = self.a
+        ckpt = _checkpoint(a).strategy_kwargs()
+        if ckpt["resume"] and not os.path.isfile(ckpt["resume"]):
+            raise InputError(f"resume: file not found: {a.resume}")
+        if federated and (ckpt["checkpoint"] or ckpt["resume"]):
+            raise InputError("checkpoint: not with --tune cv (the tuning runs many fits)")
+        if federated:
+            res = federated_tuning.run_tuned_inprocess(
+                self.cfg, self.sites, a.method, (opts, self.grid), progress, self.guards
+            )
+        else:
+            res = fed.run_methods_inprocess(
+                self.cfg, self.sites, [a.method], progress=progress, checkpoint=ckpt,
+                guards=self.guards,
+            )[a.method]  # fmt: skip
+        fed.write_result(tmp, res, self.features, self.cfg)
+
+    def run_config(self, tmp: str, federated: bool, opts) -> dict:
+        a = self.a
+        rc = {
+            **to_run_config(self.cfg, "grauc"),
+            "task": "grauc",
+            "method": a.method,
+            "out-dir": tmp,
+            **self.spec.to_run_config(),
+            "data.num-sites": len(self.sites),
+            **_checkpoint(a).to_run_config(),
+            **guards_run_config(self.guards),
+        }
+        if federated:
+            grid = self.grid
+            grids = {"lam-grid": grid.lam, "w-dist-grid": grid.w_dist}
+            grids.update({"ridge-grid": grid.ridge, "size-power-grid": grid.size_power})
+            rc.update(tune_run_config("cv", opts, grids))
+        return rc
+
+    def after_run(self, tmp: str, federated: bool, opts) -> None:
         with open(os.path.join(tmp, "metrics.json")) as fh:
             run = json.load(fh)
-        if calibrate:  # the one setting's cross-validation gave the calibration, no choice
-            run = _calibration_only(tmp, run, opts)
-        elif federated and not a.quiet:
+        if self.calibrate:  # the one setting's cross-validation gave the calibration, no choice
+            _calibration_only(tmp, run, opts)
+        elif federated and not self.a.quiet:
             chosen = ", ".join(f"{k} = {v:g}" for k, v in run["tuned"].items())
             t = run["tuning"]
             sys.stderr.write(
@@ -299,37 +298,56 @@ def fit_to_dir(a) -> dict:
                 f"{run['cv']['mean']:.4f}); tuning and refit took {t['rounds']} rounds "
                 f"for {t['fits']} fits\n"
             )
-        updates = dict(
+
+    def updates(self, seconds: float) -> dict:
+        a = self.a
+        return dict(
             engine=a.engine,
-            features=list(features),
-            n_sites=len(sites),
-            seconds=round(time.perf_counter() - t0, 3),
+            features=list(self.features),
+            n_sites=len(self.sites),
+            seconds=seconds,
             source=a.source,
             data=_named(a, "data"),
             sites=_named(a, "sites"),
-            guards=guards_record(guards, refused),
-            **extra,
+            guards=guards_record(self.guards, self.refused),
+            **self.extra,
         )
+
+    def split(self) -> dict:
+        a, sites = self.a, self.sites
         n_test = sum(len(s.y_test) for s in sites)
-        split = {
-            "test": "none"
-            if not n_test
-            else ("file" if a.test_data else "holdout" if a.holdout else "source"),
+        test = "file" if a.test_data else "holdout" if a.holdout else "source"
+        return {
+            "test": test if n_test else "none",
             "holdout": a.holdout or None,
-            "train-fraction": spec.train_fraction if a.source in ("cdc", "crime") else None,
-            "data-seed": spec.data_seed,
+            "train-fraction": self.spec.train_fraction if a.source in ("cdc", "crime") else None,
+            "data-seed": self.spec.data_seed,
             "n_train": sum(len(s.y_train) for s in sites),
             "n_test": n_test,
         }
-        metrics = finish_outputs(
-            tmp,
-            updates,
-            split,
-            lambda m: fed.write_test_table(tmp, m, [s.site for s in sites]),
-            lambda d: fed.sites_table(sites).to_csv(os.path.join(d, "sites.csv"), index=False),
-            fit_report,
-        )
-    return metrics
+
+    def write_test(self, tmp: str, metrics: dict) -> dict:
+        from . import federation as fed
+
+        return fed.write_test_table(tmp, metrics, [s.site for s in self.sites])
+
+    def own_files(self, where: str) -> None:
+        from . import federation as fed
+
+        fed.sites_table(self.sites).to_csv(os.path.join(where, "sites.csv"), index=False)
+
+    def report(self, where: str) -> str:
+        from .fitreport import fit_report
+
+        return fit_report(where)
+
+
+def fit_to_dir(a) -> dict:
+    """The fit of ``fit``'s options ``a`` (an :mod:`argparse` namespace of the ``fit``
+    subcommand, or :class:`GrAUCPFL`'s) into the directory ``a.out``: every file the
+    command line writes, all or nothing (:class:`GrAUCFit`).  Returns ``metrics.json``'s
+    content."""
+    return GrAUCFit(a).run()
 
 
 def _named(a, key: str) -> str:

@@ -11,8 +11,6 @@ docs/api.md has a worked session; every parameter is a ``fit`` option (docs/usag
 from __future__ import annotations
 
 import os
-import sys
-import time
 
 import numpy as np
 import pandas as pd
@@ -22,21 +20,17 @@ from strategies.config import FEDAVG_FAMILY, RowFedConfig, rowfed_run_config
 from strategies.datasets.tables import as_path
 from strategies.errors import InputError
 from strategies.runtime.cli import (
-    RoundProgress,
-    atomic_output_dir,
     check_test_arguments,
-    finish_outputs,
     from_flags,
     guards_from_args,
     guards_record,
     guards_run_config,
-    line_to_stderr,
     moments_asked,
     note_default_floors,
-    project_dir,
     settings_from_args,
 )
-from strategies.runtime.tuning_options import cv_options, tune_run_config, tuning_metrics
+from strategies.runtime.fitflow import FitFlow
+from strategies.runtime.tuning_options import tune_run_config
 from strategies.server.fedavg import round_limit
 from strategies.stats.predict import INTERCEPT
 from strategies.stats.tuning import KNOBS, parse_grid
@@ -55,44 +49,156 @@ def _config(args) -> RowFedConfig:
     return settings_from_args(RowFedConfig, args)
 
 
-def _run_flower(
-    cfg: RowFedConfig, args, data, tmp: str, tune: dict | None = None, guards=None
-) -> None:  # fmt: skip
-    """``flwr run`` the app on Flower's simulation engine (one SuperNode per client) with
-    this file as the data (``rowfed-data.source = csv``) and the clients' floors
-    ``guards``; outputs land in ``tmp``."""
-    from strategies.runtime.simulation import flwr_run
+class RowFedFit(FitFlow):
+    """RowFed's part of the ``fit`` flow (:class:`strategies.runtime.fitflow.FitFlow`): its
+    CSV data, its grids (the federated GIC or cross-validation of a fused method or NonFed),
+    its run config and its files."""
 
-    spec = from_flags(
-        DataSpec,
-        args,
-        source="csv",
-        path=os.path.abspath(args.data),
-        responses=",".join(data.responses),
-        num_clients=len(data.clients),
-        test_path=os.path.abspath(args.test_data) if args.test_data else "",
-        holdout=args.holdout,
-    )
-    rc = {
-        **rowfed_run_config(cfg),
-        "task": "rowfed",
-        "method": args.method,
-        "out-dir": tmp,
-        **spec.to_run_config(),
-        **(tune or {}),
-        **(guards_run_config(guards) if guards is not None else {}),
-    }
-    from strategies.runtime.launch import stream_echo
+    SCORE = ("val_mse", False, "MSE", ".6g")
+    SIMULATION_TABLE = "summary.csv"
 
-    flwr_run(project_dir(), rc, len(data.clients), echo=stream_echo(False, args.verbose))
-    os.remove(os.path.join(tmp, "summary.csv"))
+    def prepare(self) -> None:
+        args = self.a
+        self.cfg = _config(args)
+        _check_tuning(args)
+        check_test_arguments(args)
+        lam1_grid = grid_search.grid_values(args.lam1_grid, DEFAULT_LAM1_GRID, "lam1-grid")
+        lam2_grid = grid_search.grid_values(args.lam2_grid, DEFAULT_LAM2_GRID, "lam2-grid")
+        auto = grid_search.check_auto(lam1_grid, lam2_grid)
+        self.grids = (lam1_grid, lam2_grid)
+        if auto and not self.federated():
+            raise InputError(
+                f"lam1-grid: auto is for the federated tuning of "
+                f"{', '.join(FEDERATED_TUNABLE)}, not {args.method}"
+            )
+        if self.federated() and args.knob_grid:
+            raise InputError(f"knob-grid: {args.method} has no setting to tune besides its levels")
+
+        from . import sources as rsources
+        from .graph import build_graph
+
+        self.guards = guards_from_args(args)
+        data = rsources.read_fit_csv(args.data, args.responses, args.client_column)
+        data = rsources.with_test_set(
+            data, args.test_data, args.holdout, args.data_seed, args.client_column
+        )
+        counts = [(c.site, c.n, None, c.p) for c in data.clients]
+        self.refused = note_default_floors(counts, moments_asked(self.cfg, "X'X"))
+        # validates the graph against the client ids
+        self.edges, self.weights = build_graph(self.cfg.graph, data.sites)
+        if self.cfg.graph != "all-pairs":
+            self.cfg = self.cfg.replace(graph=os.path.abspath(self.cfg.graph))
+        self.data = data
+
+    def federated(self) -> bool:
+        """A fused method (or NonFed) is tuned inside the federation: one batched run on
+        either engine; the FedAvg family by the in-process cross-validation, then refitted."""
+        return self.a.tune is not None and self.a.method in FEDERATED_TUNABLE
+
+    def cross_validate(self, opts) -> tuple:
+        args = self.a
+        cfg, table, summary = grid_search.tune(
+            self.cfg, self.data, args.method, *self.grids, opts, args.knob_grid or None,
+            args.size_power_grid,
+        )  # fmt: skip
+        return cfg, table, summary, grid_search.params_of(args.method)
+
+    def round_limit(self) -> int:
+        return round_limit(self.a.method, self.cfg)
+
+    def n_sites(self) -> int:
+        return len(self.data.clients)
+
+    def run_inprocess(self, tmp: str, federated: bool, opts, progress) -> None:
+        from . import federation as fed
+
+        args = self.a
+        if federated:
+            from .federated_tuning import run_tuned_inprocess
+
+            tune = (args.tune, (opts, *self.grids, args.size_power_grid))
+            res = run_tuned_inprocess(
+                self.cfg, self.data, args.method, tune, progress, guards=self.guards
+            )
+        else:
+            res = fed.run_methods_inprocess(
+                self.cfg, self.data, [args.method], progress, guards=self.guards
+            )[args.method]
+        fed.write_result(tmp, res, self.data, self.cfg)
+
+    def run_config(self, tmp: str, federated: bool, opts) -> dict:
+        """The run config of ``flwr run`` on the fit's data: the CSV file itself
+        (``rowfed-data.source = csv``), the clients' floors, the federated tuning's keys."""
+        args, data = self.a, self.data
+        spec = from_flags(
+            DataSpec,
+            args,
+            source="csv",
+            path=os.path.abspath(args.data),
+            responses=",".join(data.responses),
+            num_clients=len(data.clients),
+            test_path=os.path.abspath(args.test_data) if args.test_data else "",
+            holdout=args.holdout,
+        )
+        rc = {
+            **rowfed_run_config(self.cfg),
+            "task": "rowfed",
+            "method": args.method,
+            "out-dir": tmp,
+            **spec.to_run_config(),
+            **guards_run_config(self.guards),
+        }
+        if federated:
+            powers = args.size_power_grid
+            powers = parse_grid(powers, "size-power-grid") if powers else ()
+            grids = {"lam1-grid": self.grids[0], "lam2-grid": self.grids[1],
+                     "size-power-grid": powers}  # fmt: skip
+            rc.update(tune_run_config(args.tune, opts, grids))
+        return rc
+
+    def updates(self, seconds: float) -> dict:
+        args = self.a
+        named = getattr(args, "data_name", "") or as_path(args.data)
+        return {"engine": args.engine, "data": named,
+                "guards": guards_record(self.guards, self.refused), **self.extra,
+                "seconds": seconds}  # fmt: skip
+
+    def split(self) -> dict:
+        args, clients = self.a, self.data.clients
+        n_test = sum(c.x_test.shape[0] for c in clients)
+        return {
+            "test": "none" if not n_test else ("file" if args.test_data else "holdout"),
+            "holdout": args.holdout or None,
+            "n_train": sum(c.n for c in clients),
+            "n_test": n_test,
+        }
+
+    def write_test(self, tmp: str, metrics: dict) -> dict:
+        from . import federation as fed
+
+        return fed.write_test_table(tmp, metrics, self.data.responses)
+
+    def own_files(self, where: str) -> None:
+        """``edges.csv``: the graph the fusion ran on (none for all pairs)."""
+        if self.edges is None:
+            return
+        sites = self.data.sites
+        pd.DataFrame(
+            {
+                "client_u": [sites[u] for u in self.edges[:, 0]],
+                "client_v": [sites[v] for v in self.edges[:, 1]],
+                "weight": self.weights if self.weights is not None else 1.0,
+            }
+        ).to_csv(os.path.join(where, "edges.csv"), index=False)
+
+    def report(self, where: str) -> str:
+        from .fitreport import fit_report
+
+        return fit_report(where)
 
 
-def fit_to_dir(args) -> dict:
-    """The fit of ``fit``'s options ``args`` (an :mod:`argparse` namespace of the ``fit``
-    subcommand, or :class:`RowFed`'s) into the directory ``args.out``: every file the
-    command line writes, all or nothing.  Returns ``metrics.json``'s content."""
-    cfg = _config(args)
+def _check_tuning(args) -> None:
+    """The tuning options against the method and each other."""
     if args.tune is None and (args.lam1_grid is not None or args.lam2_grid is not None):
         key = "lam1-grid" if args.lam1_grid is not None else "lam2-grid"
         raise InputError(f"{key}: grids need --tune gic or --tune cv")
@@ -122,120 +228,14 @@ def fit_to_dir(args) -> dict:
     if args.tune == "cv" and knob and getattr(args, knob) is not None:
         flag = knob.replace("_", "-")
         raise InputError(f"{flag}: chosen by --tune cv; give --knob-grid to set its values")
-    check_test_arguments(args)
-    lam1_grid = grid_search.grid_values(args.lam1_grid, DEFAULT_LAM1_GRID, "lam1-grid")
-    lam2_grid = grid_search.grid_values(args.lam2_grid, DEFAULT_LAM2_GRID, "lam2-grid")
-    auto = grid_search.check_auto(lam1_grid, lam2_grid)
 
-    from . import federation as fed
-    from . import sources as rsources
-    from .fitreport import fit_report
-    from .graph import build_graph
 
-    guards = guards_from_args(args)
-    data = rsources.read_fit_csv(args.data, args.responses, args.client_column)
-    data = rsources.with_test_set(
-        data, args.test_data, args.holdout, args.data_seed, args.client_column
-    )
-    counts = [(c.site, c.n, None, c.p) for c in data.clients]
-    refused = note_default_floors(counts, moments_asked(cfg, "X'X"))
-    edges, weights = build_graph(cfg.graph, data.sites)  # validates it against the client ids
-    if cfg.graph != "all-pairs":
-        cfg = cfg.replace(graph=os.path.abspath(cfg.graph))
-
-    t0 = time.perf_counter()
-    named = getattr(args, "data_name", "") or as_path(args.data)
-    extra = {"engine": args.engine, "data": named,
-             "guards": guards_record(guards, refused)}  # fmt: skip
-    with atomic_output_dir(args.out) as tmp:
-        # a fused method (or NonFed) is tuned inside the federation: one batched run on
-        # either engine; the FedAvg family by the in-process cross-validation, then refitted
-        federated = args.tune is not None and args.method in FEDERATED_TUNABLE
-        if auto and not federated:
-            raise InputError(
-                f"lam1-grid: auto is for the federated tuning of "
-                f"{', '.join(FEDERATED_TUNABLE)}, not {args.method}"
-            )
-        fed_grids = (lam1_grid, lam2_grid)
-        opts = cv_options(args, args.data_seed)
-        if federated and args.knob_grid:
-            raise InputError(f"knob-grid: {args.method} has no setting to tune besides its levels")
-        if not federated and (opts.criterion != "folds" or opts.repeats > 1):
-            key = "cv-criterion" if opts.criterion != "folds" else "cv-repeats"
-            raise InputError(f"{key}: for the federated tuning ({args.method} is not tuned so)")
-        if args.tune == "cv" and not federated:
-            cfg, table, summary = grid_search.tune(
-                cfg,
-                data,
-                args.method,
-                lam1_grid,
-                lam2_grid,
-                opts,
-                args.knob_grid or None,
-                args.size_power_grid,
-            )
-            table.to_csv(os.path.join(tmp, "cv.csv"), index=False)
-            params = grid_search.params_of(args.method)
-            extra.update(tuning_metrics(summary, params, "val_mse", False, opts))
-            chosen = ", ".join(f"{k} = {v:g}" for k, v in extra["tuned"].items())
-            if not args.quiet:
-                print(
-                    f"cv: chose {chosen} (mean validation MSE {extra['cv']['mean']:.6g} over "
-                    f"{opts.folds} folds); refitting on all training data",
-                    file=sys.stderr,
-                )
-        if args.engine == "flower":
-            tune = None
-            if federated:
-                powers = args.size_power_grid
-                powers = parse_grid(powers, "size-power-grid") if powers else ()
-                grids = {"lam1-grid": fed_grids[0], "lam2-grid": fed_grids[1],
-                         "size-power-grid": powers}  # fmt: skip
-                tune = tune_run_config(args.tune, opts, grids)
-            _run_flower(cfg, args, data, tmp, tune, guards)
-        else:
-            tune = None
-            if federated:
-                tune = (args.tune, (opts, *fed_grids, args.size_power_grid))
-            progress = RoundProgress(args.method, round_limit(args.method, cfg), args.quiet)
-            if federated:
-                progress = None if args.quiet else line_to_stderr
-            if tune is not None:
-                from .federated_tuning import run_tuned_inprocess
-
-                res = run_tuned_inprocess(cfg, data, args.method, tune, progress, guards=guards)
-            else:
-                res = fed.run_methods_inprocess(cfg, data, [args.method], progress, guards=guards)[
-                    args.method
-                ]
-            fed.write_result(tmp, res, data, cfg)
-        n_test = sum(c.x_test.shape[0] for c in data.clients)
-        split = {
-            "test": "none" if not n_test else ("file" if args.test_data else "holdout"),
-            "holdout": args.holdout or None,
-            "n_train": sum(c.n for c in data.clients),
-            "n_test": n_test,
-        }
-
-        def own_files(where: str) -> None:
-            if edges is not None:
-                pd.DataFrame(
-                    {
-                        "client_u": [data.sites[u] for u in edges[:, 0]],
-                        "client_v": [data.sites[v] for v in edges[:, 1]],
-                        "weight": weights if weights is not None else 1.0,
-                    }
-                ).to_csv(os.path.join(where, "edges.csv"), index=False)
-
-        metrics = finish_outputs(
-            tmp,
-            {**extra, "seconds": round(time.perf_counter() - t0, 3)},
-            split,
-            lambda m: fed.write_test_table(tmp, m, data.responses),
-            own_files,
-            fit_report,
-        )
-    return metrics
+def fit_to_dir(args) -> dict:
+    """The fit of ``fit``'s options ``args`` (an :mod:`argparse` namespace of the ``fit``
+    subcommand, or :class:`RowFed`'s) into the directory ``args.out``: every file the
+    command line writes, all or nothing (:class:`RowFedFit`).  Returns ``metrics.json``'s
+    content."""
+    return RowFedFit(args).run()
 
 
 #: The ``fit`` options that describe the data: arguments of :meth:`RowFed.fit`.
