@@ -47,7 +47,7 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
     table = inference_table(fit, res.sites, data.features, data.responses, cfg.level)
     truth = data.theta_true
     kind = true_kinds(group_sizes(data.partitions_true)[:, :, None], truth == 0)
-    ident = identified(data.partitions_true, res.clusters, truth != 0, res.theta != 0)
+    ident = identified(data.partitions_true, res.clusters, truth != 0, res.coefficients != 0)
     rows = score_table("rowfed", table, truth, kind, ident)
     return {"results": task_frame(rows, cell, rep, seed, res)}
 

@@ -85,7 +85,7 @@ class MethodResult:
 
     method: str
     sites: list[str]
-    theta: np.ndarray  # (M, p, q)
+    coefficients: np.ndarray  # (M, p, q)
     intercept: np.ndarray | None  # (M, q)
     clusters: np.ndarray  # (M, p)
     history: list[dict]
@@ -96,7 +96,7 @@ class MethodResult:
     gic: float
     lam1: float
     lam2: float
-    theta_work: np.ndarray
+    coefficients_work: np.ndarray  # working scale (a warm start)
     extra: dict = field(default_factory=dict)
 
 
@@ -136,7 +136,7 @@ def collect(method: str, strategy) -> MethodResult:
     return MethodResult(
         method=method,
         sites=list(strategy.sites),
-        theta=theta,
+        coefficients=theta,
         intercept=strategy.intercepts(),
         clusters=clusters,
         history=list(strategy.history.rows),
@@ -147,7 +147,7 @@ def collect(method: str, strategy) -> MethodResult:
         gic=float(strategy.gic()),
         lam1=float(strategy.cfg.lam1),
         lam2=float(strategy.cfg.lam2),
-        theta_work=np.array(strategy.warm_start()),
+        coefficients_work=np.array(strategy.warm_start()),
         extra=extra,
     )
 
@@ -191,7 +191,7 @@ def summarize(results: dict[str, MethodResult], data: FederatedData) -> pd.DataF
         rows.append(
             {
                 "method": method,
-                "mse_est": mse_est(res.theta, data.theta_true) if truth else np.nan,
+                "mse_est": mse_est(res.coefficients, data.theta_true) if truth else np.nan,
                 "mse_pred": mean_mse_pred(res),
                 "ri": mean_rand_index(data.partitions_true, res.clusters) if truth else np.nan,
                 "rounds": res.rounds,
@@ -247,7 +247,7 @@ def coefficients_frame(res: MethodResult, features, responses) -> pd.DataFrame:
         if res.intercept is not None:
             rows.append([site, INTERCEPT, *res.intercept[m]])
         for j, feat in enumerate(features):
-            rows.append([site, feat, *res.theta[m, j]])
+            rows.append([site, feat, *res.coefficients[m, j]])
     return pd.DataFrame(rows, columns=["client", "feature", *responses])
 
 

@@ -360,7 +360,7 @@ def response_mse(res, data) -> np.ndarray:
     on the input scale (its row mean is the client's MSE-Pred of docs/methods.md 2.7)."""
     out = np.empty((len(data.clients), len(data.responses)))
     for m, c in enumerate(data.clients):
-        pred = c.x_test @ res.theta[m]
+        pred = c.x_test @ res.coefficients[m]
         if res.intercept is not None:
             pred = pred + res.intercept[m]
         out[m] = np.mean((c.y_test - pred) ** 2, axis=0)
@@ -409,7 +409,7 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
                     **cell,
                     "rep": rep,
                     "method": method,
-                    "mse_est": mse_est(res.theta, data.theta_true),
+                    "mse_est": mse_est(res.coefficients, data.theta_true),
                     "mse_pred": fed.mean_mse_pred(res),
                     "ri": mean_rand_index(data.partitions_true, res.clusters),
                     **_tuning_columns(method, res),

@@ -242,7 +242,7 @@ def tune_gic(
         )
         fits.append(res)
         if method != "nonfed":
-            theta0 = res.theta_work
+            theta0 = res.coefficients_work
     table, best = gic_table(rows)
     return fits[best], table
 

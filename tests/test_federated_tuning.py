@@ -650,7 +650,7 @@ def test_at_most_max_fits_run_at_once_with_the_same_results(method, files, rowfe
             res = run_tuned_inprocess(
                 RowFedConfig(), rowfed_data, "rowfed", tune, progress=lines.append
             )
-            coef = res.theta
+            coef = res.coefficients
         # both methods' tuned results: (file name, table) and the metrics, by the same keys
         name, table = res.extra["tuning_table"]
         assert name == "cv.csv"
@@ -776,7 +776,7 @@ def test_a_stages_views_register_in_one_message_per_site(rowfed_data, monkeypatc
     asked_one_by_one, ref = run()
     assert len([a for a in asked_one_by_one if a]) == 3 * m
     assert res.extra["tuning_table"][1].equals(ref.extra["tuning_table"][1])
-    np.testing.assert_array_equal(res.theta, ref.theta)
+    np.testing.assert_array_equal(res.coefficients, ref.coefficients)
 
 
 # ---------------------------------------------------------------------------------------
@@ -820,7 +820,7 @@ def test_rowfed_gic_inside_the_federation_equals_the_warm_started_walk(rowfed_da
     np.testing.assert_allclose(table["gic"], want["gic"], rtol=1e-6)
     np.testing.assert_array_equal(table["df"], want["df"])
     assert (res.lam1, res.lam2) == (old.lam1, old.lam2)
-    np.testing.assert_allclose(res.theta, old.theta, atol=1e-6)
+    np.testing.assert_allclose(res.coefficients, old.coefficients, atol=1e-6)
     tuning_info = res.extra["tuning_metrics"]["tuning"]
     assert tuning_info["fits"] == 6 and 0 < tuning_info["rounds"] < table["rounds"].sum()
     # the choice's place in each grid (lam1 over 3 values, lam2 over 2: both at an edge)
@@ -871,7 +871,7 @@ def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
             fit = rfed.run_methods_inprocess(point, alone, ["rowfed"])["rowfed"]
             mses = []
             for z, c in enumerate(alone.clients):
-                pred = c.x_test @ fit.theta[z] + fit.intercept[z]
+                pred = c.x_test @ fit.coefficients[z] + fit.intercept[z]
                 err = c.y_test - pred
                 mses.append(np.mean(err**2))
                 sse[c.site] += float(np.sum(err**2))
@@ -885,7 +885,7 @@ def test_rowfed_cv_fold_fit_equals_the_same_fit_alone(rowfed_data):
     # the refit is a plain fit at the chosen levels
     chosen = res.extra["tuning_metrics"]["tuned"]
     plain = rfed.run_methods_inprocess(cfg.replace(**chosen), rowfed_data, ["rowfed"])["rowfed"]
-    np.testing.assert_array_equal(res.theta, plain.theta)
+    np.testing.assert_array_equal(res.coefficients, plain.coefficients)
 
 
 def test_rowfed_client_with_fewer_rows_than_folds_takes_part(rowfed_data):
@@ -918,7 +918,7 @@ def test_rowfed_client_with_fewer_rows_than_folds_takes_part(rowfed_data):
         point = cfg.replace(lam1=0.05, lam2=0.02, tol=opts.tol, max_rounds=opts.max_rounds)
         fit = rfed.run_methods_inprocess(point, alone, ["rowfed"], guards=Guards.off())["rowfed"]
         mses = [
-            np.mean((c.y_test - c.x_test @ fit.theta[z] - fit.intercept[z]) ** 2)
+            np.mean((c.y_test - c.x_test @ fit.coefficients[z] - fit.intercept[z]) ** 2)
             for z, c in enumerate(alone.clients)
             if len(c.y_test)
         ]

@@ -249,7 +249,7 @@ def test_every_name_through_flwr_run_equals_inprocess(family, tmp_path):
 
 
 def _names(res):
-    m, p, q = res.theta.shape
+    m, p, q = res.coefficients.shape
     return [f"x{k + 1}" for k in range(p)], [f"y{k + 1}" for k in range(q)]
 
 
@@ -303,7 +303,7 @@ def test_rowfed_ditto_is_the_penalized_proximal_problem():
     data = rsources.load_data(spec)
     cfg = RowFedConfig(fedavg_rounds=5, ditto_mu=0.5, lam2=0.05, standardize="none")
     res = fed.run_methods_inprocess(cfg, data, ["fedavg", "ditto"])
-    w = res["fedavg"].theta[0]
+    w = res["fedavg"].coefficients[0]
     for m, c in enumerate(data.clients):
         n, p = c.x.shape
         t, a = cp.Variable((p, c.y.shape[1])), cp.Variable(c.y.shape[1])
@@ -312,7 +312,7 @@ def test_rowfed_ditto_is_the_penalized_proximal_problem():
         ) / (2 * n)
         obj = fit + cfg.lam2 * cp.sum(cp.abs(t)) + cfg.ditto_mu / 2 * cp.sum_squares(t - w)
         cp.Problem(cp.Minimize(obj)).solve(solver=cp.CLARABEL, tol_gap_abs=1e-12, tol_gap_rel=1e-12)
-        np.testing.assert_allclose(res["ditto"].theta[m], t.value, atol=1e-6)
+        np.testing.assert_allclose(res["ditto"].coefficients[m], t.value, atol=1e-6)
 
 
 def _gd(f, start, steps):

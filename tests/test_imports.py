@@ -234,6 +234,20 @@ def test_both_method_packages_use_the_same_public_names():
     assert grauc_flower.GrAUCPFL.__name__ == "GrAUCPFL" and rowfed_flower.RowFed.fit
 
 
+def test_both_methods_results_name_their_common_fields_alike():
+    """A fit's in-process result (``federation.MethodResult``) calls the same things by the
+    same names in both packages: the fitted coefficients are ``coefficients`` in both."""
+    import dataclasses
+
+    from grauc_flower.federation import MethodResult as GrAUCResult
+    from rowfed_flower.federation import MethodResult as RowFedResult
+
+    common = {"method", "sites", "coefficients", "history", "evaluation", "converged", "rounds",
+              "extra"}  # fmt: skip
+    for cls in (GrAUCResult, RowFedResult):
+        assert common <= {f.name for f in dataclasses.fields(cls)}, cls.__module__
+
+
 def test_comparators_are_declared_classes():
     """Each FedAvg-family comparator of both methods is a class written out in its module
     (go to definition finds it): Flower's own strategy behind the method's FedAvg for the

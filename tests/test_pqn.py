@@ -312,7 +312,7 @@ def test_exact_curvature_reaches_the_same_optimum_in_fewer_rounds():
         c: rf.run_methods_inprocess(cfg.replace(curvature=c), data, ["rowfed"])["rowfed"]
         for c in ("learned", "exact")
     }
-    np.testing.assert_allclose(rows["exact"].theta, rows["learned"].theta, atol=1e-7)
+    np.testing.assert_allclose(rows["exact"].coefficients, rows["learned"].coefficients, atol=1e-7)
     assert rows["exact"].rounds <= rows["learned"].rounds
     with pytest.raises(InputError, match="curvature: exact needs algorithm = pqn"):
         GrAUCConfig(curvature="exact", algorithm="admm")
@@ -415,7 +415,7 @@ def test_partial_participation_strategies_reach_the_full_participation_optimum()
     rfull = rf.run_methods_inprocess(rcfg, data, ["rowfed"])["rowfed"]
     part = rf.run_methods_inprocess(rcfg.replace(participation=0.5, seed=3), data, ["rowfed"])
     assert part["rowfed"].converged
-    assert_allclose(part["rowfed"].theta, rfull.theta, rtol=0, atol=1e-8)
+    assert_allclose(part["rowfed"].coefficients, rfull.coefficients, rtol=0, atol=1e-8)
 
 
 # -- MCP and SCAD by pqn: the local linear approximation --------------------------------------
@@ -460,7 +460,7 @@ def test_scad_by_pqn_is_a_fixed_point_of_its_weighted_lasso(scad_fits):
     from strategies.solvers.problems import rowfed_problem
 
     data, cfg, fits = scad_fits
-    theta = fits["pqn"].theta_work
+    theta = fits["pqn"].coefficients_work
     m, p, q = theta.shape
     lla = rowfed_problem(cfg, m).linearized(theta)
     fusion, sparsity = lla.splits

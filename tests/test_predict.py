@@ -92,7 +92,7 @@ def test_rowfed_predictions_are_intercept_plus_theta(rowfed_model, tmp_path, cap
     assert list(got.columns) == ["row", "client", "Y1", "Y2"]
     z = [res.sites.index(s) for s in new["client"]]
     x = new[FEATURES].to_numpy()
-    want = res.intercept[z] + np.einsum("np,npq->nq", x, res.theta[z])
+    want = res.intercept[z] + np.einsum("np,npq->nq", x, res.coefficients[z])
     np.testing.assert_allclose(got[["Y1", "Y2"]].to_numpy(), want, rtol=1e-12, atol=1e-12)
     assert np.abs(res.intercept).max() > 0.5  # the intercept is really used
 

@@ -484,7 +484,7 @@ def test_mean_fusion_matches_cvxpy(algorithm):
     prob = cp.Problem(cp.Minimize(loss + lam1 * fusion + lam2 * cp.sum(cp.abs(t))))
     prob.solve(solver="CLARABEL", tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
     want = t.value.reshape(5, 3, 2)
-    assert_allclose(res.theta, want, atol=1e-5)
+    assert_allclose(res.coefficients, want, atol=1e-5)
     at_mean = np.linalg.norm(want - want.mean(axis=0), axis=2) < 1e-6  # (M, p)
     assert at_mean.any() and not at_mean.all()
     for j in range(3):
@@ -548,5 +548,5 @@ def test_rows_weighting_matches_cvxpy(algorithm, intercept):
         return np.stack([tm.value for tm in t])
 
     want = reference(omega)
-    assert_allclose(res.theta, want, atol=1e-5)
+    assert_allclose(res.coefficients, want, atol=1e-5)
     assert np.max(np.abs(reference(np.ones(5)) - want)) > 1e-2

@@ -168,7 +168,7 @@ def test_a_tuning_with_workers_equals_the_tuning_without(monkeypatch):
     assert not b2.model_workers.started
     t1, t2 = (r.extra["tuning_table"][1] for r in (r1, r2))
     assert t1.equals(t2)
-    np.testing.assert_array_equal(r1.theta, r2.theta)
+    np.testing.assert_array_equal(r1.coefficients, r2.coefficients)
     assert (r1.lam1, r1.lam2) == (r2.lam1, r2.lam2)
 
 
