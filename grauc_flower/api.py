@@ -398,12 +398,31 @@ class GrAUCPFL(FederatedModel):
     inputs = DATA_OPTIONS
 
     def fit(self, data=None, sites=None, *, test_data=None, **options) -> GrAUCPFL:
-        """Fit on ``data`` (a data frame or CSV path: ``site``, ``y`` in {0, 1} and the
-        features) at ``sites`` (``site``, ``lat``, ``lon``: a data frame, a CSV path or a
-        mapping ``{site: (lat, lon)}``); ``test_data`` (same columns as ``data``) is
-        scored into ``test_``.  Without ``data``, ``source=`` names built-in data
-        (``"simulated"``, ``"crime"``; ``"cdc"`` with ``data`` the case file), with that
-        source's options (``train_fraction``, ...).  Returns ``self``."""
+        """Fit on ``data`` at ``sites``.
+
+        Without ``data``, ``source=`` names built-in data (``"simulated"``, ``"crime"``;
+        ``"cdc"`` with ``data`` the case file), with that source's options
+        (``train_fraction``, ...).
+
+        Parameters
+        ----------
+        data : pandas.DataFrame or str, optional
+            The rows (a data frame or CSV path): ``site``, ``y`` in {0, 1} and the features.
+        sites : pandas.DataFrame, str or dict, optional
+            The sites' locations ``site``, ``lat``, ``lon``: a data frame, a CSV path or a
+            mapping ``{site: (lat, lon)}``.
+        test_data : pandas.DataFrame or str, optional
+            Test rows with the same columns as ``data``, scored into ``test_``.
+        **options
+            The ``fit`` options that describe the data (:data:`DATA_OPTIONS` but ``data`` and
+            ``sites``: ``source``, ``holdout``, ``train_fraction``, ...); another name is an
+            error.
+
+        Returns
+        -------
+        GrAUCPFL
+            ``self``, fitted.
+        """
         import tempfile
 
         unknown = [k for k in options if k not in DATA_OPTIONS or k in ("data", "sites")]
@@ -467,15 +486,46 @@ class GrAUCPFL(FederatedModel):
                                   probability=probability)  # fmt: skip
 
     def predict(self, data, new_sites=None, new_site_rule: str = "nearest") -> np.ndarray:
-        """Each row's risk score ``x'beta`` by its site's coefficients (a ranking within
-        a site).  A site outside the federation borrows coefficients from the fitted sites
-        near it when its location is in ``new_sites`` (``site, lat, lon``; by
-        ``new_site_rule``: nearest, graph or inverse-distance; docs/methods.md 3.13)."""
+        """Each row's risk score ``x'beta`` by its site's coefficients (a ranking within a site).
+
+        Parameters
+        ----------
+        data : pandas.DataFrame or str
+            The rows to score (a data frame or CSV path): ``site`` and the features.
+        new_sites : pandas.DataFrame, str or dict, optional
+            The locations (``site, lat, lon``) of sites outside the federation: such a site
+            borrows coefficients from the fitted sites near it.
+        new_site_rule : str, optional
+            How a new site borrows them: ``"nearest"``, ``"graph"`` or ``"inverse-distance"``
+            (docs/methods.md 3.13).
+
+        Returns
+        -------
+        ndarray, shape (n,)
+            Each row's score.
+        """
         table = self.predict_table(data, new_sites=new_sites, new_site_rule=new_site_rule)
         return table["score"].to_numpy()
 
     def predict_proba(self, data, new_sites=None, new_site_rule: str = "nearest") -> np.ndarray:
-        """The calibrated risks as scikit-learn gives them: columns P(y = 0), P(y = 1)."""
+        """The calibrated risks as scikit-learn gives them: columns P(y = 0), P(y = 1).
+
+        Parameters
+        ----------
+        data : pandas.DataFrame or str
+            The rows to score (a data frame or CSV path): ``site`` and the features.
+        new_sites : pandas.DataFrame, str or dict, optional
+            The locations (``site, lat, lon``) of sites outside the federation, as in
+            :meth:`predict`.
+        new_site_rule : str, optional
+            How a new site borrows coefficients: ``"nearest"``, ``"graph"`` or
+            ``"inverse-distance"``.
+
+        Returns
+        -------
+        ndarray, shape (n, 2)
+            Per row, ``1 - p`` and ``p``, the calibrated probability ``p`` of ``y = 1``.
+        """
         table = self.predict_table(
             data, new_sites=new_sites, new_site_rule=new_site_rule, probability=True
         )
@@ -483,9 +533,21 @@ class GrAUCPFL(FederatedModel):
         return np.column_stack([1.0 - p, p])
 
     def score(self, data, level: float = 0.95) -> pd.DataFrame:
-        """Each site's AUC on ``data`` (with its ``y``), DeLong's standard error and the
-        ``level`` interval: ``site, auc, auc_se, lower, upper, n_pos, n_neg`` (a site
-        whose rows hold one class has no AUC)."""
+        """Each site's AUC on ``data``, DeLong's standard error and the ``level`` interval.
+
+        Parameters
+        ----------
+        data : pandas.DataFrame or str
+            The rows (a data frame or CSV path) with ``site``, the features and ``y``.
+        level : float, optional
+            The interval's confidence level, in (0, 1).
+
+        Returns
+        -------
+        pandas.DataFrame
+            A row per site: ``site, auc, auc_se, lower, upper, n_pos, n_neg`` (a site whose
+            rows hold one class has no AUC: NaN).
+        """
         from .metrics import auc_interval, delong
 
         if not 0 < level < 1:
@@ -518,10 +580,24 @@ def _sites_frame(sites):
 
 
 def example_data(seed: int = 0, **simulation) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The main job's simulated federation as data frames: ``(train, test, sites)``, the
-    rows ``site, y, x1..`` and the sites ``site, lat, lon`` (simulation 1 of the GrAUC-PFL
-    paper, 20 sites; ``simulation`` takes the ``data.*`` settings by their Python names,
-    e.g. ``n_sites=12, n_train=300``; docs/methods.md 1.8)."""
+    """The main job's simulated federation as data frames (simulation 1 of the GrAUC-PFL paper,
+    20 sites; docs/methods.md 1.8).
+
+    Parameters
+    ----------
+    seed : int, optional
+        The simulation's seed (``data_seed``).
+    **simulation
+        The ``data.*`` settings by their Python names (:class:`~grauc_flower.sources.DataSpec`
+        fields), e.g. ``n_sites=12, n_train=300``.
+
+    Returns
+    -------
+    train, test : pandas.DataFrame
+        The training and test rows ``site, y, x1..``.
+    sites : pandas.DataFrame
+        The sites ``site, lat, lon``.
+    """
     from .sources import load_sites
 
     spec = DataSpec(source="simulated", data_seed=seed, **simulation)

@@ -21,7 +21,21 @@ from .client import GrAUCClient
 
 
 def run(grid: Grid, context: Context) -> dict:
-    """Run the configured GrAUC-PFL methods through Flower; returns ``{method: result}``."""
+    """Run the configured GrAUC-PFL methods through Flower.
+
+    Parameters
+    ----------
+    grid : Grid
+        The ServerApp's grid of SuperNodes.
+    context : Context
+        The run's context; its run config gives the methods, the settings, the data
+        (``data.*``), the tuning (``tune.*``), the checkpoint and ``out-dir``.
+
+    Returns
+    -------
+    dict of str to MethodResult
+        ``{method: result}``.
+    """
     # the server side's imports are here: a ClientApp starts for every message and needs
     # only the client and its data (measured: 0.5 s less per message)
     from strategies.config import registration_config, tune_config

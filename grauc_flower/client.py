@@ -101,7 +101,22 @@ class GrAUCClient(SiteClient):
         """The scores of this view's validation rows (pooled over a setting's folds), on the
         input scale: ``x'beta`` of the model as written out.  The score has no intercept,
         so the centering of standardized features would shift each fold's scores by its own
-        constant and mix them when the folds are ranked together."""
+        constant and mix them when the folds are ranked together.
+
+        Parameters
+        ----------
+        parameters : list of ndarray
+            ``[beta]``, the fold's fit on the working scale, shape (p,).
+        config : dict
+            The instruction's config (its ``scale`` bytes, when the features are standardized).
+
+        Returns
+        -------
+        scores : ndarray, shape (n_val,)
+            The validation rows' scores.
+        y : ndarray, shape (n_val,)
+            Their outcomes.
+        """
         (beta,) = parameters
         return self._input_score(self.data.x_test, beta, config), self.data.y_test
 

@@ -52,7 +52,20 @@ NODES = 200
 @functools.lru_cache(maxsize=64)
 def population_scale(norm2: float, ridge: float) -> float:
     """``c >= 0`` minimizing ``E log(1 + exp(-c T)) + (ridge/2) c^2 norm2`` for
-    ``T ~ N(norm2, 2 norm2)`` (``norm2 = |mu|^2``; 0 when ``norm2 = 0``)."""
+    ``T ~ N(norm2, 2 norm2)``.
+
+    Parameters
+    ----------
+    norm2 : float
+        ``|mu|^2``, the squared norm of the site's positives' mean.
+    ridge : float
+        The ridge ``eta``.
+
+    Returns
+    -------
+    float
+        The scale ``c`` (0 when ``norm2 = 0``).
+    """
     if norm2 <= 0:
         return 0.0
     x, w = np.polynomial.hermite_e.hermegauss(NODES)
@@ -71,15 +84,41 @@ def population_scale(norm2: float, ridge: float) -> float:
 
 
 def population_coefficients(means: np.ndarray, ridge: float) -> np.ndarray:
-    """Each site's population coefficients ``c(|mu_z|^2) mu_z``, ``(Z, p)``."""
+    """Each site's population coefficients ``c(|mu_z|^2) mu_z``.
+
+    Parameters
+    ----------
+    means : ndarray, shape (Z, p)
+        Each site's positives' mean ``mu_z`` (its negatives' is 0).
+    ridge : float
+        The ridge ``eta``.
+
+    Returns
+    -------
+    ndarray, shape (Z, p)
+        The population minimizers (:func:`population_scale` times the means).
+    """
     means = np.asarray(means, dtype=float)
     scale = [population_scale(float(np.sum(mu * mu)), float(ridge)) for mu in means]
     return np.asarray(scale)[:, None] * means
 
 
 def true_labels(truth: np.ndarray, rel: float = 1e-9) -> np.ndarray:
-    """Per feature, the sites' groups of equal true coefficients (equal to ``rel``
-    relative precision, so that round-off does not split a group), ``(Z, p)``."""
+    """Per feature, the sites' groups of equal true coefficients.
+
+    Parameters
+    ----------
+    truth : ndarray, shape (Z, p)
+        The true coefficients.
+    rel : float, optional
+        Coefficients equal to this relative precision (of the feature's largest) share a
+        group, so that round-off does not split a group.
+
+    Returns
+    -------
+    ndarray of int, shape (Z, p)
+        Each site's group label per feature.
+    """
     truth = np.asarray(truth, dtype=float)
     digits = int(-np.log10(rel))
     labels = np.empty(truth.shape, dtype=np.int64)
@@ -91,7 +130,24 @@ def true_labels(truth: np.ndarray, rel: float = 1e-9) -> np.ndarray:
 
 
 def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
-    """One (cell, replication): ``results`` with one row per kind of coefficient."""
+    """One (cell, replication): ``results`` with one row per kind of coefficient.
+
+    Parameters
+    ----------
+    settings : dict
+        The study config's tables but ``[design]``.
+    cell : dict
+        The design values of the task's cell.
+    rep : int
+        The replication.
+    seed : int
+        The task's seed (the simulation's and the fit's).
+
+    Returns
+    -------
+    dict of str to pandas.DataFrame
+        ``{"results": frame}`` (:func:`strategies.experiments.coverage.task_frame`).
+    """
     quiet_flower()
     from .federation import run_methods_inprocess
     from .inference import inference_table
@@ -117,7 +173,22 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
 
 
 def run(a, study, st) -> int:
-    """The ``study`` command on a coverage config."""
+    """The ``study`` command on a coverage config.
+
+    Parameters
+    ----------
+    a : argparse.Namespace
+        The ``study`` command's options.
+    study : Study
+        The study config.
+    st : Settings
+        Its parsed settings (``st.coverage``: the intervals' nominal level).
+
+    Returns
+    -------
+    int
+        The exit status.
+    """
     return run_coverage(a, study, TASK, st.coverage, SIZE_KEY)
 
 

@@ -50,7 +50,22 @@ class SiteData:
 
 
 def class_sizes(n_total: int, prevalence: float, minimum: int = 4) -> tuple[int, int]:
-    """``(n_pos, n_neg)`` with ``n_pos = round(prevalence N)``, at least ``minimum`` each."""
+    """``(n_pos, n_neg)`` with ``n_pos = round(prevalence N)``, at least ``minimum`` each.
+
+    Parameters
+    ----------
+    n_total : int
+        The number of rows ``N``.
+    prevalence : float
+        The share of positives.
+    minimum : int, optional
+        The least number of rows of each class (a class below it is raised to it).
+
+    Returns
+    -------
+    n_pos, n_neg : int
+        The rows of each class.
+    """
     n_pos = max(minimum, int(round(prevalence * n_total)))
     n_neg = max(minimum, n_total - n_pos)
     return n_pos, n_neg
@@ -58,7 +73,22 @@ def class_sizes(n_total: int, prevalence: float, minimum: int = 4) -> tuple[int,
 
 def mean_shift(level: int, group: int, p: int) -> np.ndarray:
     """``mu*`` of the positives (docs/methods.md 1.8): group 1 ``(0.9+D, 0.9, 0.9-D)``, group 2
-    ``(0.9-D, 0.9, 0.9+D)``, zero beyond the third coordinate; ``D`` by level (0 for none)."""
+    ``(0.9-D, 0.9, 0.9+D)``, zero beyond the third coordinate.
+
+    Parameters
+    ----------
+    level : int
+        The shift's level, 0 to 3: ``D`` is 0, 0.3, 0.6 or 0.9 (:data:`LEVEL_SHIFT`).
+    group : int
+        The mean group: 0 for group 1, any other value for group 2.
+    p : int
+        The number of features.
+
+    Returns
+    -------
+    ndarray, shape (p,)
+        The positives' mean.
+    """
     d = LEVEL_SHIFT[level]
     mu = np.zeros(p)
     first = (0.9 + d, 0.9, 0.9 - d) if group == 0 else (0.9 - d, 0.9, 0.9 + d)
@@ -144,8 +174,29 @@ def site_means(
     simulation: int = 1, n_sites: int = 20, n_features: int = 10, level: int = 3, seed: int = 0,
     counties=(),
 ) -> np.ndarray:  # fmt: skip
-    """The positives' mean ``mu*`` of every site of :func:`simulate` with the same
-    arguments, ``(Z, p)`` (the negatives' mean is 0; both classes have identity covariance)."""
+    """The positives' mean ``mu*`` of every site of :func:`simulate` with the same arguments
+    (the negatives' mean is 0; both classes have identity covariance).
+
+    Parameters
+    ----------
+    simulation : int, optional
+        The simulation, 1 to 4.
+    n_sites : int, optional
+        The number of sites (without ``counties``).
+    n_features : int, optional
+        The number of features.
+    level : int, optional
+        The mean shift's level, 0 to 3 (simulation 4 has none).
+    seed : int, optional
+        The simulation's seed.
+    counties : str or sequence of str, optional
+        County FIPS codes: the sites at their centroids (:func:`simulate`).
+
+    Returns
+    -------
+    ndarray, shape (Z, p)
+        Each site's positives' mean.
+    """
     places = county_places(counties)[1] if counties else None
     _, mean_group = _layout(np.random.default_rng(seed), simulation, n_sites, places)
     return _means(simulation, level, mean_group, n_features)
@@ -173,9 +224,35 @@ def simulate(
     uniformly by up to 1 degree.  Simulation 1: mean groups follow geography.  2: as 1 with
     each site's training size drawn once from {30, 50, 100, 200, 300}.  3: the two mean groups
     are assigned at random, unrelated to location.  4: one mean for all (shift 0).
-    With ``counties`` (FIPS codes) the sites are those counties, named by their codes, at
-    their shipped centroids (``n_sites`` is their number), each in the mean group of the
-    nearer of Los Angeles and New York (:func:`_layout`).
+
+    Parameters
+    ----------
+    simulation : int, optional
+        The simulation, 1 to 4.
+    n_sites : int, optional
+        The number of sites ``Z``.
+    n_features : int, optional
+        The number of features ``p``.
+    n_train : int, optional
+        The training rows per site (not simulation 2's, which draws them).
+    n_test : int, optional
+        The test rows per site.
+    prevalence : float, optional
+        The share of positives in each site's training and test rows
+        (:func:`class_sizes`: at least 4 of each class).
+    level : int, optional
+        How far the two mean groups differ, 0 (not) to 3 (:func:`mean_shift`).
+    seed : int, optional
+        The seed of every draw.
+    counties : str or sequence of str, optional
+        County FIPS codes: the sites are those counties, named by their codes, at their
+        shipped centroids (``n_sites`` is their number), each in the mean group of the
+        nearer of Los Angeles and New York (:func:`_layout`).
+
+    Returns
+    -------
+    list of SiteData
+        The sites, named ``S01, S02, ...`` (or by their county codes).
     """
     rng = np.random.default_rng(seed)
     names = None
@@ -211,10 +288,24 @@ def simulate(
 
 
 def location(lat, lon, where: str = "", site: str | None = None) -> tuple[float, float]:
-    """A site's ``(lat, lon)`` in degrees, each a number within [-90, 90] and [-180, 180],
-    else an :class:`InputError` naming the field (``where`` before it, e.g. ``"sites: "``)
-    and the site if given: the one check of a sites file, a node config and ``predict``'s
-    ``--lat/--lon``."""
+    """A site's ``(lat, lon)`` in degrees, each a number within [-90, 90] and [-180, 180], else
+    an :class:`InputError`: the one check of a sites file, a node config and ``predict``'s
+    ``--lat/--lon``.
+
+    Parameters
+    ----------
+    lat, lon : float or str
+        The latitude and longitude as given.
+    where : str, optional
+        What the error names before the field, e.g. ``"sites: "``.
+    site : str, optional
+        The site the error names, if given.
+
+    Returns
+    -------
+    lat, lon : float
+        The checked coordinates.
+    """
     out = []
     for key, value, bound in (("lat", lat, 90.0), ("lon", lon, 180.0)):
         try:
@@ -251,8 +342,22 @@ def read_sites(path: str) -> pd.DataFrame:
 
 
 def read_data(path: str, key: str = "data") -> tuple[pd.DataFrame, list[str]]:
-    """Read ``DATA.csv`` (``site``, ``y`` and the features).  Returns the frame and the
-    feature names (every other column, in file order).  Errors name ``key``."""
+    """Read ``DATA.csv`` (``site``, ``y`` and the features).
+
+    Parameters
+    ----------
+    path : str
+        The file.
+    key : str, optional
+        What errors name (e.g. ``"test-data"``).
+
+    Returns
+    -------
+    frame : pandas.DataFrame
+        The rows, ``site`` stripped and ``y`` as integers 0 or 1.
+    features : list of str
+        The feature names: every other column, in file order.
+    """
     import pandas as pd
 
     df = read_table(path, key, dtype={"site": str})
@@ -284,7 +389,24 @@ def sites_from_frames(
     allow_missing_class: bool = False,
 ) -> list[SiteData]:
     """Split the data by site, in the order of the sites file.  Checks every data site has
-    coordinates and (unless ``allow_missing_class``) both classes."""
+    coordinates; a site of the sites file without rows is left out, with a warning.
+
+    Parameters
+    ----------
+    data : pandas.DataFrame
+        The rows (:func:`read_data`).
+    features : list of str
+        The feature columns.
+    sites : pandas.DataFrame
+        The sites file (:func:`read_sites`).
+    allow_missing_class : bool, optional
+        Let a site lack a class; otherwise that is an error.
+
+    Returns
+    -------
+    list of SiteData
+        The sites with rows, without test rows.
+    """
     import pandas as pd
 
     x = numeric_columns(data, features, "data")
@@ -330,15 +452,45 @@ def sites_from_frames(
 
 
 def load_csv(data_path: str, sites_path: str, allow_missing_class: bool = False):
-    """Load ``DATA.csv`` and ``SITES.csv``; returns ``(sites, feature_names)``."""
+    """Load ``DATA.csv`` and ``SITES.csv``.
+
+    Parameters
+    ----------
+    data_path : str
+        The rows (:func:`read_data`).
+    sites_path : str
+        The sites' locations (:func:`read_sites`).
+    allow_missing_class : bool, optional
+        Let a site lack a class (:func:`sites_from_frames`).
+
+    Returns
+    -------
+    sites : list of SiteData
+        The sites with rows, in the sites file's order.
+    features : list of str
+        The feature names.
+    """
     sites = read_sites(sites_path)
     data, features = read_data(data_path)
     return sites_from_frames(data, features, sites, allow_missing_class), features
 
 
 def add_test_data(sites: list[SiteData], path: str) -> list[SiteData]:
-    """The sites with their test rows from ``path`` (the training file's columns, in any
-    order; ``site`` must be a training site).  A site without test rows keeps none."""
+    """The sites with their test rows from ``path``.  A site without test rows keeps none.
+
+    Parameters
+    ----------
+    sites : list of SiteData
+        The training sites.
+    path : str
+        The test file: the training file's columns, in any order; each ``site`` must be a
+        training site.
+
+    Returns
+    -------
+    list of SiteData
+        ``sites`` with ``x_test`` and ``y_test`` set.
+    """
     import dataclasses
 
     df, features = read_data(path, "test-data")
@@ -359,8 +511,23 @@ def add_test_data(sites: list[SiteData], path: str) -> list[SiteData]:
 
 
 def hold_out(sites: list[SiteData], fraction: float, seed: int) -> list[SiteData]:
-    """A stratified test set inside each site: ``fraction`` of each class (rounded half up,
-    leaving one row of a class for training), drawn from the site's own seeded stream."""
+    """A stratified test set inside each site, drawn from the site's own seeded stream.
+
+    Parameters
+    ----------
+    sites : list of SiteData
+        The sites; their training rows are split.
+    fraction : float
+        The share of each class held out, in (0, 1) (rounded half up, leaving one row of a
+        class for training).
+    seed : int
+        The seed each site's stream derives from (with its name).
+
+    Returns
+    -------
+    list of SiteData
+        The sites, their held-out rows as the test rows.
+    """
     from strategies.stats.tuning import holdout_mask, site_rng
 
     if not 0 < fraction < 1:
@@ -384,9 +551,21 @@ def hold_out(sites: list[SiteData], fraction: float, seed: int) -> list[SiteData
 
 
 def load_site_file(path: str, node_config) -> SiteData:
-    """One institution's own file (deployment): columns ``y`` and the features (a ``site``
-    column, if present, must hold only this site).  The site id and location come from the
-    node config (``site``, ``lat``, ``lon``)."""
+    """One institution's own file (deployment).
+
+    Parameters
+    ----------
+    path : str
+        The file: columns ``y`` and the features (a ``site`` column, if present, must hold
+        only this site).
+    node_config : mapping
+        The SuperNode's node config: the site id and location (``site``, ``lat``, ``lon``).
+
+    Returns
+    -------
+    SiteData
+        The site's training rows, without test rows.
+    """
     for key in ("site", "lat", "lon"):
         if key not in node_config:
             raise InputError(f"node-config: missing {key!r} (e.g. site=S01 lat=34.1 lon=-118.2)")

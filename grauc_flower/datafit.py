@@ -103,9 +103,24 @@ class PairwiseLogistic:
         return self.value_and_grad(b)[1]
 
     def value_and_grad(self, b: np.ndarray, need_grad: bool = True):
-        """``(f(b), grad f(b))`` (the gradient None unless ``need_grad``).  The last few
-        points asked for are kept: a tuning's fits that share this datafit (a fold of a
-        site at one ridge) all ask for the gradient at the same start."""
+        """``(f(b), grad f(b))``.  The last few points asked for are kept: a tuning's fits that
+        share this datafit (a fold of a site at one ridge) all ask for the gradient at the same
+        start.
+
+        Parameters
+        ----------
+        b : ndarray, shape (p,)
+            The point.
+        need_grad : bool, optional
+            Whether to compute the gradient too.
+
+        Returns
+        -------
+        value : float
+            ``f(b)``.
+        grad : ndarray, shape (p,) or None
+            ``grad f(b)``; None unless ``need_grad``.
+        """
         b = np.asarray(b, dtype=float)
         key = (b.tobytes(), need_grad)
         memo, lock = self.once("_memo", lambda: ({}, threading.Lock()))
@@ -242,7 +257,20 @@ class PairwiseLogistic:
 
     def once(self, name: str, compute):
         """``compute()`` the first time ``name`` is asked for, the kept result after: the data
-        never change, so whatever depends only on them is computed once per datafit."""
+        never change, so whatever depends only on them is computed once per datafit.
+
+        Parameters
+        ----------
+        name : str
+            The attribute the result is kept under.
+        compute : callable
+            ``compute()`` returns the result.
+
+        Returns
+        -------
+        object
+            The kept result.
+        """
         if name not in self.__dict__:
             object.__setattr__(self, name, compute())
         return self.__dict__[name]
@@ -267,8 +295,23 @@ class PairwiseLogistic:
         return None if pairs is None else ((xp, xn), (s_pos, s_neg), pairs)
 
     def prox(self, center: np.ndarray, c: float, x0: np.ndarray | None = None) -> np.ndarray:
-        """``argmin_b f(b) + (c/2) ||b - center||^2`` by damped Newton from ``x0`` (default
-        ``center``), to machine precision (:func:`newton_minimize`)."""
+        """``argmin_b f(b) + (c/2) ||b - center||^2`` by damped Newton, to machine precision
+        (:func:`newton_minimize`).
+
+        Parameters
+        ----------
+        center : ndarray, shape (p,)
+            The proximal term's center.
+        c : float
+            The proximal term's curvature.
+        x0 : ndarray, shape (p,), optional
+            The start (default ``center``).
+
+        Returns
+        -------
+        ndarray, shape (p,)
+            The minimizer.
+        """
         start = center if x0 is None else x0
         return newton_minimize(self, start, c=c, center=center)[0]
 
@@ -302,6 +345,22 @@ def _cov(rows: np.ndarray, p: int) -> np.ndarray:
 
 
 def split_by_class(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``x`` by class.
+
+    Parameters
+    ----------
+    x : ndarray, shape (N, p)
+        The features.
+    y : ndarray, shape (N,)
+        The outcomes, 0 or 1.
+
+    Returns
+    -------
+    x_pos : ndarray, shape (n, p)
+        The rows with ``y == 1``.
+    x_neg : ndarray, shape (m, p)
+        The rows with ``y == 0``.
+    """
     y = np.asarray(y)
     return x[y == 1], x[y == 0]
 
@@ -317,9 +376,31 @@ def newton_minimize(
     """Minimize ``h(b) = f(b) + (c/2) ||b - center||^2`` by damped Newton (Armijo backtracking).
 
     Stops when ``||grad h||_inf <= gtol * max(1, ||grad h(x0)||_inf)`` or when a step no
-    longer decreases ``h`` (the minimum to machine precision).  Returns ``(b, iterations)``.
-    With ``c = 0`` and ``f`` not strongly convex (separable data, ``eta = 0``) the minimizer
-    may not exist: the iteration then stops at ``max_iter``.
+    longer decreases ``h`` (the minimum to machine precision).  With ``c = 0`` and ``f`` not
+    strongly convex (separable data, ``eta = 0``) the minimizer may not exist: the iteration
+    then stops at ``max_iter``.
+
+    Parameters
+    ----------
+    f : PairwiseLogistic
+        The datafit.
+    x0 : ndarray, shape (p,)
+        The start.
+    c : float, optional
+        The proximal term's curvature (0: none).
+    center : ndarray, shape (p,), optional
+        The proximal term's center (default zeros).
+    gtol : float, optional
+        The relative gradient tolerance.
+    max_iter : int, optional
+        The most Newton steps.
+
+    Returns
+    -------
+    b : ndarray, shape (p,)
+        The minimizer.
+    iterations : int
+        The Newton steps taken.
     """
     b = np.array(x0, dtype=float)
     center = np.zeros_like(b) if center is None else np.asarray(center, dtype=float)
@@ -363,8 +444,21 @@ def newton_minimize(
 
 
 def local_fit(f: PairwiseLogistic, x0: np.ndarray | None = None) -> np.ndarray:
-    """``argmin_b f(b)``: the individual (local-only) fit; from zeros it is computed once per
-    datafit (a tuning's fits at one fold and ridge share it)."""
+    """``argmin_b f(b)``: the individual (local-only) fit.
+
+    Parameters
+    ----------
+    f : PairwiseLogistic
+        The site's datafit.
+    x0 : ndarray, shape (p,), optional
+        The start; without it, from zeros, computed once per datafit (a tuning's fits at one
+        fold and ridge share it).
+
+    Returns
+    -------
+    ndarray, shape (p,)
+        The site's own fit.
+    """
     if x0 is not None:
         return newton_minimize(f, x0)[0]
     p = f.x_pos.shape[1]

@@ -156,7 +156,20 @@ def simulate_shape(shape: Shape, n_test: int = 100) -> list[SiteData]:
     Positives are drawn around the mean of their site's group (``0.9`` on the first
     coordinates with a shift of ``±0.6`` that differs between groups), negatives around 0,
     both with unit variances and the shape's AR(1) correlation; ``raw`` multiplies each
-    feature by a scale in ``[0.01, 100]`` (log-uniform) and adds an offset."""
+    feature by a scale in ``[0.01, 100]`` (log-uniform) and adds an offset.
+
+    Parameters
+    ----------
+    shape : Shape
+        The member.
+    n_test : int, optional
+        The test rows per site.
+
+    Returns
+    -------
+    list of SiteData
+        The sites, named ``F1, F2, ...`` (zero-padded).
+    """
     rng = np.random.default_rng(shape.seed)
     z, p = shape.sites, shape.features
     cluster = np.arange(z) % shape.clusters
@@ -224,7 +237,22 @@ def problem(shape: Shape) -> tuple[list[SiteData], GrAUCConfig]:
 
 def recorded_run(sites, cfg: GrAUCConfig) -> tuple[object, list[float]]:
     """The fit's strategy and its true objective after every round, in process
-    (:func:`strategies.experiments.family.true_objectives`)."""
+    (:func:`strategies.experiments.family.true_objectives`).
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The member's sites.
+    cfg : GrAUCConfig
+        The fit's settings.
+
+    Returns
+    -------
+    strategy : GrAUCStrategy
+        The finished strategy.
+    objectives : list of float
+        The true objective after each round.
+    """
     from strategies.client.guards import Guards
     from strategies.server.registry import Registry
 
@@ -240,7 +268,20 @@ def recorded_run(sites, cfg: GrAUCConfig) -> tuple[object, list[float]]:
 
 def optimum(sites, cfg: GrAUCConfig) -> float:
     """The lowest true objective (:func:`recorded_run`) of tight solves with learned and
-    exact curvature (``tol`` 1e-13): the reference of the gaps."""
+    exact curvature (``tol`` 1e-13): the reference of the gaps.
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The member's sites.
+    cfg : GrAUCConfig
+        The fit's settings.
+
+    Returns
+    -------
+    float
+        The lowest objective over both runs' rounds.
+    """
     values = []
     for changes in ({}, {"curvature": "exact"}):
         _, objectives = recorded_run(sites, cfg.replace(tol=1e-13, max_rounds=400, **changes))
@@ -251,7 +292,24 @@ def optimum(sites, cfg: GrAUCConfig) -> float:
 def measure(shape: Shape, variants=VARIANTS, limit: int = 400) -> list[dict]:
     """Rounds to a 1e-4 and a 1e-6 relative gap (true objectives of a ``tol`` 1e-12 run,
     :func:`recorded_run`) and to the stopping rule (the member's ``tol``, the default) of
-    each variant on one member."""
+    each variant on one member.
+
+    Parameters
+    ----------
+    shape : Shape
+        The member.
+    variants : iterable of tuple, optional
+        ``(name, changes)`` each: the variant's name and its changes to the member's
+        configuration (:data:`strategies.experiments.family.VARIANTS`).
+    limit : int, optional
+        The round limit of every run.
+
+    Returns
+    -------
+    list of dict
+        A row per variant (:func:`strategies.experiments.family.measure_variants`), opened by
+        the member's name, sites, features and ``lam``.
+    """
     sites, cfg = problem(shape)
     fields = {
         "method": "grauc",
@@ -278,7 +336,21 @@ __all__ = [
 
 def family_run(out: str, quick: bool = False) -> pd.DataFrame:
     """The problem family's rounds (``bench --family``): a row per member and variant,
-    then their distribution (median, 90th percentile, worst) per variant."""
+    then their distribution (median, 90th percentile, worst) per variant.
+
+    Parameters
+    ----------
+    out : str
+        The directory ``bench.csv`` goes into (checked first; empty: nothing written); its
+        ``members`` subdirectory keeps each member's rows as they are measured.
+    quick : bool, optional
+        Only every third member.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The rows, with the machine.
+    """
     from strategies.experiments.family import run_family
 
     check_out(out)

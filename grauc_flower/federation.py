@@ -40,7 +40,22 @@ from .sources import DataSpec, load_sites  # noqa: F401  (the apps and benches r
 def pooled_datafit(sites, cfg: GrAUCConfig, registry: Registry | None) -> PairwiseLogistic:
     """The non-private central reference: one surrogate over all pairs of the pooled data
     (on the working scale).  The server reads every site's data here; this exists for
-    comparison only."""
+    comparison only.
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites whose training rows are pooled.
+    cfg : GrAUCConfig
+        The settings; ``cfg.ridge`` is the surrogate's ridge.
+    registry : Registry or None
+        Its ``center`` and ``scale``, when set, standardize the pooled rows.
+
+    Returns
+    -------
+    PairwiseLogistic
+        The pooled surrogate.
+    """
     x = np.vstack([s.x_train for s in sites])
     y = np.concatenate([s.y_train for s in sites])
     if registry is not None and registry.center is not None:
@@ -49,11 +64,44 @@ def pooled_datafit(sites, cfg: GrAUCConfig, registry: Registry | None) -> Pairwi
 
 
 def pooled_fit(sites, cfg: GrAUCConfig, registry: Registry | None) -> np.ndarray:
-    """The minimizer of :func:`pooled_datafit`."""
+    """The minimizer of :func:`pooled_datafit`.
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites whose training rows are pooled.
+    cfg : GrAUCConfig
+        The settings (the ridge).
+    registry : Registry or None
+        The standardization, as in :func:`pooled_datafit`.
+
+    Returns
+    -------
+    ndarray, shape (p,)
+        The pooled fit's coefficients on the working scale.
+    """
     return local_fit(pooled_datafit(sites, cfg, registry))
 
 
 def pooled_objective(sites, cfg: GrAUCConfig, beta, registry: Registry | None) -> float:
+    """The value of :func:`pooled_datafit` at ``beta`` (the ``pooled`` method's objective).
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites whose training rows are pooled.
+    cfg : GrAUCConfig
+        The settings (the ridge).
+    beta : ndarray, shape (p,)
+        The coefficients, on the working scale.
+    registry : Registry or None
+        The standardization, as in :func:`pooled_datafit`.
+
+    Returns
+    -------
+    float
+        The pooled surrogate's value at ``beta``.
+    """
     return pooled_datafit(sites, cfg, registry).value(beta)
 
 
@@ -72,9 +120,39 @@ def make_strategy(
     timeout: float | None = None,
     beta0: np.ndarray | None = None,
 ):
-    """The Strategy object for a method name.  ``checkpoint`` (GrAUC-PFL): ``checkpoint``
-    (file written every ``checkpoint_every`` rounds) and ``resume`` (file to start from);
-    ``timeout``: seconds registration and each round wait for the sites."""
+    """The Strategy object for a method name.
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`strategies.config.GRAUC_METHODS`.
+    cfg : GrAUCConfig
+        The method's settings.
+    n_sites : int
+        The number of sites the strategy waits for.
+    registry : Registry
+        The sites' registry (shared by the methods of one run).
+    sites : sequence of SiteData, optional
+        The sites' data; ``pooled`` needs them (it fits at the server).
+    graph_edges : ndarray, shape (n_edges, 2), optional
+        A user edge list (site indices) instead of ``cfg.graph`` (the fused methods).
+    progress : callable, optional
+        Called after each round (the fused methods and the FedAvg family).
+    checkpoint : dict, optional
+        GrAUC-PFL's ``checkpoint`` (file written every ``checkpoint_every`` rounds) and
+        ``resume`` (file to start from).
+    timeout : float, optional
+        Seconds registration and each round wait for the sites.
+    beta0 : ndarray, shape (Z, p), optional
+        A fused method's warm start on the working scale, in site order.
+
+    Returns
+    -------
+    Strategy
+        :class:`~strategies.server.grauc.GrAUCStrategy` (``grauc`` with the graph's fusion,
+        ``mean-fusion`` with the mean's), ``IndividualStrategy``, a FedAvg-family comparator,
+        or for ``pooled`` a ``FixedModelStrategy`` holding the pooled fit.
+    """
     if method in FUSED_METHODS:
         return GrAUCStrategy(
             cfg,
@@ -119,9 +197,25 @@ def checkpoint_settings(rc: dict) -> dict:
 
 def max_rounds_for(method: str, cfg: GrAUCConfig, tuned: bool = False, waves: int = 1) -> int:
     """A round budget for Flower's server loop: the method's own rounds, and one for the
-    evaluation after the last (the loop stops as soon as the method has finished); a
-    federated tuning's stages each within their fits' limits, ``waves`` times over when
-    not all its fits run at once (:meth:`strategies.stats.tuning.CVOptions.waves`)."""
+    evaluation after the last (the loop stops as soon as the method has finished).
+
+    Parameters
+    ----------
+    method : str
+        The method's name.
+    cfg : GrAUCConfig
+        Its settings (``max_rounds``, ``inference``, a FedAvg-family method's rounds).
+    tuned : bool, optional
+        A federated tuning: its stages each within their fits' limits.
+    waves : int, optional
+        How many times over a tuning's budget is needed when not all its fits run at once
+        (:meth:`strategies.stats.tuning.CVOptions.waves`).
+
+    Returns
+    -------
+    int
+        The number of rounds.
+    """
     if tuned:
         return waves * (3 * (cfg.max_rounds + 1) + REFIT_ROUNDS)
     if method in FEDAVG_FAMILY:
@@ -147,7 +241,23 @@ class MethodResult:
 
 def collect(method: str, strategy) -> MethodResult:
     """What a finished strategy produced (coefficients on the input scale); of a federated
-    tuning, its refit with the tuning's outputs in ``extra``."""
+    tuning, its refit with the tuning's outputs in ``extra``.
+
+    Parameters
+    ----------
+    method : str
+        The method the strategy ran.
+    strategy : Strategy
+        The finished strategy (a :class:`~strategies.server.batch.BatchStrategy` for a
+        federated tuning).
+
+    Returns
+    -------
+    MethodResult
+        Its sites, coefficients, history, evaluation, convergence and rounds; ``extra`` holds
+        a fused method's clusters (and graph), the oracle inference, the pooled objective
+        and the sites that did not answer.
+    """
     from strategies.server.batch import BatchStrategy
 
     if isinstance(strategy, BatchStrategy):
@@ -207,8 +317,23 @@ def oracle_inference(strategy: GrAUCStrategy) -> OracleFit | str:
 
 
 def clients_of(sites, ridge: float, guards=None) -> list[GrAUCClient]:
-    """The sites' clients, each at its place in the list, with ``guards`` (the default
-    floors when ``None``; a fold's rows: :meth:`strategies.client.guards.Guards.for_view`)."""
+    """The sites' clients, each at its place in the list.
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites' data.
+    ridge : float
+        Each datafit's ridge.
+    guards : Guards, optional
+        The sites' floors (the default floors when ``None``; a fold's rows:
+        :meth:`strategies.client.guards.Guards.for_view`).
+
+    Returns
+    -------
+    list of GrAUCClient
+        A client per site, its ``index`` its place in ``sites``.
+    """
     return [GrAUCClient(s, ridge, index=z, guards=guards) for z, s in enumerate(sites)]
 
 
@@ -222,8 +347,30 @@ def run_methods_inprocess(
     guards=None,
 ) -> dict[str, MethodResult]:
     """Every method through the in-process engine, sharing one registry (a method tuned
-    inside the federation: :func:`grauc_flower.federated_tuning.run_tuned_inprocess`);
-    ``guards``: the sites' (:func:`clients_of`)."""
+    inside the federation: :func:`grauc_flower.federated_tuning.run_tuned_inprocess`).
+
+    Parameters
+    ----------
+    cfg : GrAUCConfig
+        The settings of every method.
+    sites : sequence of SiteData
+        The sites' data.
+    methods : sequence of str
+        The methods to run, one after another.
+    graph_edges : ndarray, shape (n_edges, 2), optional
+        A user edge list instead of ``cfg.graph`` (:func:`make_strategy`).
+    progress : callable, optional
+        The strategies' per-round callback.
+    checkpoint : dict, optional
+        GrAUC-PFL's checkpoint arguments (:func:`make_strategy`).
+    guards : Guards, optional
+        The sites' floors (:func:`clients_of`).
+
+    Returns
+    -------
+    dict of str to MethodResult
+        Each method's result.
+    """
     clients = clients_of(sites, cfg.ridge, guards)
     registry = Registry()
     out = {}
@@ -309,8 +456,23 @@ def write_result(
 ) -> None:
     """Write ``coefficients.csv``, ``history.csv``, ``metrics.json`` and (GrAUC-PFL)
     ``edges.csv``, ``clusters.csv``, with inference = oracle ``inference.csv``, and after a
-    federated tuning ``cv.csv`` into ``out_dir`` (``metrics.json``'s settings: the tuned
-    ones)."""
+    federated tuning ``cv.csv`` into ``out_dir``.
+
+    Parameters
+    ----------
+    out_dir : str
+        The directory (made when missing).
+    res : MethodResult
+        What the method produced.
+    features : sequence of str
+        The feature names (the coefficients' columns).
+    cfg : GrAUCConfig
+        The settings ``metrics.json`` records; after a federated tuning the tuned ones
+        (``res.extra["config"]``) instead.
+    extra_metrics : dict, optional
+        More ``metrics.json`` entries, over the others (after a federated tuning, over the
+        tuning's own).
+    """
     os.makedirs(out_dir, exist_ok=True)
     if "tuning_table" in res.extra:
         name, table = res.extra["tuning_table"]
@@ -393,8 +555,20 @@ RELIABILITY_COLUMNS = ["site", "split", "lower", "upper", "rows", "mean_probabil
 def reliability_table(evaluation: dict, order) -> pd.DataFrame:
     """``reliability.csv``: each site's reliability bands of its calibrated risks on its
     evaluation rows (:func:`strategies.stats.calibration.reliability_bins`, as the site sent
-    them; ``split``: its test rows, or its training rows when it has none), sites in
-    ``order``; empty when no site sent any."""
+    them; ``split``: its test rows, or its training rows when it has none).
+
+    Parameters
+    ----------
+    evaluation : dict
+        Each site's evaluation metrics (``reliability``: the bands as JSON text).
+    order : sequence of str
+        The sites, in the table's order.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns :data:`RELIABILITY_COLUMNS`, a row per band; empty when no site sent any.
+    """
     rows = []
     for site in order:
         m = evaluation.get(site, {})
@@ -425,11 +599,26 @@ def sites_table(sites) -> pd.DataFrame:
 
 
 def new_site_model(args, model):
-    """``predict``'s sites outside the federation (``--site --lat --lon`` and/or ``--sites``)
-    added to ``model`` with coefficients borrowed from the fitted sites by
-    ``args.new_site_rule`` (docs/methods.md 3.13), from the fit's ``sites.csv`` (the fitted
-    sites' locations) and ``metrics.json`` (its graph, weights, penalty and working scale).
-    Returns the model and one :class:`strategies.stats.predict.Borrowed` per new site."""
+    """``predict``'s sites outside the federation added to ``model`` with coefficients borrowed
+    from the fitted sites (docs/methods.md 3.13).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``predict``'s options: ``site``, ``lat``, ``lon`` (one new site) and/or ``sites`` (a
+        file of them), ``new_site_rule``, and ``model`` (the fit's directory: its
+        ``sites.csv`` gives the fitted sites' locations, its ``metrics.json`` the graph,
+        weights, penalty and working scale).
+    model : FittedModel
+        The fitted model read from ``args.model``.
+
+    Returns
+    -------
+    model : FittedModel
+        ``model`` with the new sites (unchanged when there are none).
+    borrowed : list of Borrowed
+        What each new site borrowed (:class:`strategies.stats.predict.Borrowed`).
+    """
     from strategies.stats.predict import Borrowed, combine
 
     from .data import location, read_sites
@@ -487,8 +676,20 @@ def new_site_model(args, model):
 
 
 def registered_sites_table(registry, sites) -> pd.DataFrame:
-    """``sites.csv`` as the server knows it (a run across hospitals: no rows at the
-    server): each site's location and training counts by class from its registration."""
+    """``sites.csv`` as the server knows it (a run across hospitals: no rows at the server).
+
+    Parameters
+    ----------
+    registry : Registry
+        The run's registry, each site's registration ``meta``.
+    sites : sequence of str
+        The sites, in the table's order.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Each site's ``site, lat, lon, n_pos, n_neg`` (training counts by class).
+    """
     rows = []
     for s in sites:
         meta = registry.sites[s].meta
@@ -501,11 +702,27 @@ AUC_COLUMNS = ["site", "auc", "auc_se", "lower", "upper", "n_pos", "n_neg"]
 
 
 def auc_frame(metrics: dict, order, split: str = "test", level: float = 0.95) -> pd.DataFrame:
-    """Each site's AUC evaluated on ``split`` rows (``test`` or ``train``) with its DeLong
-    interval at ``level`` (columns :data:`AUC_COLUMNS`, sites in ``order``), from
-    ``metrics.json``'s per-site evaluation; after a tuning also each site's calibrated
-    risks' Brier score, calibration error, intercept and slope
-    (:data:`strategies.stats.calibration.TEST_COLUMNS`)."""
+    """Each site's AUC evaluated on ``split`` rows with its DeLong interval, from
+    ``metrics.json``'s per-site evaluation.
+
+    Parameters
+    ----------
+    metrics : dict
+        ``metrics.json``'s content (its ``auc``: each site's evaluation).
+    order : sequence of str
+        The sites, in the table's order.
+    split : str, optional
+        ``"test"`` or ``"train"``: a site evaluated on the other rows is left out.
+    level : float, optional
+        The intervals' confidence level.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns :data:`AUC_COLUMNS`; after a tuning also each site's calibrated risks' Brier
+        score, calibration error, intercept and slope
+        (:data:`strategies.stats.calibration.TEST_COLUMNS`).
+    """
     from strategies.stats.calibration import TEST_COLUMNS
 
     from .metrics import auc_interval
@@ -533,7 +750,26 @@ def auc_frame(metrics: dict, order, split: str = "test", level: float = 0.95) ->
 
 def write_test_table(out_dir: str, metrics: dict, order, level: float = 0.95) -> dict:
     """``test.csv`` (:func:`auc_frame` of the test rows) and the summary ``metrics.json``
-    keeps (mean over sites with a test AUC)."""
+    keeps.
+
+    Parameters
+    ----------
+    out_dir : str
+        The directory ``test.csv`` goes into.
+    metrics : dict
+        ``metrics.json``'s content.
+    order : sequence of str
+        The sites, in the table's order.
+    level : float, optional
+        The intervals' confidence level.
+
+    Returns
+    -------
+    dict
+        ``mean_auc`` (over sites with a test AUC), ``level``, ``sites``,
+        ``sites_without_test_auc``; with calibrated risks also the mean Brier score (over
+        sites and over rows) and the median calibration error and slope.
+    """
     table = auc_frame(metrics, order, "test", level)
     table.to_csv(os.path.join(out_dir, "test.csv"), index=False)
     finite = table["auc"][np.isfinite(table["auc"].astype(float))]

@@ -83,6 +83,25 @@ def _per_rep(results: pd.DataFrame, keys) -> pd.DataFrame:
 
 
 def fig_mean_auc(results: pd.DataFrame, keys, path: str) -> str:
+    """Mean test AUC per method against prevalence (``fig_mean_auc.png`` of a simulation
+    study): one panel per level (columns) and per value of the other design keys (rows);
+    bars are 95% intervals over replications.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The study's results: a row per replication, method and site (``method``, ``rep``,
+        ``auc`` and the design keys).
+    keys : sequence of str
+        The design keys (with ``prevalence`` and ``level``).
+    path : str
+        Where the figure is saved.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
     plt = pyplot()
     per_rep = _per_rep(results, keys)
     rows, levels, row_keys = _panels(results, keys)
@@ -140,7 +159,23 @@ def fig_mean_auc(results: pd.DataFrame, keys, path: str) -> str:
 def fig_real_mean_auc(results: pd.DataFrame, keys, path: str) -> str:
     """Mean test AUC over institutions per replication and method (real data): one panel
     per design cell, a grey line per replication joining the methods, the mean and its
-    95% interval over replications."""
+    95% interval over replications.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The study's results: a row per replication, method and site (``method``, ``rep``,
+        ``auc`` and the design keys).
+    keys : sequence of str
+        The design keys (a panel per combination of their values).
+    path : str
+        Where the figure is saved.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
     plt = pyplot()
     keys = list(keys)
     per_rep = _per_rep(results, keys)
@@ -185,6 +220,24 @@ def fig_real_mean_auc(results: pd.DataFrame, keys, path: str) -> str:
 
 
 def fig_auc_boxplots(results: pd.DataFrame, keys, path: str) -> str:
+    """The per-site test AUCs as boxes (all sites and replications) per method and prevalence
+    (``fig_auc_boxplots.png``), in the panels of :func:`fig_mean_auc`.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The study's results: a row per replication, method and site (``method``, ``auc``
+        and the design keys).
+    keys : sequence of str
+        The design keys (with ``prevalence`` and ``level``).
+    path : str
+        Where the figure is saved.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
     plt = pyplot()
     rows, levels, row_keys = _panels(results, keys)
     methods = _methods(results)
@@ -238,7 +291,23 @@ def _cell_title(cell: dict) -> str:
 
 def fig_site_auc(results: pd.DataFrame, cell: dict, path: str) -> str:
     """Test AUC per site and method: with one replication each AUC as a point with its DeLong
-    95% interval; with several, a box over the replications with the replications as dots."""
+    95% interval; with several, a box over the replications with the replications as dots.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The study's results (``method``, ``site``, ``rep``, ``auc``, ``auc_se`` and the
+        design keys).
+    cell : dict
+        The design values of the cell shown.
+    path : str
+        Where the figure is saved.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
     from matplotlib.lines import Line2D
 
     from .metrics import auc_interval
@@ -324,9 +393,33 @@ HEATMAP_FEATURES = 30
 def fig_coef_heatmap(
     coef: pd.DataFrame, cell: dict, rep: int, path: str, method: str = "grauc", title: str = ""
 ) -> tuple[str, np.ndarray]:
-    """``method``'s coefficients (sites x features, ``coef`` with a ``method`` column) with
-    a dendrogram of the sites, and the individual fits beside them when ``coef`` has them.
-    Returns the path and the sites' cluster labels (two main dendrogram clusters)."""
+    """``method``'s coefficients (sites x features) with a dendrogram of the sites, and the
+    individual fits beside them when ``coef`` has them.
+
+    Parameters
+    ----------
+    coef : pandas.DataFrame
+        Coefficients: ``method``, ``site`` (optionally ``lat``, ``lon``) and a column per
+        feature, a row per method and site.
+    cell : dict
+        The design values named in the default title.
+    rep : int
+        The replication named in the default title.
+    path : str
+        Where the figure is saved.
+    method : str, optional
+        The method whose coefficients are clustered.
+    title : str, optional
+        The figure's title (empty: one naming ``rep`` and ``cell``).
+
+    Returns
+    -------
+    path : str
+        ``path``.
+    labels : ndarray of int, shape (Z,)
+        The sites' cluster labels (two main dendrogram clusters, from 1; all 1 for a
+        single site).
+    """
     from scipy.cluster.hierarchy import dendrogram, fcluster
 
     plt = pyplot()
@@ -399,7 +492,20 @@ def fig_coef_heatmap(
 
 
 def geographic_groups(lat: np.ndarray, lon: np.ndarray, gap: float = 5.0) -> np.ndarray:
-    """Clumps of sites (single linkage on degrees, cut at ``gap``), labels ``0, 1, ...``."""
+    """Clumps of sites (single linkage on degrees, cut at ``gap``), labels ``0, 1, ...``.
+
+    Parameters
+    ----------
+    lat, lon : ndarray, shape (Z,)
+        The sites' coordinates in degrees.
+    gap : float, optional
+        The distance in degrees that separates clumps.
+
+    Returns
+    -------
+    ndarray of int, shape (Z,)
+        Each site's clump.
+    """
     from scipy.cluster.hierarchy import fcluster, linkage
 
     if len(lat) < 2:
@@ -420,11 +526,40 @@ def fig_site_map(
     edges: np.ndarray | None = None,
     title: str = "",
 ) -> str:
-    """Sites and graph edges (``edges``: index pairs into the sites; by default the graph
-    ``graph`` built from the coordinates); an edge's colour is the number of features on
-    which its two sites share a cluster in ``clusters``.  When the sites form 2–4 far-apart
-    clumps (the simulations' Los Angeles and New York groups) each clump also gets a zoomed
-    panel."""
+    """Sites and graph edges; an edge's colour is the number of features on which its two
+    sites share a cluster in ``clusters``.  When the sites form 2–4 far-apart clumps (the
+    simulations' Los Angeles and New York groups) each clump also gets a zoomed panel.
+
+    Parameters
+    ----------
+    coef : pandas.DataFrame
+        Coefficients with ``method``, ``site``, ``lat``, ``lon``: the sites are GrAUC-PFL's
+        rows (else each site once), in their order.
+    clusters : pandas.DataFrame or None
+        GrAUC-PFL's fused groups (``site`` and a label per feature); ``None``: grey edges.
+    labels : sequence of int
+        Each site's cluster (from 1), its colour.
+    cell : dict
+        The design values named in the default title.
+    rep : int
+        The replication named in the default title.
+    path : str
+        Where the figure is saved.
+    graph : str, optional
+        The graph built from the coordinates when ``edges`` is not given (named in the
+        default title).
+    knn_k : int, optional
+        Its ``k`` for a k-nearest-neighbour graph.
+    edges : ndarray of int, shape (n_edges, 2), optional
+        Index pairs into the sites.
+    title : str, optional
+        The figure's title (empty: one naming the graph, ``rep`` and ``cell``).
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
     from matplotlib.ticker import MaxNLocator
 
     from .graph import build_graph
@@ -515,7 +650,26 @@ def fig_site_map(
 
 
 def make_figures(out: str, study, results: pd.DataFrame, store, cells) -> list[str]:
-    """Every figure of the study into ``out``; returns the paths written."""
+    """Every figure of the study into ``out``.
+
+    Parameters
+    ----------
+    out : str
+        The study's output directory.
+    study : Study
+        The study config (its design keys, ``[figures]`` and ``[grauc]`` tables).
+    results : pandas.DataFrame
+        The study's results.
+    store : PartStore
+        The finished tasks' frames (the figure cell's ``coef`` and ``clusters``).
+    cells : list of dict
+        This run's cells.
+
+    Returns
+    -------
+    list of str
+        The paths written.
+    """
     keys = list(study.keys)
     if "prevalence" in keys and "level" in keys:  # the simulations
         made = [

@@ -21,13 +21,37 @@ EARTH_RADIUS_KM = 6371.0088
 
 
 def geodesic_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
-    """Geodesic distance (WGS-84 ellipsoid, Karney's algorithm via geopy) in km."""
+    """Geodesic distance (WGS-84 ellipsoid, Karney's algorithm via geopy) in km.
+
+    Parameters
+    ----------
+    lat1, lon1 : float
+        The first point, in degrees.
+    lat2, lon2 : float
+        The second point, in degrees.
+
+    Returns
+    -------
+    float
+        The distance in km.
+    """
     return float(geodesic((lat1, lon1), (lat2, lon2)).km)
 
 
 def distance_matrix(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
-    """All pairwise geodesic distances (km), ``Z x Z``.  The last few sets of locations are
-    remembered: a study fits the same institutions dozens of times (cross-validation)."""
+    """All pairwise geodesic distances (km).  The last few sets of locations are remembered: a
+    study fits the same institutions dozens of times (cross-validation).
+
+    Parameters
+    ----------
+    lat, lon : ndarray, shape (Z,)
+        The sites' coordinates in degrees.
+
+    Returns
+    -------
+    ndarray, shape (Z, Z)
+        The distances (a copy: the caller may change it).
+    """
     lat = np.ascontiguousarray(lat, dtype=float)
     lon = np.ascontiguousarray(lon, dtype=float)
     return _distances(lat.tobytes(), lon.tobytes()).copy()
@@ -45,7 +69,18 @@ def _distances(lat_bytes: bytes, lon_bytes: bytes) -> np.ndarray:
 
 
 def unit_vectors(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
-    """Points on the unit sphere (``Z x 3``) for latitude/longitude in degrees."""
+    """Points on the unit sphere for latitude/longitude in degrees.
+
+    Parameters
+    ----------
+    lat, lon : ndarray, shape (Z,)
+        Degrees.
+
+    Returns
+    -------
+    ndarray, shape (Z, 3)
+        The points' Cartesian coordinates.
+    """
     phi = np.radians(np.asarray(lat, dtype=float))
     lam = np.radians(np.asarray(lon, dtype=float))
     return np.column_stack([np.cos(phi) * np.cos(lam), np.cos(phi) * np.sin(lam), np.sin(phi)])
@@ -77,6 +112,19 @@ def prim_chord_mst(xyz: np.ndarray) -> np.ndarray:
 
 
 def great_circle_km(xyz_a: np.ndarray, xyz_b: np.ndarray) -> np.ndarray:
+    """Great-circle distance (mean Earth radius) between points on the unit sphere, from their
+    chord.
+
+    Parameters
+    ----------
+    xyz_a, xyz_b : ndarray, shape (..., 3)
+        The points (:func:`unit_vectors`), paired along the last axis.
+
+    Returns
+    -------
+    ndarray, shape (...)
+        The distances in km.
+    """
     chord = np.linalg.norm(xyz_a - xyz_b, axis=-1)
     return 2.0 * EARTH_RADIUS_KM * np.arcsin(np.clip(chord / 2.0, 0.0, 1.0))
 
@@ -132,7 +180,20 @@ def mst_edges(dist: np.ndarray) -> np.ndarray:
 
 
 def knn_edges(dist: np.ndarray, k: int) -> np.ndarray:
-    """Symmetrized ``k``-nearest-neighbour graph (ties by site index)."""
+    """Symmetrized ``k``-nearest-neighbour graph (ties by site index).
+
+    Parameters
+    ----------
+    dist : ndarray, shape (Z, Z)
+        The pairwise distances.
+    k : int
+        Neighbours per site (at most ``Z - 1``).
+
+    Returns
+    -------
+    ndarray of int, shape (n_edges, 2)
+        The edges, ``u < v``, each once, sorted.
+    """
     z = dist.shape[0]
     if z < 2:
         return np.zeros((0, 2), dtype=np.int64)
@@ -147,9 +208,23 @@ def knn_edges(dist: np.ndarray, k: int) -> np.ndarray:
 
 
 def edge_weights(d_edges: np.ndarray, bandwidth: float, w_dist: float, q: float) -> np.ndarray:
-    """``w_e = max(exp(-w_dist d_e^2 / H), q)`` (docs/methods.md 1.2; ``H`` = ``bandwidth``).
+    """``w_e = max(exp(-w_dist d_e^2 / H), q)`` (docs/methods.md 1.2).
 
-    ``w_dist = 0`` gives every edge weight 1.  ``H = 0`` (all sites at one place) gives 1.
+    Parameters
+    ----------
+    d_edges : ndarray, shape (n_edges,)
+        The edges' lengths ``d_e`` (km).
+    bandwidth : float
+        ``H``; ``H = 0`` (all sites at one place) gives every edge weight 1.
+    w_dist : float
+        How fast the weight decays with distance; 0 gives every edge weight 1.
+    q : float
+        The weights' floor.
+
+    Returns
+    -------
+    ndarray, shape (n_edges,)
+        The weights.
     """
     d_edges = np.asarray(d_edges, dtype=float)
     if w_dist == 0 or bandwidth <= 0:
@@ -167,6 +242,20 @@ class SiteGraph:
     bandwidth: float
 
     def weights(self, w_dist: float, q: float) -> np.ndarray:
+        """The edge weights (:func:`edge_weights` of the edges' lengths and the graph's bandwidth).
+
+        Parameters
+        ----------
+        w_dist : float
+            How fast the weight decays with distance (0: every edge 1).
+        q : float
+            The weights' floor.
+
+        Returns
+        -------
+        ndarray, shape (n_edges,)
+            Each edge's weight, in the order of ``edges``.
+        """
         return edge_weights(self.length_km, self.bandwidth, w_dist, q)
 
 
@@ -250,15 +339,43 @@ def new_site_neighbours(
     q: float = 0.01,
     idw_k: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The fitted sites a site outside the federation borrows from, at ``(new_lat,
-    new_lon)``: their indices, geodesic distances (km) and weights (docs/methods.md 3.13).
+    """The fitted sites a site outside the federation borrows from (docs/methods.md 3.13).
 
     ``graph``: the fit's graph (``kind``, ``k``) rebuilt over the fitted sites and the new
     one; the new site's neighbours there, weighted by the fit's edge weights
     (:func:`edge_weights` with the fitted sites' bandwidth ``H``).  ``nearest``: the nearest
-    site, weight 1.  ``inverse-distance``: the ``idw_k`` nearest (default
-    :data:`strategies.stats.predict.IDW_NEIGHBOURS`), weights ``1 / d`` (a site at distance 0
-    alone, weight 1).  Ties go to the lower index."""
+    site, weight 1.  ``inverse-distance``: the ``idw_k`` nearest, weights ``1 / d`` (a site
+    at distance 0 alone, weight 1).  Ties go to the lower index.
+
+    Parameters
+    ----------
+    lat, lon : ndarray, shape (Z,)
+        The fitted sites' coordinates in degrees.
+    new_lat, new_lon : float
+        The new site's.
+    rule : str, optional
+        ``"nearest"``, ``"graph"`` or ``"inverse-distance"``.
+    kind : str, optional
+        The fit's graph (``graph`` rule).
+    k : int, optional
+        Its neighbours for ``knn`` (``graph`` rule).
+    w_dist : float, optional
+        The fit's ``w_dist`` (``graph`` rule).
+    q : float, optional
+        The fit's weight floor (``graph`` rule).
+    idw_k : int, optional
+        Neighbours of the ``inverse-distance`` rule (default
+        :data:`strategies.stats.predict.IDW_NEIGHBOURS`).
+
+    Returns
+    -------
+    u : ndarray of int
+        The fitted sites borrowed from (indices).
+    d : ndarray
+        Their geodesic distances (km) to the new site.
+    w : ndarray
+        Their weights.
+    """
     from strategies.stats.predict import IDW_NEIGHBOURS, NEW_SITE_RULES
 
     if rule not in NEW_SITE_RULES:

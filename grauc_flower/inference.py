@@ -33,13 +33,39 @@ SANDWICH_KEY = "sandwich:s"
 
 
 def sandwich_metrics(f, beta: np.ndarray) -> dict:
-    """What a site adds to its evaluation answer at the refit point ``beta``: ``Sigma_z``
-    (packed ``p x p``)."""
+    """What a site adds to its evaluation answer at the refit point ``beta``: ``Sigma_z``.
+
+    Parameters
+    ----------
+    f : PairwiseLogistic
+        The site's datafit on the working scale.
+    beta : ndarray, shape (p,)
+        The site's refitted coefficients.
+
+    Returns
+    -------
+    dict
+        ``{SANDWICH_KEY: Sigma_z}``, the ``p x p`` covariance of the gradient at ``beta``
+        (:meth:`~grauc_flower.datafit.PairwiseLogistic.hajek`), packed.
+    """
     return {SANDWICH_KEY: pack(f.hajek(beta).ravel())}
 
 
 def read_sandwich(metrics: dict, p: int) -> np.ndarray | None:
-    """A site's ``Sigma_z`` from its evaluation metrics (``None`` when it sent none)."""
+    """A site's ``Sigma_z`` from its evaluation metrics.
+
+    Parameters
+    ----------
+    metrics : dict
+        The site's evaluation metrics.
+    p : int
+        The number of features.
+
+    Returns
+    -------
+    ndarray, shape (p, p) or None
+        ``Sigma_z``; ``None`` when the site sent none.
+    """
     if SANDWICH_KEY not in metrics:
         return None
     return unpack(metrics[SANDWICH_KEY], p * p).reshape(p, p)
@@ -70,7 +96,26 @@ def oracle_fit(
     refit: oracle.NewtonRefit, labels: np.ndarray, meats: list[np.ndarray], scale=None
 ) -> OracleFit:
     """The estimates and sandwich standard errors of a finished refit from the sites'
-    ``Sigma_z`` (sites in federation order); ``scale`` the features' federated scale."""
+    ``Sigma_z``.
+
+    Parameters
+    ----------
+    refit : NewtonRefit
+        The finished refit (its estimate, Hessian, parameter columns, rounds, value and
+        convergence).
+    labels : ndarray of int, shape (Z, p)
+        Each feature's fused groups of sites (their sizes, whether a coefficient is fused).
+    meats : list of ndarray, shape (p, p)
+        The sites' ``Sigma_z``, in federation order.
+    scale : ndarray, shape (p,), optional
+        The features' federated scale: estimates and standard errors are divided by it (the
+        input scale).
+
+    Returns
+    -------
+    OracleFit
+        The refit on the input scale; ``se`` is NaN when the refit did not converge.
+    """
     bread = refit.hess
     meat = oracle.gather_matrix(refit.cols, meats, refit.n_par)
     cov = oracle.sandwich(bread, meat) if bread is not None else None
@@ -91,7 +136,24 @@ def oracle_fit(
 
 def inference_table(fit: OracleFit, sites, features, level: float) -> pd.DataFrame:
     """``inference.csv``: ``site, feature, kind, group_size, estimate, se, lower, upper``
-    with normal intervals at ``level``."""
+    with normal intervals at ``level``.
+
+    Parameters
+    ----------
+    fit : OracleFit
+        The refit.
+    sites : sequence of str
+        The sites, in federation order.
+    features : sequence of str
+        The feature names.
+    level : float
+        The intervals' confidence level.
+
+    Returns
+    -------
+    pandas.DataFrame
+        A row per site and feature (no interval where ``se`` is not finite).
+    """
     return oracle.interval_frame(
         "site", sites, features, fit.estimate, fit.se, fit.kind, fit.group_size, level
     )

@@ -27,7 +27,17 @@ def rankdata(x: np.ndarray) -> np.ndarray:
 def auc(scores: np.ndarray, y: np.ndarray) -> float:
     """Empirical AUC with ties counted ½ (the Mann–Whitney statistic; pROC's AUC).
 
-    Returns ``nan`` when a class is missing (callers report that explicitly).
+    Parameters
+    ----------
+    scores : ndarray, shape (N,)
+        The rows' scores.
+    y : ndarray, shape (N,)
+        Their outcomes, 1 for a positive and 0 for a negative.
+
+    Returns
+    -------
+    float
+        The AUC; ``nan`` when a class is missing (callers report that explicitly).
     """
     scores = np.asarray(scores, dtype=float)
     y = np.asarray(y)
@@ -41,6 +51,18 @@ def auc(scores: np.ndarray, y: np.ndarray) -> float:
 
 def delong(scores: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """AUC and its DeLong (1988) standard error (pROC's default ``var(roc)``).
+
+    Parameters
+    ----------
+    scores : ndarray, shape (N,)
+        The rows' scores.
+    y : ndarray, shape (N,)
+        Their outcomes, 1 for a positive and 0 for a negative.
+
+    Returns
+    -------
+    auc, se : float
+        The AUC and its standard error; both ``nan`` when a class is missing.
 
     Notes
     -----
@@ -70,8 +92,22 @@ def delong(scores: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def auc_interval(a: float, se: float, level: float = 0.95) -> tuple[float, float]:
-    """The Wald interval ``a -/+ z se`` (``z`` the normal quantile of ``level``, DeLong's
-    standard error) clipped to ``[0, 1]``; ``nan`` when either is not finite."""
+    """The Wald interval ``a -/+ z se`` clipped to ``[0, 1]``.
+
+    Parameters
+    ----------
+    a : float
+        The AUC.
+    se : float
+        Its (DeLong) standard error.
+    level : float, optional
+        The confidence level; ``z`` is the normal quantile of ``(1 + level) / 2``.
+
+    Returns
+    -------
+    lower, upper : float
+        The interval; ``nan`` when ``a`` or ``se`` is not finite.
+    """
     from scipy.stats import norm
 
     if not (np.isfinite(a) and np.isfinite(se)):

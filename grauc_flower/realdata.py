@@ -115,7 +115,20 @@ class SiteTable:
 # ---------------------------------------------------------------------------------------
 def n_train_of(n: int, fraction: float) -> int:
     """Training rows of a class with ``n`` rows: ``fraction * n`` rounded half up, at least
-    1 and at most ``n - 1`` (so training and test both hold the class when ``n >= 2``)."""
+    1 and at most ``n - 1`` (so training and test both hold the class when ``n >= 2``).
+
+    Parameters
+    ----------
+    n : int
+        The class's rows.
+    fraction : float
+        The training share.
+
+    Returns
+    -------
+    int
+        The number of training rows.
+    """
     k = int(np.floor(fraction * n + 0.5))
     return int(min(max(k, 1), max(n - 1, 1)))
 
@@ -125,11 +138,25 @@ def stratified_split(
 ) -> list[SiteData]:
     """Per institution and per class, a random ``train_fraction`` (see :func:`n_train_of`)
     for training and the rest for testing (docs/methods.md 1.9: about 20% of each class).
-
-    ``max_per_class > 0`` first draws at most that many rows of each class of an
-    institution (at random, with the same seed), bounding the cost of the pairwise
-    surrogate for very large institutions; the fraction applies to what is drawn.
     Rows keep their file order within the training and test sets.
+
+    Parameters
+    ----------
+    table : SiteTable
+        Every institution's rows.
+    train_fraction : float
+        The training share of each class, in (0, 1).
+    seed : int
+        The seed each institution's stream derives from (with its name).
+    max_per_class : int, optional
+        When above 0, at most that many rows of each class of an institution are drawn first
+        (at random, with the same seed), bounding the cost of the pairwise surrogate for very
+        large institutions; the fraction applies to what is drawn.
+
+    Returns
+    -------
+    list of SiteData
+        The institutions with their training and test rows.
     """
     if not 0 < train_fraction < 1:
         raise InputError(f"data.train-fraction: must be in (0, 1), got {train_fraction!r}")
@@ -168,10 +195,24 @@ def stratified_split(
 # CDC COVID-19 case surveillance
 # ---------------------------------------------------------------------------------------
 def normalize_fips(values, what: str, first_line: int = 2) -> np.ndarray:
-    """County codes as 5-digit strings (an object array).  Missing values (NA, empty) give
-    ``None``; a value
-    that is not 1 to 5 digits (an integer-valued float such as ``6037.0`` is accepted) is
-    an :class:`InputError` naming ``what`` and the line."""
+    """County codes as 5-digit strings.  A value that is not 1 to 5 digits (an integer-valued
+    float such as ``6037.0`` is accepted) is an :class:`InputError` naming ``what`` and the
+    line.
+
+    Parameters
+    ----------
+    values : sequence
+        The codes as read.
+    what : str
+        What an error names (the column).
+    first_line : int, optional
+        The file line of ``values[0]`` (an error names the bad value's line).
+
+    Returns
+    -------
+    ndarray of object
+        The codes; ``None`` for a missing value (NA, empty).
+    """
     import pandas as pd
 
     s = pd.Series(values, dtype="object")
@@ -557,9 +598,39 @@ def load_real(
     max_per_class: int = 0,
     missing: str = "level",
 ) -> tuple[list[SiteData], SiteTable]:
-    """``source`` ``"cdc"`` or ``"crime"`` split with ``seed``; ``0`` for
-    ``train_fraction`` / ``min_per_class`` means the source's default
-    (:data:`CDC_DEFAULTS`, :data:`CRIME_DEFAULTS`).  Returns the sites and the table."""
+    """``source`` ``"cdc"`` or ``"crime"`` split with ``seed``.
+
+    Parameters
+    ----------
+    source : str
+        ``"cdc"`` or ``"crime"``.
+    path : str, optional
+        The file: the CDC case file (required), or a copy of Communities and Crime (empty:
+        the shipped one).
+    train_fraction : float, optional
+        The training share of each class per site (:func:`stratified_split`); 0: the
+        source's default (:data:`CDC_DEFAULTS`, :data:`CRIME_DEFAULTS`).
+    seed : int, optional
+        The train/test split's seed.
+    counties : str or sequence of str, optional
+        cdc: the counties' FIPS codes (empty: the ``num_counties`` largest).
+    num_counties : int, optional
+        cdc: how many of the largest counties are taken.
+    min_per_class : int, optional
+        The rows of each class a site needs; 0: the source's default.
+    max_per_class : int, optional
+        At most this many rows per class and site are drawn (0: all).
+    missing : str, optional
+        cdc: ``"level"`` keeps Missing/Unknown covariate values as a level of their own,
+        ``"drop"`` drops those rows.
+
+    Returns
+    -------
+    sites : list of SiteData
+        The split sites.
+    table : SiteTable
+        The loader's table (its features and notes).
+    """
     if source == "cdc":
         d = CDC_DEFAULTS
         table = read_cdc(

@@ -19,9 +19,26 @@ SCALE_SITES, SCALE_FEATURES, SCALE_PREVALENCE = 12, 8, 0.12
 
 
 def scale_sites(rows: int, n_sites: int = SCALE_SITES, p: int = SCALE_FEATURES, seed: int = 0):
-    """``n_sites`` sites of ``rows`` training rows each: standard normal features, a
-    logistic outcome of about :data:`SCALE_PREVALENCE` from two score directions split
-    by longitude (east and west of 100 W), sites drawn over the contiguous United States."""
+    """``n_sites`` sites of ``rows`` training rows each: standard normal features, a logistic
+    outcome of about :data:`SCALE_PREVALENCE` from two score directions split by longitude
+    (east and west of 100 W), sites drawn over the contiguous United States.
+
+    Parameters
+    ----------
+    rows : int
+        The training rows per site.
+    n_sites : int, optional
+        The number of sites.
+    p : int, optional
+        The number of features.
+    seed : int, optional
+        The seed of every draw.
+
+    Returns
+    -------
+    list of SiteData
+        The sites, without test rows.
+    """
     from .data import SiteData
 
     rng = np.random.default_rng(seed)
@@ -38,7 +55,24 @@ def scale_sites(rows: int, n_sites: int = SCALE_SITES, p: int = SCALE_FEATURES, 
 
 def scale_gradient(rows: int, p: int = 20, repeats: int = 5, exact: bool = False) -> dict:
     """One value and gradient of a site's surrogate at ``rows`` rows (10% positives), the
-    median of ``repeats`` at fresh points; on the pair loop with ``exact``."""
+    median of ``repeats`` at fresh points.
+
+    Parameters
+    ----------
+    rows : int
+        The site's rows.
+    p : int, optional
+        The number of features.
+    repeats : int, optional
+        The number of timed evaluations.
+    exact : bool, optional
+        Sum the pairs one by one (``pairs = "exact"``) instead of ``"auto"``.
+
+    Returns
+    -------
+    dict
+        ``seconds`` (the median) and ``pairs`` (the mode used).
+    """
     rng = np.random.default_rng(0)
     n = max(1, rows // 10)
     f = PairwiseLogistic(
@@ -81,8 +115,21 @@ def scale_tune(rows: int) -> dict:
 
 def scale_cells(quick: bool = False, max_rows: int = 1_000_000) -> list:
     """The cells of ``bench --scale``: a site's gradient from 10^3 to ``max_rows`` rows (the
-    pair loop up to 2 10^4), a default fit of 12 sites up to 10^5 rows a site (10^4 with
-    ``quick``), and a tuning up to 10^4 rows a site (10^3 with ``quick``)."""
+    pair loop up to 2 10^4), a default fit of 12 sites up to 10^5 rows a site, and a tuning
+    up to 10^4 rows a site.
+
+    Parameters
+    ----------
+    quick : bool, optional
+        Smaller cells: up to 10^4 rows a site, fits up to 10^4 and tunings up to 10^3.
+    max_rows : int, optional
+        The largest site measured (rows).
+
+    Returns
+    -------
+    list of Cell
+        The measurements (:class:`strategies.experiments.scale.Cell`).
+    """
     from strategies.experiments.scale import Cell
 
     here = "grauc_flower.scale"
@@ -104,6 +151,24 @@ def scale_cells(quick: bool = False, max_rows: int = 1_000_000) -> list:
 
 
 def scale_run(out: str, quick: bool = False, max_rows: int = 1_000_000) -> pd.DataFrame:
+    """``bench --scale``: the cells of :func:`scale_cells` run, each in a fresh process
+    (:func:`strategies.experiments.scale.run_scale`), with a progress line per cell on stderr.
+
+    Parameters
+    ----------
+    out : str
+        The output directory for ``scale.csv``, ``slopes.csv`` and ``scale.png`` (empty:
+        nothing is written).
+    quick : bool, optional
+        Smaller cells (:func:`scale_cells`).
+    max_rows : int, optional
+        The largest site measured (rows).
+
+    Returns
+    -------
+    pandas.DataFrame
+        A row per cell, with what it measured and its peak memory.
+    """
     from strategies.experiments.scale import run_scale
     from strategies.runtime.cli import line_to_stderr
 

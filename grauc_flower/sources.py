@@ -128,7 +128,21 @@ def load_sites(spec: DataSpec) -> tuple[tuple[SiteData, ...], tuple[str, ...]]:
 
 
 def with_test_set(sites, spec: DataSpec) -> list[SiteData]:
-    """``sites`` with the test set ``spec`` asks for (``test_path`` or ``holdout``)."""
+    """``sites`` with the test set ``spec`` asks for: a test file or a holdout share, not both.
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites read from the csv source.
+    spec : DataSpec
+        Its ``test_path`` (:func:`~grauc_flower.data.add_test_data`) or ``holdout`` and
+        ``data_seed`` (:func:`~grauc_flower.data.hold_out`).
+
+    Returns
+    -------
+    list of SiteData
+        The sites with their test rows (as given when ``spec`` asks for none).
+    """
     if spec.test_path and spec.holdout:
         raise InputError("holdout: give a test file or a holdout share, not both")
     if spec.test_path:

@@ -192,7 +192,20 @@ class Settings:
 
 
 def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
-    """Check and parse the tables of a study config (everything but ``[design]``)."""
+    """Check and parse the tables of a study config (everything but ``[design]``).
+
+    Parameters
+    ----------
+    settings : dict
+        The config's tables but ``[design]``.
+    keys : sequence of str, optional
+        The design keys (``[figures] cell`` may set only these).
+
+    Returns
+    -------
+    Settings
+        The parsed settings.
+    """
     coverage = coverage_setting(settings, "grauc", COVERAGE_FIXED)
     methods = study_methods(settings, GRAUC_METHODS, ("grauc", "individual", "fedavg"))
     data = parse_data(settings.get("data", {}))
@@ -246,8 +259,25 @@ def parse_data(table: dict) -> dict:
 
 
 def real_data(data: dict, cell: dict, seed: int):
-    """A real source's sites for one task: the design cell's values override ``[data]``;
-    ``seed`` draws the train/test split.  Returns ``(sites, table)``."""
+    """A real source's sites for one task.
+
+    Parameters
+    ----------
+    data : dict
+        The parsed ``[data]`` table (:func:`parse_data`).
+    cell : dict
+        The design cell; its values override ``[data]``, its ``train_fraction`` is the
+        training share.
+    seed : int
+        Draws the train/test split.
+
+    Returns
+    -------
+    sites : list of SiteData
+        The sites.
+    table : SiteTable
+        The loader's table (features, notes; :func:`grauc_flower.realdata.load_real`).
+    """
     from .realdata import load_real
 
     d = {**data, **{k: v for k, v in cell.items() if k in data}}
@@ -266,7 +296,15 @@ def real_data(data: dict, cell: dict, seed: int):
 
 def check_real_cell(cell: dict, data: dict) -> None:
     """Reject a real-data cell before anything runs (and read the data once: bad files,
-    columns and county lists fail here, with one line)."""
+    columns and county lists fail here, with one line).
+
+    Parameters
+    ----------
+    cell : dict
+        The design cell.
+    data : dict
+        The parsed ``[data]`` table.
+    """
     label = ", ".join(f"{k}={v}" for k, v in cell.items())
     if not 0 < cell["train_fraction"] < 1:
         raise InputError(f"design.train_fraction: must be in (0, 1) (cell {label})")
@@ -277,7 +315,15 @@ def check_real_cell(cell: dict, data: dict) -> None:
 
 
 def check_cell(cell: dict, data: dict) -> None:
-    """Reject a design cell the simulation cannot produce (before anything runs)."""
+    """Reject a design cell the simulation cannot produce (before anything runs).
+
+    Parameters
+    ----------
+    cell : dict
+        The design cell.
+    data : dict
+        The parsed ``[data]`` table (the cell's values override it).
+    """
     label = ", ".join(f"{k}={v}" for k, v in cell.items())
     if cell["simulation"] not in (1, 2, 3, 4):
         raise InputError(f"design.simulation: must be 1, 2, 3 or 4 (cell {label})")
@@ -329,7 +375,24 @@ def _cv_options(st: Settings, seed: int) -> CVOptions:
 
 def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataFrame:
     """The task's cross-validation table (:func:`grauc_flower.tuning.cross_validate` on the
-    config's grid)."""
+    config's grid).
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The task's sites.
+    cfg : GrAUCConfig
+        The task's settings (those the grid does not vary).
+    st : Settings
+        The study's settings: the grids and the cross-validation's options.
+    seed : int
+        The folds' seed.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The table, a row per fold and setting (``val_auc``, ...).
+    """
     grid = Grid(
         lam=st.lam_grid, w_dist=st.w_dist_grid, ridge=st.ridge_grid, size_power=st.size_power_grid
     )
@@ -339,7 +402,29 @@ def cross_validate(sites, cfg: GrAUCConfig, st: Settings, seed: int) -> pd.DataF
 def tuned_comparator(sites, cfg: GrAUCConfig, method: str, st: Settings, seed: int):
     """With ``[tuning] comparators = true``: ``method``'s settings chosen by the same folds,
     rule and ridge grid as GrAUC-PFL's (:func:`grauc_flower.tuning.tune`: the ridge and the
-    comparator's own setting); ``(cfg at the choice, {setting: value})``."""
+    comparator's own setting).
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The task's sites.
+    cfg : GrAUCConfig
+        The task's settings (those the grid does not vary).
+    method : str
+        The comparator.
+    st : Settings
+        The study's settings: the ridge and size-power grids and the cross-validation's
+        options.
+    seed : int
+        The folds' seed.
+
+    Returns
+    -------
+    cfg : GrAUCConfig
+        ``cfg`` at the choice.
+    chosen : dict
+        ``{setting: value}`` of the comparator's tuned settings.
+    """
     tuned, _, summary = cv.tune(
         sites,
         cfg,
@@ -353,7 +438,20 @@ def tuned_comparator(sites, cfg: GrAUCConfig, method: str, st: Settings, seed: i
 
 def choose(table: pd.DataFrame, rule: str = "best") -> dict:
     """``lam``, ``w_dist``, ``ridge`` and ``size_power`` by :func:`strategies.stats.tuning.choose`
-    (mean validation AUC over folds)."""
+    (mean validation AUC over folds).
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        The cross-validation table (:func:`cross_validate`).
+    rule : str, optional
+        ``"best"`` (the best mean) or ``"1se"`` (the simplest within one standard error).
+
+    Returns
+    -------
+    dict
+        The chosen value of each setting.
+    """
     chosen, _ = choose_setting(
         table, cv.PARAMS["grauc"], "val_auc", True, rule, cv.SIMPLEST["grauc"]
     )
@@ -361,8 +459,20 @@ def choose(table: pd.DataFrame, rule: str = "best") -> dict:
 
 
 def simulation_arguments(st: Settings, cell: dict) -> dict:
-    """The design cell's :func:`grauc_flower.data.simulate` arguments (cell values override
-    ``[data]``), without the seed."""
+    """The design cell's :func:`grauc_flower.data.simulate` arguments, without the seed.
+
+    Parameters
+    ----------
+    st : Settings
+        The study's settings (its ``[data]``).
+    cell : dict
+        The design cell; its values override ``[data]``.
+
+    Returns
+    -------
+    dict
+        ``simulation, n_sites, n_features, n_train, n_test, prevalence, level, counties``.
+    """
     data = {**st.data, **{k: v for k, v in cell.items() if k in st.data}}
     return {
         "simulation": cell["simulation"],
@@ -377,15 +487,49 @@ def simulation_arguments(st: Settings, cell: dict) -> dict:
 
 
 def simulated_sites(st: Settings, cell: dict, seed: int) -> tuple[list, list[str]]:
-    """A simulated cell's sites (docs/methods.md 1.8) and feature names."""
+    """A simulated cell's sites (docs/methods.md 1.8) and feature names.
+
+    Parameters
+    ----------
+    st : Settings
+        The study's settings (its ``[data]``).
+    cell : dict
+        The design cell.
+    seed : int
+        The simulation's seed.
+
+    Returns
+    -------
+    sites : list of SiteData
+        The simulated sites.
+    features : list of str
+        ``x1, x2, ...``.
+    """
     args = simulation_arguments(st, cell)
     return simulate(**args, seed=seed), [f"x{j + 1}" for j in range(args["n_features"])]
 
 
 def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
-    """One (cell, replication): data, tuning, fits, test AUC.  Returns the frames
-    ``results`` (one row per method and site), ``coef`` (coefficients, input scale),
-    ``clusters`` (GrAUC-PFL's fused groups per feature) and ``cv`` (the tuning table)."""
+    """One (cell, replication): data, tuning, fits, test AUC.
+
+    Parameters
+    ----------
+    settings : dict
+        The study config's tables but ``[design]``.
+    cell : dict
+        The design values of the task's cell.
+    rep : int
+        The replication.
+    seed : int
+        The task's seed (the data, the folds and the fits).
+
+    Returns
+    -------
+    dict of str to pandas.DataFrame
+        ``results`` (one row per method and site), ``coef`` (coefficients, input scale),
+        ``clusters`` (GrAUC-PFL's fused groups per feature) and ``cv`` (the tuning table);
+        the last two when GrAUC-PFL is among the methods.
+    """
     quiet_flower()
     from .federation import auc_table, run_methods_inprocess
 
@@ -466,7 +610,22 @@ def add_parser(sub) -> None:
 
 def cmd_study(a, study, st) -> int:
     """A study of the config ``a.config`` read as ``(study, st)`` by :func:`load` (a
-    coverage study is :func:`grauc_flower.coverage.run`'s)."""
+    coverage study is :func:`grauc_flower.coverage.run`'s).
+
+    Parameters
+    ----------
+    a : argparse.Namespace
+        The ``study`` command's options.
+    study : Study
+        The study config.
+    st : Settings
+        Its parsed settings (not read here: each task parses the config's tables itself).
+
+    Returns
+    -------
+    int
+        The exit status.
+    """
     from .figures import make_figures
 
     return run_study_args(a, study, TASK, ("auc",), make_figures)

@@ -98,7 +98,21 @@ SIMPLEST = {
 
 
 def lam_max_of(sites, cfg: GrAUCConfig) -> float:
-    """``lam_max`` at ``cfg``'s ridge, w_dist, q, graph and penalty (:func:`lam_maxes`)."""
+    """``lam_max`` at ``cfg``'s ridge, w_dist, q, graph and penalty (:func:`lam_maxes`).
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites' data.
+    cfg : GrAUCConfig
+        The settings.
+
+    Returns
+    -------
+    float
+        The smallest ``lam`` at which every site of a graph component has the same
+        coefficients.
+    """
     return lam_maxes(sites, cfg, (cfg.ridge,), (cfg.w_dist,))[(cfg.ridge, cfg.w_dist)]
 
 
@@ -133,7 +147,25 @@ def lam_maxes(sites, cfg: GrAUCConfig, ridges, w_dists) -> dict[tuple[float, flo
     The sites answer ``gradient`` instructions, as in a ``pqn`` round; the server sums them.
     The common fit depends on the ridge only, so it is computed once per ridge (and
     component).  On a tree the level is exact; for ``knn``/``complete`` graphs exact with the
-    L1 penalty and an upper bound with the group penalty."""
+    L1 penalty and an upper bound with the group penalty.
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites' data.
+    cfg : GrAUCConfig
+        The other settings: the graph, ``q``, the penalty, the standardization and the site
+        weighting.
+    ridges : iterable of float
+        The ridge values.
+    w_dists : iterable of float
+        The ``w_dist`` values.
+
+    Returns
+    -------
+    dict of (float, float) to float
+        ``{(ridge, w_dist): lam_max}``.
+    """
     from .graph import build_graph
 
     lat = np.array([s.lat for s in sites])
@@ -169,7 +201,22 @@ def lam_maxes(sites, cfg: GrAUCConfig, ridges, w_dists) -> dict[tuple[float, flo
 def lam_maxes_mean(sites, cfg: GrAUCConfig, ridges) -> dict[float, float]:
     """``lam_max`` of the mean-fusion comparator per ridge: the sites' gradients at the
     common fit of all of them (as :func:`lam_maxes`), then
-    :func:`strategies.stats.tuning.lam_max_mean`."""
+    :func:`strategies.stats.tuning.lam_max_mean`.
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites' data.
+    cfg : GrAUCConfig
+        The other settings (the penalty, the standardization and the site weighting).
+    ridges : iterable of float
+        The ridge values.
+
+    Returns
+    -------
+    dict of float to float
+        ``{ridge: lam_max}``.
+    """
     p = sites[0].x_train.shape[1]
     everyone = tuple(range(len(sites)))
     out = {}
@@ -191,7 +238,24 @@ def lam_grids(
 ) -> dict[tuple[float, float], tuple]:
     """The ``lam`` values per ``(ridge, w_dist)``: ``grid.lam`` when given, else
     :func:`strategies.stats.tuning.log_path` below :func:`lam_maxes` (mean-fusion:
-    :func:`lam_maxes_mean`, the same for every ``w_dist``)."""
+    :func:`lam_maxes_mean`, the same for every ``w_dist``).
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites' data.
+    cfg : GrAUCConfig
+        The other settings (:func:`lam_maxes`).
+    grid : Grid
+        The ridge, ``w_dist`` and ``lam`` values.
+    method : str, optional
+        ``"grauc"`` or ``"mean-fusion"``.
+
+    Returns
+    -------
+    dict of (float, float) to tuple of float
+        ``{(ridge, w_dist): lam values}``, descending.
+    """
     if grid.lam:
         return {(r, w): grid.lam for r in grid.ridge for w in grid.w_dist}
     if method == "mean-fusion":
@@ -206,7 +270,22 @@ def lam_grids(
 
 
 def fold_sites(sites, folds, k: int) -> list[SiteData]:
-    """Each site's training rows outside fold ``k`` for training, fold ``k`` for validation."""
+    """Each site's training rows outside fold ``k`` for training, fold ``k`` for validation.
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites' data.
+    folds : sequence of ndarray of int
+        Each site's fold per training row, in site order.
+    k : int
+        The fold held out.
+
+    Returns
+    -------
+    list of SiteData
+        The sites, fold ``k`` as their test rows.
+    """
     out = []
     for s, f in zip(sites, folds, strict=True):
         train, val = f != k, f == k
@@ -306,13 +385,32 @@ def cross_validate(
     grid: Grid | None = None,
     opts: tuning.CVOptions | None = None,
 ) -> pd.DataFrame:
-    """Validation AUC for every setting of ``grid`` and fold: one row per fold and setting
-    (columns ``fold``, the method's :data:`PARAMS`, ``val_auc, rounds, converged``).
+    """Validation AUC for every setting of ``grid`` and fold.
 
     Folds are stratified within each site (seeded by ``opts.seed``).  For GrAUC-PFL each
     ``w_dist`` path after the first starts from the first one's largest-``lam`` fit (duals at
     zero).  The fused methods' pieces are ``(fold, ridge, size_power)``; the others'
-    ``(fold, ridge)``.  CV fits use ``opts.tol`` and ``opts.max_rounds``."""
+    ``(fold, ridge)``.  CV fits use ``opts.tol`` and ``opts.max_rounds``.
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites' data.
+    cfg : GrAUCConfig
+        The settings the grid does not vary.
+    method : str, optional
+        A method of :data:`PARAMS`.
+    grid : Grid, optional
+        The values tried (default :class:`Grid`).
+    opts : CVOptions, optional
+        The folds, their seed, the fits' tolerance and round limit, the workers.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per fold and setting: ``fold``, the method's :data:`PARAMS`, ``val_auc,
+        rounds, converged``.
+    """
     grid = grid or Grid()
     opts = opts or tuning.CVOptions()
     if method not in PARAMS:
@@ -357,12 +455,35 @@ def tune(
     opts: tuning.CVOptions | None = None,
     widen: bool = False,
 ) -> tuple[GrAUCConfig, pd.DataFrame, pd.DataFrame]:
-    """Cross-validate and return the settings chosen (``cfg`` with the tuned values), the
-    per-fold table (``cv.csv``) and the per-setting summary (``mean, se, folds, chosen``).
+    """Cross-validate and choose the settings (:func:`cross_validate`, then
+    :func:`strategies.stats.tuning.choose` by ``opts.rule``).
 
-    ``widen`` (the fit command's): FedAvg's rounds grid is doubled while the choice is its
-    largest value, up to :data:`ROUNDS_BOUND` times it (``table.attrs["extended"]``); a
-    study keeps the grid it was given, as part of its design."""
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites' data.
+    cfg : GrAUCConfig
+        The settings the grid does not vary.
+    method : str, optional
+        A method of :data:`PARAMS`.
+    grid : Grid, optional
+        The values tried (default :class:`Grid`).
+    opts : CVOptions, optional
+        The cross-validation's options.
+    widen : bool, optional
+        The fit command's: FedAvg's rounds grid is doubled while the choice is its largest
+        value, up to :data:`ROUNDS_BOUND` times it (``table.attrs["extended"]``); a study
+        keeps the grid it was given, as part of its design.
+
+    Returns
+    -------
+    cfg : GrAUCConfig
+        ``cfg`` with the tuned values.
+    table : pandas.DataFrame
+        The per-fold table (``cv.csv``).
+    summary : pandas.DataFrame
+        The per-setting summary (``mean, se, folds, chosen``).
+    """
     opts = opts or tuning.CVOptions()
     grid = grid or Grid()
     table = cross_validate(sites, cfg, method, grid, opts)

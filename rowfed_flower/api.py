@@ -273,11 +273,28 @@ class RowFed(FederatedModel):
     site_column = "client"
 
     def fit(self, data, responses, *, test_data=None, **options) -> RowFed:
-        """Fit on ``data`` (a data frame or CSV path: a ``client`` column, the response
-        columns ``responses`` (a list or comma-separated names) and the predictors, every
-        other column); ``test_data`` (same columns) or ``holdout=`` (a share of each
-        client's rows) is scored into ``test_``; ``client_column=`` names another client
-        column.  Returns ``self``."""
+        """Fit on ``data``; the test rows (``test_data``, or ``holdout=``) are scored into
+        ``test_``.
+
+        Parameters
+        ----------
+        data : pandas.DataFrame or str
+            The training rows, a data frame or CSV path: a ``client`` column, the response
+            columns and the predictors (every other column).
+        responses : list of str or str
+            The response columns, a list or comma-separated names.
+        test_data : pandas.DataFrame or str, optional
+            Test rows with the same columns.
+        **options
+            ``holdout`` (a share of each client's rows held out for testing) and
+            ``client_column`` (another name of the client column); any other name is an
+            :class:`~strategies.errors.InputError`.
+
+        Returns
+        -------
+        RowFed
+            ``self``, fitted.
+        """
         import tempfile
 
         unknown = [k for k in options if k not in ("holdout", "client_column")]
@@ -345,10 +362,24 @@ class RowFed(FederatedModel):
 
 
 def example_data(seed: int = 1, **simulation) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """The RowFed paper's simulated federation as data frames: ``(train, test,
-    responses)``, the rows ``client, y1.., x1..`` (10 clients, p = q = 20 by default;
-    ``simulation`` takes ``num_clients``, ``n_train``, ``n_test``, ``num_features``,
-    ``num_responses``; docs/methods.md 2.8)."""
+    """The RowFed paper's simulated federation as data frames: the rows ``client, y1.., x1..``
+    (10 clients, p = q = 20 by default; docs/methods.md 2.8).
+
+    Parameters
+    ----------
+    seed : int, optional
+        The simulation's seed.
+    **simulation
+        Further settings of the simulation: ``num_clients``, ``n_train``, ``n_test``,
+        ``num_features``, ``num_responses`` (:class:`rowfed_flower.sources.DataSpec`).
+
+    Returns
+    -------
+    train, test : pandas.DataFrame
+        The training and the test rows.
+    responses : list of str
+        The response columns.
+    """
     from .sources import simulated_data
 
     data = simulated_data(DataSpec(seed=seed, **simulation))

@@ -35,7 +35,21 @@ LOG_EVERY = 25
 
 
 def run(grid: Grid, context: Context) -> dict:
-    """Run the configured RowFed methods through Flower; returns ``{method: MethodResult}``."""
+    """Run the configured RowFed methods through Flower.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The grid that carries the messages to the clients.
+    context : flwr.app.Context
+        The run's context; its run config holds the settings (``rowfed.*``,
+        ``rowfed-data.*``, ``tune.*``, ``method``, ``out-dir``, ...).
+
+    Returns
+    -------
+    dict of str to MethodResult
+        ``{method: MethodResult}`` (:class:`rowfed_flower.federation.MethodResult`).
+    """
     rc = context.run_config
     for key in ("checkpoint.path", "checkpoint.resume"):
         if str(rc.get(key, "")):  # not silently ignored

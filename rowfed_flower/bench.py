@@ -148,5 +148,22 @@ def tuning_rows(quick: bool) -> list[dict]:
 
 
 def run(out: str, quick: bool = False) -> pd.DataFrame:
+    """``bench``: the rounds of every variant (:func:`rounds_table`) and of the federated tuning
+    (:func:`tuning_rows`), in one table.
+
+    Parameters
+    ----------
+    out : str
+        The directory ``bench.csv`` is written to (empty: nothing is written), checked
+        before anything runs.
+    quick : bool, optional
+        The lasso only at a lower round limit, and the tuning over the first two ``lam1``
+        values of the default grid.
+
+    Returns
+    -------
+    pandas.DataFrame
+        A row per measurement, with a ``machine`` column.
+    """
     check_out(out)
     return finish(rounds_table(quick) + tuning_rows(quick), out)

@@ -116,7 +116,32 @@ def fedavg_local_steps(
     """``steps`` proximal-gradient steps on ``f + P_lam2`` (plus FedProx's
     ``(mu/2) ||Theta - theta||^2``) from ``theta``: FedAvg's local work
     (:func:`strategies.solvers.local.local_descent` with the sparsity threshold as the prox; its
-    curvature doubled until ``penalty.check_rho`` holds for MCP/SCAD)."""
+    curvature doubled until ``penalty.check_rho`` holds for MCP/SCAD).
+
+    Parameters
+    ----------
+    f : LocalLeastSquares
+        The client's datafit on the working scale.
+    theta : ndarray, shape (p, q)
+        The start: the model the server sent (FedProx's anchor).
+    penalty : Penalty
+        The sparsity penalty.
+    lam2 : float
+        The sparsity level.
+    sparsity : {"entry", "row"}
+        Thresholds entrywise or by rows.
+    steps : int
+        The number of steps.
+    lr : float, optional
+        The step size (0: ``1 / (L + mu)``, ``L`` the datafit's Lipschitz constant).
+    proximal_mu : float, optional
+        FedProx's ``mu`` (0: FedAvg).
+
+    Returns
+    -------
+    ndarray, shape (p, q)
+        The client's model after the steps.
+    """
     group = sparsity == "row"
 
     def admissible(r: float) -> bool:
@@ -181,7 +206,22 @@ class RowFedClient(SiteClient):
         return self._views[key]
 
     def oof_part(self, parameters, config) -> tuple[float, int]:
-        """The squared errors of this view's validation rows, summed, and their count."""
+        """The squared errors of this view's validation rows, summed, and their count.
+
+        Parameters
+        ----------
+        parameters : list of ndarray
+            ``[Theta]``: the fit's coefficients on the working scale, shape ``(p, q)``.
+        config : dict
+            The instruction: its ``scale`` and ``intercept`` define the working scale.
+
+        Returns
+        -------
+        sse : float
+            The squared errors summed over the validation rows and responses.
+        count : int
+            The number of squared errors (rows times responses).
+        """
         (theta,) = parameters
         _, scale, x_mean, y_mean = self._work(config)
         d = self.data

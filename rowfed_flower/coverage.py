@@ -32,7 +32,25 @@ SIZE_KEY = "n_m"
 
 
 def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
-    """One (cell, replication): ``results`` with one row per kind of coefficient."""
+    """One (cell, replication): ``results`` with one row per kind of coefficient.
+
+    Parameters
+    ----------
+    settings : dict
+        The study config's tables but ``[design]``
+        (:func:`rowfed_flower.study.parse_settings`).
+    cell : dict
+        The design cell: ``M``, ``n_m``, ``p``, ``q``.
+    rep : int
+        The replication's number, recorded in the rows.
+    seed : int
+        The task's seed: the simulation's and the fit's.
+
+    Returns
+    -------
+    dict of str to pandas.DataFrame
+        ``{"results": frame}``.
+    """
     quiet_flower()
     from . import federation as fed
     from .inference import inference_table
@@ -53,7 +71,22 @@ def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.Da
 
 
 def run(a, study, st) -> int:
-    """The ``study`` command on a coverage config."""
+    """The ``study`` command on a coverage config.
+
+    Parameters
+    ----------
+    a : argparse.Namespace
+        The ``study`` subcommand's options.
+    study : Study
+        The parsed config (:func:`rowfed_flower.study.load`).
+    st : Settings
+        Its parsed settings; ``st.coverage`` is the intervals' level.
+
+    Returns
+    -------
+    int
+        The exit code.
+    """
     return run_coverage(a, study, TASK, st.coverage, SIZE_KEY)
 
 

@@ -18,7 +18,19 @@ ENTRY_PROBS = (1 / 6, 1 / 6, 1 / 3, 1 / 6, 1 / 6)
 
 
 def ar1_covariance(d: int, r: float = 0.5) -> np.ndarray:
-    """``Sigma_ij = r^|i - j|`` (``d x d``)."""
+    """``Sigma_ij = r^|i - j|`` (``d x d``).
+
+    Parameters
+    ----------
+    d : int
+        The dimension.
+    r : float, optional
+        The correlation of neighbours.
+
+    Returns
+    -------
+    ndarray, shape (d, d)
+    """
     idx = np.arange(d)
     return r ** np.abs(idx[:, None] - idx[None, :])
 
@@ -48,6 +60,24 @@ def true_theta(
     n_clusters: Sequence[int] = N_CLUSTERS,
 ) -> tuple[np.ndarray, np.ndarray]:
     """True ``Theta*`` ``(M, p, q)`` and row partitions ``(M, p)`` of docs/methods.md 2.8.
+
+    Parameters
+    ----------
+    n_sites : int
+        ``M``, the clients.
+    p, q : int
+        The predictors and responses.
+    rng : numpy.random.Generator
+        Draws the clusters' vectors and the clients' assignments.
+    n_clusters : sequence of int, optional
+        ``K_j`` of the non-zero rows (see Notes); entries beyond ``p`` are ignored.
+
+    Returns
+    -------
+    theta : ndarray, shape (M, p, q)
+        ``Theta*``.
+    partitions : ndarray of int, shape (M, p)
+        Client ``m``'s cluster label for row ``j`` (one cluster for zero rows).
 
     Notes
     -----

@@ -141,8 +141,21 @@ class LocalLeastSquares:
         return self._chol[1]
 
     def prox(self, theta_tilde: np.ndarray, c: float, x0: np.ndarray | None = None) -> np.ndarray:
-        """Exact local step ``argmin_T f(T) + (c/2) ||T - Theta_tilde||_F^2`` (closed form:
-        ``x0`` is not needed).
+        """Exact local step ``argmin_T f(T) + (c/2) ||T - Theta_tilde||_F^2`` (closed form).
+
+        Parameters
+        ----------
+        theta_tilde : ndarray, shape (p, q)
+            ``Theta_tilde``, the point the proximal term pulls towards.
+        c : float
+            The step's curvature, ``> 0``.
+        x0 : ndarray, shape (p, q), optional
+            The start of an iterative step (:func:`strategies.solvers.local.local_step` passes
+            the client's previous coefficients); not needed: the step has a closed form.
+
+        Returns
+        -------
+        ndarray, shape (p, q)
 
         Notes
         -----
@@ -183,6 +196,10 @@ class LocalLeastSquares:
         tol : float
             Stop when ``||T_new - T||_F <= tol max(1, ||T||_F)``.
         max_iter : int
+        anchor : ndarray, shape (p, q), optional
+            The centre of the proximal term (zeros by default): Ditto's global model.
+        mu : float, optional
+            The proximal term's weight (0: no term).
 
         Returns
         -------
@@ -236,8 +253,21 @@ class LocalLeastSquares:
 # Objective
 # ----------------------------------------------------------------------------------------
 def objective(datafits: Sequence[LocalLeastSquares], problem: Problem, theta: np.ndarray) -> float:
-    """``F(Theta) = sum_m f_m(Theta_m) + sum_k P_k(A_k Theta)`` (docs/methods.md 2.2);
-    ``theta`` of shape ``(M, p, q)``."""
+    """``F(Theta) = sum_m f_m(Theta_m) + sum_k P_k(A_k Theta)`` (docs/methods.md 2.2).
+
+    Parameters
+    ----------
+    datafits : sequence of LocalLeastSquares, length M
+        Each client's ``f_m``.
+    problem : Problem
+        The penalty side: its splits' ``P_k`` and ``A_k``.
+    theta : ndarray, shape (M, p, q)
+        ``Theta``.
+
+    Returns
+    -------
+    float
+    """
     loss = sum(f.value(t) for f, t in zip(datafits, theta, strict=True))
     return float(loss + problem.penalty_value(theta))
 
@@ -412,7 +442,21 @@ def fit_rowfed(
 # ----------------------------------------------------------------------------------------
 def gic_of_fit(datafits: Sequence[LocalLeastSquares], problem: Problem, state: AdmmState) -> float:
     """GIC (docs/methods.md 2.5) of a fit: ``RSS`` summed over clients, ``df`` from
-    :func:`fitted_structure`."""
+    :func:`fitted_structure`.
+
+    Parameters
+    ----------
+    datafits : sequence of LocalLeastSquares, length M
+        Each client's datafit.
+    problem : Problem
+        The fit's penalty side.
+    state : AdmmState
+        The fit's state: ``state.beta`` ``(M, p, q)`` and the splits' ``delta``.
+
+    Returns
+    -------
+    float
+    """
     labels, support = fitted_structure(problem, state)
     rss = sum(f.rss(t) for f, t in zip(datafits, state.beta, strict=True))
     n_total = sum(f.n_samples for f in datafits)

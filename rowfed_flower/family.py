@@ -122,7 +122,19 @@ FAMILY: tuple[Shape, ...] = tuple(
 def simulate_shape(shape: Shape, n_test: int = 50):
     """The :class:`~rowfed_flower.federation.FederatedData` of a simulated :class:`Shape`:
     docs/methods.md 2.8's design (:func:`rowfed_flower.data.simulate`) at the shape's largest
-    size, each client's training rows then cut to its own drawn size."""
+    size, each client's training rows then cut to its own drawn size.
+
+    Parameters
+    ----------
+    shape : Shape
+        A simulated member of the family.
+    n_test : int, optional
+        Test rows per client.
+
+    Returns
+    -------
+    FederatedData
+    """
     from .client import ClientSamples
     from .data import simulate
     from .sources import FederatedData
@@ -166,7 +178,23 @@ def problem(shape: Shape):
 
 def recorded_run(data, cfg: RowFedConfig) -> tuple[object, list[float]]:
     """The fit's strategy and its true objective after every round
-    (:func:`strategies.experiments.family.true_objectives`)."""
+    (:func:`strategies.experiments.family.true_objectives`).
+
+    Parameters
+    ----------
+    data : FederatedData
+        The member's data; its clients get the floors of
+        :meth:`strategies.client.guards.Guards.for_benchmark` (exact curvature on every member).
+    cfg : RowFedConfig
+        The fit's settings.
+
+    Returns
+    -------
+    strategy : RowFedStrategy
+        The finished fit.
+    objectives : list of float
+        The true objective after every round.
+    """
     from strategies.client.guards import Guards
     from strategies.server.rowfed import rowfed_registry
 
@@ -181,7 +209,20 @@ def recorded_run(data, cfg: RowFedConfig) -> tuple[object, list[float]]:
 def reference(data, cfg: RowFedConfig) -> float:
     """The reference objective: for the lasso the lowest true objective of tight solves (the
     defaults and exact curvature, ``tol`` 1e-13); for MCP/SCAD the paper's ADMM run to its
-    stopping rule (its fixed point)."""
+    stopping rule (its fixed point).
+
+    Parameters
+    ----------
+    data : FederatedData
+        The member's data.
+    cfg : RowFedConfig
+        The member's settings; its ``penalty`` picks the reference.
+
+    Returns
+    -------
+    float
+        The reference objective; NaN for MCP/SCAD when the ADMM run did not converge.
+    """
     if cfg.penalty == "lasso":
         values = []
         for changes in ({}, {"curvature": "exact"}):
@@ -198,7 +239,22 @@ def reference(data, cfg: RowFedConfig) -> float:
 def measure(shape: Shape, variants=VARIANTS, limit: int = 400) -> list[dict]:
     """Rounds to a 1e-4 and a 1e-6 relative gap (signed: ending below the reference counts)
     from a ``tol`` 1e-12 run's true objectives, and to the stopping rule (the default
-    ``tol``) with the gap there, of each variant on one member."""
+    ``tol``) with the gap there, of each variant on one member.
+
+    Parameters
+    ----------
+    shape : Shape
+        The member.
+    variants : sequence of (str, dict), optional
+        Each variant's name and its changes to the member's settings.
+    limit : int, optional
+        The round limit (``max_rounds``) of every variant's runs.
+
+    Returns
+    -------
+    list of dict
+        A row per variant (:func:`strategies.experiments.family.measure_variants`).
+    """
     data, cfg = problem(shape)
     fields = {
         "method": "rowfed",
@@ -229,7 +285,20 @@ __all__ = [
 
 def family_run(out: str, quick: bool = False) -> pd.DataFrame:
     """The problem family's rounds (``bench --family``): a row per member and variant,
-    then their distribution (median, 90th percentile, worst) per penalty, variant."""
+    then their distribution (median, 90th percentile, worst) per penalty, variant.
+
+    Parameters
+    ----------
+    out : str
+        The directory ``bench.csv`` is written to, each member's rows kept in
+        ``out/members`` and read back instead of measured again (empty: nothing is written).
+    quick : bool, optional
+        Every third member only.
+
+    Returns
+    -------
+    pandas.DataFrame
+    """
     from strategies.experiments.family import run_family
 
     check_out(out)

@@ -42,10 +42,26 @@ FEDERATED_TUNABLE = TUNABLE
 
 
 def check_folds(registry, k: int) -> tuple[list, dict]:
-    """The clients with fewer than :data:`strategies.stats.tuning.SMALL_FOLD` validation rows per
-    fold, and ``{client: folds it scores}`` for the clients with fewer rows than ``k``: such
-    a client trains in every fold and has a validation MSE in the folds that hold one of its
-    rows (they are dealt one a fold), its other folds adding nothing to the criterion."""
+    """The clients with small folds, and those with fewer rows than ``k``: such a client trains
+    in every fold and has a validation MSE in the folds that hold one of its rows (they are
+    dealt one a fold), its other folds adding nothing to the criterion.  An error when no
+    client has ``k`` rows.
+
+    Parameters
+    ----------
+    registry : Registry
+        The federation's registry (each client's rows ``n``).
+    k : int
+        The number of folds.
+
+    Returns
+    -------
+    small : list of str
+        The clients with fewer than :data:`strategies.stats.tuning.SMALL_FOLD` validation
+        rows per fold.
+    partial : dict of str to int
+        ``{client: folds it scores}`` for the clients with fewer rows than ``k``.
+    """
     small, partial = [], {}
     for site in registry.order():
         n = registry.sites[site].n
@@ -68,15 +84,41 @@ def federated_plan(
     """The plan of :class:`strategies.server.batch.BatchStrategy` that tunes ``method`` inside the
     federation (docs/methods.md 3.12).
 
-    ``by = "gic"``: every grid point fitted side by side on all rows, one batched evaluation
-    (each client's residual sum of squares), the smallest GIC (docs/methods.md 2.5); the
-    result is that fit.  ``by = "cv"``: every ``(fold, setting)`` fit on each client's own
-    random folds and, alongside, the all-rows fit at every setting (the refit; not with
-    ``inference = oracle``, whose refit follows the choice); one batched evaluation (each
-    client's validation MSE per fold and of its pooled out-of-fold predictions); the choice
-    by ``opts.criterion`` (``loss`` is the MSE, as ``folds``) and ``opts.rule``.  Every fit
-    starts from its own start (``cfg.init``), so the result equals a plain fit at the chosen
-    levels.  Leaves ``batch.outputs``."""
+    Every fit starts from its own start (``cfg.init``), so the result equals a plain fit at
+    the chosen levels.  Leaves ``batch.outputs``.
+
+    Parameters
+    ----------
+    cfg : RowFedConfig
+        The fit's settings; the tuning chooses its levels.
+    method : str
+        One of :data:`FEDERATED_TUNABLE`.
+    by : {"gic", "gic-nq", "cv"}
+        ``gic`` or ``gic-nq`` (:data:`rowfed_flower.tuning.GIC_BY`): every grid point fitted
+        side by side on all rows, one batched evaluation (each client's residual sum of
+        squares), the smallest criterion (docs/methods.md 2.5); the result is that fit.  ``cv``:
+        every ``(fold, setting)`` fit on each client's own random folds and, alongside, the
+        all-rows fit at every setting (the refit; not with ``inference = oracle``, whose refit
+        follows the choice); one batched evaluation (each client's validation MSE per fold
+        and of its pooled out-of-fold predictions); the choice by ``opts.criterion``
+        (``loss`` is the MSE, as ``folds``) and ``opts.rule``.
+    opts : CVOptions
+        The cross-validation's options (``cv``): folds, repeats, fold seed, criterion, rule
+        and the fits' ``tol`` and ``max_rounds``.
+    lam1_grid, lam2_grid : sequence of float or str
+        The grids; :data:`rowfed_flower.tuning.AUTO` (both): the paths from the data
+        (:func:`rowfed_flower.tuning.auto_levels`), the default grids where they cannot be
+        drawn.
+    size_power_grid : sequence of float, optional
+        ``cv`` of a fused method: the site weightings to try
+        (:func:`strategies.stats.tuning.size_powers`).
+
+    Returns
+    -------
+    callable
+        ``plan(batch)``: a generator that yields the stages and returns the chosen fit's
+        job key.
+    """
     if method not in FEDERATED_TUNABLE:
         raise InputError(
             f"tune: the federated tuning is for {', '.join(FEDERATED_TUNABLE)}, not {method} "
@@ -270,7 +312,33 @@ def tuning_waves(tune) -> int:
 
 
 def federated_strategy(cfg, method, by, tune, n_sites, registry, timeout=None, progress=None):
-    """The :class:`strategies.server.batch.BatchStrategy` of :func:`federated_plan`."""
+    """The :class:`strategies.server.batch.BatchStrategy` of :func:`federated_plan`.
+
+    Parameters
+    ----------
+    cfg : RowFedConfig
+        The fit's settings; the tuning chooses its levels.
+    method : str
+        The tuned method.
+    by : {"gic", "gic-nq", "cv"}
+        The criterion (:func:`federated_plan`).
+    tune : tuple
+        ``(opts, lam1_grid, lam2_grid, size_power_grid)`` (:func:`federated_options`); fixed
+        grids are checked before any round.
+    n_sites : int
+        The clients the run waits for.
+    registry : Registry
+        The federation's registry.
+    timeout : float, optional
+        Seconds registration waits for the clients.
+    progress : callable, optional
+        ``progress(line)``: a line per round.
+
+    Returns
+    -------
+    BatchStrategy
+        With ``method``, ``opts`` and ``by`` as attributes.
+    """
     from strategies.server.batch import tuning_batch
 
     opts, lam1, lam2, powers = tune
@@ -283,8 +351,31 @@ def federated_strategy(cfg, method, by, tune, n_sites, registry, timeout=None, p
 
 
 def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=None):
-    """``method`` tuned inside the federation (``tune = (by, options)``: GIC or CV) and
-    refitted, as one batched run; its result adds :func:`federated_outputs`."""
+    """``method`` tuned inside the federation and refitted, as one batched run; its result adds
+    :func:`federated_outputs`.
+
+    Parameters
+    ----------
+    method : str
+        The tuned method.
+    cfg : RowFedConfig
+        The fit's settings; the tuning chooses its levels.
+    n_sites : int
+        The clients the run waits for.
+    registry : Registry
+        The federation's registry.
+    tune : tuple
+        ``(by, options)``: the criterion (GIC or CV, :func:`federated_plan`) and
+        :func:`federated_options`'s tuple.
+    progress : callable, optional
+        ``progress(line)``: a line per round.
+    timeout : float, optional
+        Seconds registration waits for the clients.
+
+    Returns
+    -------
+    BatchStrategy
+    """
     by, options = tune
     batch = federated_strategy(cfg, method, by, options, n_sites, registry, timeout, progress)
     batch.describe = functools.partial(federated_outputs, batch)
@@ -292,9 +383,32 @@ def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=
 
 
 def run_tuned_inprocess(cfg, data, method: str, tune, progress=None, registry=None, guards=None):
-    """``method`` tuned inside the federation (``tune = (by, options)``, as ``tune.by``
-    does) and refitted, through the in-process engine: its
-    :class:`~rowfed_flower.federation.MethodResult` (``guards``: the clients' floors)."""
+    """``method`` tuned inside the federation (as ``tune.by`` does) and refitted, through the
+    in-process engine.
+
+    Parameters
+    ----------
+    cfg : RowFedConfig
+        The fit's settings; the tuning chooses its levels.
+    data : FederatedData
+        The clients' rows.
+    method : str
+        The tuned method.
+    tune : tuple
+        ``(by, options)`` (:func:`tuned_strategy`).
+    progress : callable, optional
+        ``progress(line)``: a line per round.
+    registry : Registry, optional
+        The registry to use (a new one by default).
+    guards : Guards, optional
+        The clients' floors (the default ones when ``None``).
+
+    Returns
+    -------
+    MethodResult
+        The refit's (:class:`~rowfed_flower.federation.MethodResult`), the tuning's outputs in
+        its ``extra``.
+    """
     clients = data.make_clients(guards)
     registry = registry if registry is not None else rowfed_registry()
     strategy = tuned_strategy(method, cfg, len(clients), registry, tune, progress)

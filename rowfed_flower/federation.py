@@ -41,8 +41,31 @@ def make_strategy(
     progress=None,
     timeout: float | None = None,
 ):
-    """The Strategy object for a method name (``timeout``: seconds registration and each
-    round wait for the clients)."""
+    """The Strategy object for a method name.
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`strategies.config.ROWFED_METHODS`.
+    cfg : RowFedConfig
+        The method's settings.
+    n_sites : int
+        The clients the strategy waits for.
+    registry : Registry
+        Where the clients register (shared between the methods of one run).
+    theta0 : ndarray, shape (M, p, q), optional
+        A fused method's working-scale start (no initialization round), e.g. a warm start.
+    progress : callable, optional
+        ``progress(round, objective, residuals, elapsed)`` after every round (not NonFed's).
+    timeout : float, optional
+        Seconds registration and each round wait for the clients.
+
+    Returns
+    -------
+    Strategy
+        :class:`~strategies.server.rowfed.RowFedStrategy` (a fused method),
+        :class:`~strategies.server.rowfed.NonFedStrategy`, or a comparator's.
+    """
     if method in FUSED_METHODS:
         grouping = "block" if method == "perfl-lsma" else "row"
         graph = functools.partial(build_graph, cfg.graph)
@@ -67,9 +90,24 @@ def make_strategy(
 
 def max_rounds_for(method: str, cfg: RowFedConfig, tuned: bool = False, waves: int = 1) -> int:
     """A round budget for Flower's server loop: initialization, the method's own rounds and
-    the evaluation after the last (the loop stops as soon as the method has finished); a
-    federated tuning's stages each within their fits' limits, ``waves`` times over when
-    not all its fits run at once (:meth:`strategies.stats.tuning.CVOptions.waves`)."""
+    the evaluation after the last (the loop stops as soon as the method has finished).
+
+    Parameters
+    ----------
+    method : str
+        The method.
+    cfg : RowFedConfig
+        Its settings (``max_rounds``; a comparator's round limit).
+    tuned : bool, optional
+        A federated tuning: its stages each within their fits' limits.
+    waves : int, optional
+        A federated tuning's factor when not all its fits run at once
+        (:meth:`strategies.stats.tuning.CVOptions.waves`).
+
+    Returns
+    -------
+    int
+    """
     if tuned:
         return waves * (2 * (cfg.max_rounds + 2) + 2)
     if method in FEDAVG_FAMILY:
@@ -102,8 +140,22 @@ class MethodResult:
 
 def oracle_inference(strategy, theta: np.ndarray, clusters: np.ndarray):
     """With ``inference = oracle``: the refit on the fit's structure from the moments in
-    the clients' evaluation answers (:mod:`rowfed_flower.inference`); ``None`` otherwise or
-    when a client's moments are missing."""
+    the clients' evaluation answers (:mod:`rowfed_flower.inference`).
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The finished fit: its ``cfg``, ``sites`` and ``evaluation``.
+    theta : ndarray, shape (M, p, q)
+        Its coefficients; the non-zero entries are the refit's support.
+    clusters : ndarray, shape (M, p)
+        Its row clusters.
+
+    Returns
+    -------
+    OracleFit or None
+        ``None`` without ``inference = oracle`` or when a client's moments are missing.
+    """
     from .inference import oracle_fit, read_moments
 
     if strategy.cfg.inference != "oracle":
@@ -117,7 +169,20 @@ def oracle_inference(strategy, theta: np.ndarray, clusters: np.ndarray):
 
 def collect(method: str, strategy) -> MethodResult:
     """What a finished strategy produced (coefficients on the input scale); of a federated
-    tuning, its result's fit with the tuning's outputs in ``extra``."""
+    tuning, its result's fit with the tuning's outputs in ``extra``.
+
+    Parameters
+    ----------
+    method : str
+        The method's name, recorded in the result.
+    strategy : Strategy
+        The finished strategy (a federated tuning's
+        :class:`~strategies.server.batch.BatchStrategy`, or a fit's).
+
+    Returns
+    -------
+    MethodResult
+    """
     from strategies.server.batch import BatchStrategy
 
     from .inference import without_moments
@@ -162,8 +227,28 @@ def run_methods_inprocess(
 ) -> dict[str, MethodResult]:
     """Every method through the in-process engine (the same Strategy and NumPyClient
     objects as under ``flwr run``), sharing one registry (a method tuned inside the
-    federation: :func:`rowfed_flower.federated_tuning.run_tuned_inprocess`); ``guards``: the
-    clients' floors (the default ones when ``None``)."""
+    federation: :func:`rowfed_flower.federated_tuning.run_tuned_inprocess`).
+
+    Parameters
+    ----------
+    cfg : RowFedConfig
+        The settings of every method.
+    data : FederatedData
+        The clients' rows.
+    methods : sequence of str
+        The methods, run one after the other.
+    progress : callable, optional
+        ``progress(round, objective, residuals, elapsed)`` after every round.
+    registry : Registry, optional
+        The shared registry (a new one by default).
+    guards : Guards, optional
+        The clients' floors (the default ones when ``None``).
+
+    Returns
+    -------
+    dict of str to MethodResult
+        Each method's result.
+    """
     clients = data.make_clients(guards)
     registry = registry if registry is not None else rowfed_registry()
     out = {}
@@ -183,8 +268,20 @@ def mean_mse_pred(res: MethodResult) -> float:
 
 
 def summarize(results: dict[str, MethodResult], data: FederatedData) -> pd.DataFrame:
-    """One row per method: ``method, mse_est, mse_pred, ri, rounds, converged, objective``
-    (``mse_est`` and ``ri`` need the truth: ``nan`` otherwise)."""
+    """One row per method: ``method, mse_est, mse_pred, ri, rounds, converged, objective``.
+
+    Parameters
+    ----------
+    results : dict of str to MethodResult
+        Each method's result.
+    data : FederatedData
+        The data they were fitted to; ``mse_est`` and ``ri`` need its truth (``nan``
+        otherwise).
+
+    Returns
+    -------
+    pandas.DataFrame
+    """
     rows = []
     for method, res in results.items():
         truth = data.theta_true is not None
@@ -241,7 +338,21 @@ def _jsonable(value):
 
 def coefficients_frame(res: MethodResult, features, responses) -> pd.DataFrame:
     """``client, feature, <response>...``: one row per client and predictor (and an
-    ``(intercept)`` row first when fitted), input scale."""
+    ``(intercept)`` row first when fitted), input scale.
+
+    Parameters
+    ----------
+    res : MethodResult
+        The fit.
+    features : sequence of str
+        The predictors' names.
+    responses : sequence of str
+        The responses' names: the columns of the coefficients.
+
+    Returns
+    -------
+    pandas.DataFrame
+    """
     rows = []
     for m, site in enumerate(res.sites):
         if res.intercept is not None:
@@ -259,7 +370,20 @@ def history_frame(res: MethodResult) -> pd.DataFrame:
 
 def clusters_frame(res: MethodResult, features) -> pd.DataFrame:
     """Per predictor: the number of client groups and each client's group label (groups
-    numbered from 0 by first appearance in client order)."""
+    numbered from 0 by first appearance in client order).
+
+    Parameters
+    ----------
+    res : MethodResult
+        The fit: its ``clusters`` ``(M, p)``, a column per client of ``res.sites``.
+    features : sequence of str
+        The predictors' names.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``feature, n_clusters`` and a column per client.
+    """
     df = pd.DataFrame(res.clusters.T, columns=res.sites)
     df.insert(0, "n_clusters", [len(np.unique(res.clusters[:, j])) for j in range(len(features))])
     df.insert(0, "feature", list(features))
@@ -268,7 +392,22 @@ def clusters_frame(res: MethodResult, features) -> pd.DataFrame:
 
 def mse_interval(mse: float, se, level: float = 0.95) -> tuple[float, float]:
     """Wald interval ``mse ± z·se`` for a client's expected squared prediction error, the
-    lower end clipped at 0 (NaN, NaN without a standard error)."""
+    lower end clipped at 0.
+
+    Parameters
+    ----------
+    mse : float
+        The client's mean squared prediction error.
+    se : float or None
+        Its standard error; ``None`` or not finite: no interval.
+    level : float, optional
+        The interval's coverage (``z`` is the normal quantile at ``(1 + level) / 2``).
+
+    Returns
+    -------
+    lower, upper : float
+        The interval's ends (NaN, NaN without a standard error).
+    """
     from scipy.stats import norm
 
     if se is None or not math.isfinite(float(se)):
@@ -281,9 +420,24 @@ MSE_COLUMNS = ["client", "response", "mse", "mse_se", "lower", "upper", "n_test"
 
 
 def mse_frame(metrics: dict, responses, split: str = "test", level: float = 0.95) -> pd.DataFrame:
-    """Each client's MSE per response on its ``split`` rows (``test`` or ``train``) with its
-    Wald interval at ``level`` (columns :data:`MSE_COLUMNS`), from ``metrics.json``'s
-    per-client evaluation."""
+    """Each client's MSE per response on its ``split`` rows with its Wald interval (columns
+    :data:`MSE_COLUMNS`), from ``metrics.json``'s per-client evaluation.
+
+    Parameters
+    ----------
+    metrics : dict
+        ``metrics.json``'s content: ``clients`` holds each client's evaluation.
+    responses : sequence of str
+        The responses' names, in the order of the ``mse:<k>`` entries.
+    split : {"test", "train"}, optional
+        The rows: the clients whose evaluation scored the other rows are left out.
+    level : float, optional
+        The intervals' coverage.
+
+    Returns
+    -------
+    pandas.DataFrame
+    """
     rows = []
     for site, m in metrics["clients"].items():
         if m.get("split") != split:
@@ -300,7 +454,25 @@ def mse_frame(metrics: dict, responses, split: str = "test", level: float = 0.95
 def write_test_table(out_dir: str, metrics: dict, responses, level: float = 0.95) -> dict:
     """``test.csv`` (:func:`mse_frame` of the test rows, the clients that have them) and
     the summary ``metrics.json`` keeps: the mean over those clients of their MSE averaged
-    over responses, and the mean over them per response."""
+    over responses, and the mean over them per response.
+
+    Parameters
+    ----------
+    out_dir : str
+        The directory ``test.csv`` is written to.
+    metrics : dict
+        ``metrics.json``'s content (its ``clients``).
+    responses : sequence of str
+        The responses' names.
+    level : float, optional
+        The intervals' coverage.
+
+    Returns
+    -------
+    dict
+        ``mse`` (``None`` without test rows), ``mse_by_response``, ``level``, ``clients``
+        (how many have test rows) and ``clients_without_test_rows``.
+    """
     table = mse_frame(metrics, responses, "test", level)
     tested = list(dict.fromkeys(table["client"]))
     table.to_csv(os.path.join(out_dir, "test.csv"), index=False)
@@ -322,9 +494,23 @@ def write_result(
     cfg: RowFedConfig,
     extra_metrics: dict | None = None,
 ) -> None:
-    """Write ``coefficients.csv``, ``history.csv``, ``clusters.csv``, ``metrics.json`` and,
-    after a federated tuning, its table (``gic.csv`` or ``cv.csv``; ``metrics.json``'s
-    settings: the tuned ones)."""
+    """Write ``coefficients.csv``, ``history.csv``, ``clusters.csv``, ``metrics.json`` (and
+    ``inference.csv`` with the oracle refit) and, after a federated tuning, its table
+    (``gic.csv`` or ``cv.csv``; ``metrics.json``'s settings: the tuned ones).
+
+    Parameters
+    ----------
+    out_dir : str
+        The directory, created if missing.
+    res : MethodResult
+        The fit.
+    data : FederatedData
+        The predictors' and responses' names, and the truth for ``mse_est`` and ``ri``.
+    cfg : RowFedConfig
+        The settings ``metrics.json`` records.
+    extra_metrics : dict, optional
+        More entries of ``metrics.json``.
+    """
     os.makedirs(out_dir, exist_ok=True)
     if "tuning_table" in res.extra:
         name, table = res.extra["tuning_table"]

@@ -73,6 +73,24 @@ def real_metrics(results: pd.DataFrame) -> tuple[tuple[str, str], ...]:
 
 
 def fig_errors(results: pd.DataFrame, keys, path: str) -> str:
+    """``fig_errors.png``: boxplots over replications of each metric per method, one group per
+    design cell (real data: of every client's values; a panel per metric, MSE-Pred, then
+    each response).
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The study's ``results.csv`` rows.
+    keys : sequence of str
+        The design keys; a cell is labelled by those that vary.
+    path : str
+        The PNG file.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
     plt = pyplot()
     keys = list(keys)
     methods = _methods(results)
@@ -138,7 +156,22 @@ def fig_errors(results: pd.DataFrame, keys, path: str) -> str:
 
 def fig_client_mse(results: pd.DataFrame, cell: dict, path: str) -> str:
     """Real data: each client's MSE-Pred per method, mean over the replications (one cell);
-    clients ordered by their training size."""
+    clients ordered by their training size.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        A real-data study's ``results.csv`` rows (``client``, ``n_train``, ``mse_pred``).
+    cell : dict
+        The design cell shown.
+    path : str
+        The PNG file.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
     plt = pyplot()
     sel = np.logical_and.reduce([results[k] == v for k, v in cell.items()])
     sub = results[sel]
@@ -178,6 +211,28 @@ def fig_client_mse(results: pd.DataFrame, cell: dict, path: str) -> str:
 
 
 def fig_clusters(clusters: pd.DataFrame, cell: dict, rep: int, path: str, title: str = "") -> str:
+    """``fig_clusters.png``: the client groups of each variable (row of Θ), a panel per method
+    (the truth first, when known); at most :data:`MAX_VARIABLES` variables (without the
+    truth: those RowFed splits into the most groups).
+
+    Parameters
+    ----------
+    clusters : pandas.DataFrame
+        A task's ``clusters`` frame: ``method, client`` and each variable's group labels.
+    cell : dict
+        The design cell, named in the title.
+    rep : int
+        The replication, named in the title.
+    path : str
+        The PNG file.
+    title : str, optional
+        A title instead of the default one (a note of the variables shown is appended).
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
     plt = pyplot()
     from matplotlib.colors import ListedColormap
 
@@ -241,7 +296,25 @@ def fig_clusters(clusters: pd.DataFrame, cell: dict, rep: int, path: str, title:
 
 
 def make_figures(out: str, study, results: pd.DataFrame, store, cells) -> list[str]:
-    """Every figure of the study into ``out``; returns the paths written."""
+    """Every figure of the study into ``out``; returns the paths written.
+
+    Parameters
+    ----------
+    out : str
+        The study's output directory.
+    study : Study
+        The parsed config: its design keys and ``[figures] cell``.
+    results : pandas.DataFrame
+        Every finished task's rows.
+    store : PartStore
+        The finished tasks' files (a task's ``clusters`` frame).
+    cells : list of dict
+        This run's design cells (:func:`strategies.experiments.plots.figure_cell`).
+
+    Returns
+    -------
+    list of str
+    """
     made = [fig_errors(results, study.keys, os.path.join(out, "fig_errors.png"))]
     cell = figure_cell(results, study, cells)
     sel = np.logical_and.reduce([results[k] == v for k, v in cell.items()])

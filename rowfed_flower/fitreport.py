@@ -26,7 +26,25 @@ def _client_order(theta: np.ndarray) -> list[int]:
 
 def fig_client_graph(clients, fused: np.ndarray, edges: np.ndarray, n_features: int, drawn):
     """Clients on a circle (similar clients adjacent); each drawn edge coloured by the number
-    of predictors on which its two clients share a row."""
+    of predictors on which its two clients share a row.
+
+    Parameters
+    ----------
+    clients : sequence of str
+        The clients' names, in their order around the circle.
+    fused : ndarray of int, shape (E,)
+        Per edge, the number of predictors on which its two clients share a row.
+    edges : ndarray of int, shape (E, 2)
+        The edges, as positions in ``clients``.
+    n_features : int
+        The number of predictors (the colour scale's top).
+    drawn : ndarray of bool, shape (E,)
+        The edges to draw.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
     plt = pyplot()
     m = len(clients)
     angle = 2 * np.pi * np.arange(m) / max(m, 1)
@@ -63,7 +81,21 @@ def fig_client_graph(clients, fused: np.ndarray, edges: np.ndarray, n_features: 
 def shown_predictors(coef: pd.DataFrame, responses, most: int = MAX_VARIABLES) -> list[str]:
     """The predictors a coefficient heatmap shows: all of them up to ``most``, else the
     ``most`` whose rows differ most across clients (the sum over ``responses`` of the SD
-    across clients), in file order."""
+    across clients), in file order.
+
+    Parameters
+    ----------
+    coef : pandas.DataFrame
+        ``coefficients.csv``: ``client, feature`` and a column per response.
+    responses : sequence of str
+        The responses whose spread counts.
+    most : int, optional
+        The most predictors shown.
+
+    Returns
+    -------
+    list of str
+    """
     rows = coef[coef["feature"] != "(intercept)"]
     features = list(dict.fromkeys(rows["feature"]))
     if len(features) <= most:
@@ -76,7 +108,21 @@ def shown_predictors(coef: pd.DataFrame, responses, most: int = MAX_VARIABLES) -
 def fig_coefficients(coef: pd.DataFrame, responses, order: list[int]):
     """Heatmaps of the first four responses' coefficients (clients x predictors, input
     scale); beyond :data:`MAX_VARIABLES` predictors, those that differ most across clients
-    (:func:`shown_predictors`)."""
+    (:func:`shown_predictors`).
+
+    Parameters
+    ----------
+    coef : pandas.DataFrame
+        ``coefficients.csv``: ``client, feature`` and a column per response.
+    responses : sequence of str
+        The responses; the first four are drawn.
+    order : list of int
+        The clients' order down the rows, as positions in their order in ``coef``.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
     plt = pyplot()
     clients = list(dict.fromkeys(coef["client"]))
     rows = coef[coef["feature"] != "(intercept)"]

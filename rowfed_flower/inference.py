@@ -37,7 +37,22 @@ MOMENT_KEYS = ("moments:xtx", "moments:xty", "moments:yty", "moments:n")
 
 def client_moments(x: np.ndarray, y: np.ndarray, intercept: bool) -> dict:
     """What a client sends for oracle inference: ``X̃ᵀX̃``, ``X̃ᵀỸ``, ``diag(ỸᵀỸ)`` (packed
-    float64, input scale, centred at its own means when ``intercept``) and ``n``."""
+    float64, input scale) and ``n``.
+
+    Parameters
+    ----------
+    x : ndarray, shape (n, p)
+        The client's training predictors.
+    y : ndarray, shape (n, q)
+        Its training responses.
+    intercept : bool
+        Centre ``x`` and ``y`` at the client's own means first.
+
+    Returns
+    -------
+    dict
+        The evaluation metrics :data:`MOMENT_KEYS`.
+    """
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
     if intercept:
@@ -60,7 +75,19 @@ class Moments:
 
 
 def read_moments(metrics: dict, p: int, q: int) -> Moments | None:
-    """A client's moments from its evaluation metrics (``None`` when it sent none)."""
+    """A client's moments from its evaluation metrics (``None`` when it sent none).
+
+    Parameters
+    ----------
+    metrics : dict
+        The client's evaluation metrics.
+    p, q : int
+        The predictors and responses: the shapes of the packed arrays.
+
+    Returns
+    -------
+    Moments or None
+    """
     if any(k not in metrics for k in MOMENT_KEYS):
         return None
     return Moments(
@@ -92,9 +119,24 @@ class OracleFit:
 def oracle_fit(
     labels: np.ndarray, support: np.ndarray, moments: list[Moments], intercept: bool
 ) -> OracleFit:
-    """Least squares on the structure ``labels`` ``(M, p)`` (clients with the same label
-    share predictor j's row) and ``support`` ``(M, p, q)`` (non-zero entries), from each
-    client's :class:`Moments` (docstring of this module)."""
+    """Least squares on the structure from each client's :class:`Moments` (docstring of this
+    module).
+
+    Parameters
+    ----------
+    labels : ndarray, shape (M, p)
+        Clients with the same label share predictor j's row.
+    support : ndarray of bool, shape (M, p, q)
+        The non-zero entries.
+    moments : list of Moments
+        Each client's, in the order of ``labels``.
+    intercept : bool
+        Each client has its own intercept (its moments centred): ``df`` loses ``M``.
+
+    Returns
+    -------
+    OracleFit
+    """
     labels = np.asarray(labels)
     support = np.asarray(support, dtype=bool)
     m, p, q = support.shape
@@ -130,7 +172,23 @@ def oracle_fit(
 def inference_table(fit: OracleFit, clients, features, responses, level: float) -> pd.DataFrame:
     """``inference.csv``: ``client, feature, response, kind, group_size, estimate, se,
     lower, upper`` (kind: ``fused`` -- a row shared with other clients, ``unique``, or
-    ``zero``; zeros have no interval); t intervals with the refit's degrees of freedom."""
+    ``zero``; zeros have no interval); t intervals with the refit's degrees of freedom.
+
+    Parameters
+    ----------
+    fit : OracleFit
+        The refit.
+    clients : sequence of str
+        The clients' ids, in the fit's order.
+    features, responses : sequence of str
+        The predictors' and responses' names.
+    level : float
+        The intervals' coverage.
+
+    Returns
+    -------
+    pandas.DataFrame
+    """
     shared = (fit.group_size > 1)[:, :, None]
     kind = np.where(~fit.support, "zero", np.where(shared, "fused", "unique"))
     return oracle.interval_frame(

@@ -14,7 +14,16 @@ import numpy as np
 def mse_est(theta_hat: np.ndarray, theta_true: np.ndarray) -> float:
     """Estimation error ``(1/(M p q)) sum_m ||Theta_hat_m - Theta*_m||_F^2`` (docs/methods.md 2.7).
 
-    ``theta_hat``, ``theta_true`` of shape ``(M, p, q)``.
+    Parameters
+    ----------
+    theta_hat : ndarray, shape (M, p, q)
+        The estimate.
+    theta_true : ndarray, shape (M, p, q)
+        The truth ``Theta*``.
+
+    Returns
+    -------
+    float
     """
     theta_hat = np.asarray(theta_hat, dtype=float)
     theta_true = np.asarray(theta_true, dtype=float)
@@ -28,7 +37,18 @@ def mse_pred(
 ) -> float:
     """Prediction error ``(1/M) sum_m ||Y_m - X_m Theta_hat_m||_F^2 / (n_m q)`` (§2.7).
 
-    ``x_test[m]`` of shape ``(n_m, p)``, ``y_test[m]`` of shape ``(n_m, q)``.
+    Parameters
+    ----------
+    theta_hat : ndarray, shape (M, p, q)
+        The estimate.
+    x_test : sequence of ndarray
+        ``x_test[m]`` of shape ``(n_m, p)``.
+    y_test : sequence of ndarray
+        ``y_test[m]`` of shape ``(n_m, q)``.
+
+    Returns
+    -------
+    float
     """
     errs = []
     for t, x, y in zip(theta_hat, x_test, y_test, strict=True):
@@ -39,6 +59,15 @@ def mse_pred(
 
 def rand_index(labels_a: np.ndarray, labels_b: np.ndarray) -> float:
     """Rand index of two partitions of the same items.
+
+    Parameters
+    ----------
+    labels_a, labels_b : ndarray
+        Each item's label in either partition (the same shape; flattened).
+
+    Returns
+    -------
+    float
 
     Notes
     -----
@@ -57,7 +86,17 @@ def rand_index(labels_a: np.ndarray, labels_b: np.ndarray) -> float:
 
 def mean_rand_index(partitions_true: np.ndarray, partitions_est: np.ndarray) -> float:
     """RI of §2.7: the Rand index of the client partitions of each row ``j``, averaged over
-    rows.  Both arrays of shape ``(M, p)`` (column ``j``: cluster labels of the clients)."""
+    rows.
+
+    Parameters
+    ----------
+    partitions_true, partitions_est : ndarray, shape (M, p)
+        Column ``j``: the cluster labels of the clients.
+
+    Returns
+    -------
+    float
+    """
     t = np.asarray(partitions_true)
     e = np.asarray(partitions_est)
     if t.shape != e.shape or t.ndim != 2:

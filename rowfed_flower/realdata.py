@@ -115,14 +115,29 @@ def load_crime(
 def split_clients(
     data: ClientData, train_fraction: float, seed: int, min_test: int = 1
 ) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """A random train/test split within each client of :func:`load_crime`'s data (load it
-    with ``center=False``: the fit's own intercept then plays the centring's part).
+    """A random train/test split within each client of :func:`load_crime`'s data.
 
     Client ``m`` with ``n`` rows gets ``n_test = max(min_test, round(n (1 -
     train_fraction)))`` test rows (rounded half up), at most ``n - 2`` (so at least two
-    training rows), drawn with ``numpy.random.default_rng([seed, FIPS])`` (a client's split
-    does not depend on the others).  Returns ``(client, x_train, y_train, x_test,
-    y_test)`` per client; clients with fewer than ``2 + min_test`` rows are left out.
+    training rows); clients with fewer than ``2 + min_test`` rows are left out.
+
+    Parameters
+    ----------
+    data : ClientData
+        The clients' rows; load them with ``center=False``: the fit's own intercept then
+        plays the centring's part.
+    train_fraction : float
+        The share of each client's rows kept for training, in (0, 1).
+    seed : int
+        Client ``m``'s rows are drawn with ``numpy.random.default_rng([seed, FIPS])`` (a
+        client's split does not depend on the others).
+    min_test : int, optional
+        The fewest test rows a client gets.
+
+    Returns
+    -------
+    list of tuple
+        ``(client, x_train, y_train, x_test, y_test)`` per client kept.
     """
     if not 0 < train_fraction < 1:
         raise InputError(f"train_fraction: must be in (0, 1), got {train_fraction!r}")

@@ -20,8 +20,22 @@ def _scale_data(clients: int, pq: int, rows: int):
 
 
 def scale_fit(clients: int = 10, pq: int = 100, rows: int = 100) -> dict:
-    """A default RowFed fit (in process) of the paper's simulation (docs/methods.md 2.8) with
-    ``clients`` clients, ``p = q = pq`` and ``rows`` training rows a client."""
+    """A default RowFed fit (in process) of the paper's simulation (docs/methods.md 2.8).
+
+    Parameters
+    ----------
+    clients : int, optional
+        The number of clients.
+    pq : int, optional
+        ``p = q = pq``.
+    rows : int, optional
+        Training rows a client.
+
+    Returns
+    -------
+    dict
+        ``seconds`` (the fit's wall time) and ``rounds``.
+    """
     from .federation import run_methods_inprocess
 
     data = _scale_data(clients, pq, rows)
@@ -32,7 +46,22 @@ def scale_fit(clients: int = 10, pq: int = 100, rows: int = 100) -> dict:
 
 def scale_tune(clients: int = 10, pq: int = 100, rows: int = 100) -> dict:
     """``fit --tune gic`` (inside the federation, in process, the default grids) of the same
-    design: the GIC path and its choice."""
+    design: the GIC path and its choice.
+
+    Parameters
+    ----------
+    clients : int, optional
+        The number of clients.
+    pq : int, optional
+        ``p = q = pq``.
+    rows : int, optional
+        Training rows a client.
+
+    Returns
+    -------
+    dict
+        ``seconds`` (wall time), ``rounds`` and the chosen ``lam1``, ``lam2``.
+    """
     from strategies.config import TuneConfig
 
     from .federated_tuning import federated_options, run_tuned_inprocess
@@ -67,6 +96,22 @@ def scale_cells(quick: bool = False) -> list:
 
 
 def scale_run(out: str, quick: bool = False) -> pd.DataFrame:
+    """``bench --scale``: every cell of :func:`scale_cells`, each in a fresh process
+    (:func:`strategies.experiments.scale.run_scale`), with a progress line per cell on stderr.
+
+    Parameters
+    ----------
+    out : str
+        The directory ``scale.csv``, ``slopes.csv`` and ``scale.png`` are written to (empty:
+        nothing is written).
+    quick : bool, optional
+        The small end of each axis.
+
+    Returns
+    -------
+    pandas.DataFrame
+        A row per cell.
+    """
     from strategies.experiments.scale import run_scale
     from strategies.runtime.cli import line_to_stderr
 

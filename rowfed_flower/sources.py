@@ -86,7 +86,21 @@ class FederatedData:
 
 def simulated_data(spec: DataSpec, n_clusters=N_CLUSTERS) -> FederatedData:
     """docs/methods.md 2.8 simulated federation; client ids ``"0" .. "M-1"`` (the partition
-    ids); ``n_clusters``: the client clusters of each non-zero row."""
+    ids).
+
+    Parameters
+    ----------
+    spec : DataSpec
+        Its ``num_clients``, ``n_train``, ``n_test``, ``num_features``, ``num_responses``
+        and ``seed``.
+    n_clusters : sequence of int, optional
+        The client clusters of each non-zero row.
+
+    Returns
+    -------
+    FederatedData
+        With the truth (``theta_true``, ``partitions_true``).
+    """
     d = simulate(
         spec.num_clients,
         spec.n_train,
@@ -123,11 +137,29 @@ def _numeric_column(df: pd.DataFrame, col: str, key: str = "data") -> np.ndarray
 def read_fit_csv(
     path: str, responses, client_column: str = "client", key: str = "data", min_rows: int = 2
 ) -> FederatedData:
-    """The fit command's data: a ``client`` column, the response columns, predictors (every
-    other column).  Clients in order of first appearance; each needs ``min_rows`` rows.
-    Errors name ``key``.
+    """The fit command's data: a client column, the response columns, predictors (every
+    other column).  Clients in order of first appearance.
 
     Raises :class:`InputError` with a one-line message naming the column on bad input.
+
+    Parameters
+    ----------
+    path : str
+        The CSV file (or the name of a data frame held in memory:
+        :func:`strategies.datasets.tables.remember`).
+    responses : str or sequence of str
+        The response columns, a list or comma-separated names.
+    client_column : str, optional
+        The column naming each row's client.
+    key : str, optional
+        The setting that named the file, which starts the messages of errors in it.
+    min_rows : int, optional
+        The rows each client needs.
+
+    Returns
+    -------
+    FederatedData
+        Without test rows.
     """
     if isinstance(responses, str):
         responses = [r.strip() for r in responses.split(",")]
@@ -182,9 +214,27 @@ def load_data(spec: DataSpec) -> FederatedData:
 def with_test_set(
     data: FederatedData, test_path: str, holdout: float, seed: int, client_column: str
 ) -> FederatedData:
-    """``data`` with each client's test rows: from ``test_path`` (the data's columns, in any
-    order; only known clients) or a random ``holdout`` share of its rows (at least one row
-    kept for training; the client's own seeded stream)."""
+    """``data`` with each client's test rows, from a test file or a random share of its rows
+    (not both).
+
+    Parameters
+    ----------
+    data : FederatedData
+        The training rows.
+    test_path : str
+        A test file (empty: none): the data's columns, in any order; only known clients.
+    holdout : float
+        A share of each client's rows held out for testing (0: none), at least one row kept
+        for training; drawn from the client's own seeded stream.
+    seed : int
+        The seed of the holdout's draws.
+    client_column : str
+        The test file's client column.
+
+    Returns
+    -------
+    FederatedData
+    """
     from strategies.stats.tuning import holdout_mask, site_rng
 
     if test_path and holdout:

@@ -187,7 +187,19 @@ class Settings:
 
 
 def parse_settings(settings: dict, keys=REQUIRED) -> Settings:
-    """Check and parse the tables of a RowFed study config (everything but ``[design]``)."""
+    """Check and parse the tables of a RowFed study config (everything but ``[design]``).
+
+    Parameters
+    ----------
+    settings : dict
+        The config's tables but ``[design]`` (``Study.settings``).
+    keys : sequence of str, optional
+        The design keys (``[figures] cell`` may name only these).
+
+    Returns
+    -------
+    Settings
+    """
     coverage = coverage_setting(settings, "rowfed", COVERAGE_FIXED)
     methods = study_methods(settings, ROWFED_METHODS, ("rowfed", "nonfed", "fedavg", "perfl-lsma"))
     data = settings.get("data", {})
@@ -240,8 +252,23 @@ def _crime(path: str, responses: tuple, min_rows: int, exclude: tuple):
 
 def real_federation(real: dict, cell: dict, seed: int):
     """A real source's federation for one task: the states with at least ``min_rows``
-    communities, each split at random (``seed``) into training and test rows.  Client ids
-    are the states' postal codes."""
+    communities, each split at random into training and test rows.  Client ids are the
+    states' postal codes.
+
+    Parameters
+    ----------
+    real : dict
+        The ``[data]`` table of a real source (the fields of :class:`RealData`).
+    cell : dict
+        The design cell: ``train_fraction``, and any ``[data]`` setting it gives
+        (``min_rows``) over ``real``'s.
+    seed : int
+        The split's seed.
+
+    Returns
+    -------
+    FederatedData
+    """
     from strategies.datasets import state_centroids
 
     from .client import ClientSamples
@@ -259,7 +286,15 @@ def real_federation(real: dict, cell: dict, seed: int):
 
 
 def check_real_cell(cell: dict, real: dict) -> None:
-    """Reject a real-data cell before anything runs (the data are read once here)."""
+    """Reject a real-data cell before anything runs (the data are read once here).
+
+    Parameters
+    ----------
+    cell : dict
+        The design cell: ``train_fraction`` in (0, 1), ``min_rows`` (if given) at least 3.
+    real : dict
+        The study's ``[data]`` table.
+    """
     label = ", ".join(f"{k}={v}" for k, v in cell.items())
     if not 0 < cell["train_fraction"] < 1:
         raise InputError(f"design.train_fraction: must be in (0, 1) (cell {label})")
@@ -296,14 +331,50 @@ def load(path: str) -> tuple[Study, Settings]:
 # ---------------------------------------------------------------------------------------
 def gic_nq(table: pd.DataFrame, n_total: int, p: int, q: int, m: int) -> np.ndarray:
     """``log(RSS/(N q)) + log(log N) log(p q M) df / (N q)`` for every row of a GIC table
-    (:func:`strategies.solvers.problems.gic` with ``per = "nq"``)."""
+    (:func:`strategies.solvers.problems.gic` with ``per = "nq"``).
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        A GIC table with its ``rss`` and ``df`` columns
+        (:func:`rowfed_flower.tuning.tune_gic`).
+    n_total : int
+        ``N``, the training rows of all clients.
+    p, q : int
+        The predictors and responses.
+    m : int
+        ``M``, the clients.
+
+    Returns
+    -------
+    ndarray
+        The criterion of each row.
+    """
     return gic(table["rss"], n_total, p, q, m, table["df"], per="nq")
 
 
 def fit_methods(st: Settings, data, cfg) -> tuple[dict, list[pd.DataFrame]]:
     """Every method of ``st.methods`` on ``data``: the tuned ones by GIC over their
     grids (``gic-nq``: picked from the same table and refitted), FedAvg with NonFed's
-    ``lam2`` (or ``tuning.fedavg_lam2``).  Returns the fits and the GIC tables."""
+    ``lam2`` (or ``tuning.fedavg_lam2``).
+
+    Parameters
+    ----------
+    st : Settings
+        The study's settings: the methods, their grids, the criterion, FedAvg's ``lam2``
+        and whether the comparators' own settings are tuned.
+    data : FederatedData
+        The task's federation.
+    cfg : RowFedConfig
+        The settings every fit starts from.
+
+    Returns
+    -------
+    fits : dict of str to MethodResult
+        Each method's fit.
+    tables : list of pandas.DataFrame
+        The tuned methods' GIC tables (with a ``method`` column).
+    """
     from . import federation as fed
 
     m_clients = len(data.clients)
@@ -356,8 +427,20 @@ def _tuning_columns(method: str, res) -> dict:
 
 
 def response_mse(res, data) -> np.ndarray:
-    """Test MSE per client and response ``(M, q)``: ``mean_i (y_ik - x_i theta_k - a_k)^2``
-    on the input scale (its row mean is the client's MSE-Pred of docs/methods.md 2.7)."""
+    """Test MSE per client and response: ``mean_i (y_ik - x_i theta_k - a_k)^2`` on the input
+    scale (its row mean is the client's MSE-Pred of docs/methods.md 2.7).
+
+    Parameters
+    ----------
+    res : MethodResult
+        The fit: its coefficients and intercepts on the input scale.
+    data : FederatedData
+        The clients' test rows.
+
+    Returns
+    -------
+    ndarray, shape (M, q)
+    """
     out = np.empty((len(data.clients), len(data.responses)))
     for m, c in enumerate(data.clients):
         pred = c.x_test @ res.coefficients[m]
@@ -368,7 +451,21 @@ def response_mse(res, data) -> np.ndarray:
 
 
 def simulated_federation(st: Settings, cell: dict, seed: int):
-    """The §2.8 federation of a simulated cell (``[data] n_test`` and ``clusters``)."""
+    """The §2.8 federation of a simulated cell.
+
+    Parameters
+    ----------
+    st : Settings
+        The study's settings: ``[data] n_test`` and ``clusters``.
+    cell : dict
+        The design cell: ``M``, ``n_m``, ``p``, ``q``.
+    seed : int
+        The simulation's seed.
+
+    Returns
+    -------
+    FederatedData
+    """
 
     spec = rsources.DataSpec(
         num_clients=cell["M"],
@@ -382,13 +479,29 @@ def simulated_federation(st: Settings, cell: dict, seed: int):
 
 
 def run_task(settings: dict, cell: dict, rep: int, seed: int) -> dict[str, pd.DataFrame]:
-    """One (cell, replication).  Frames: ``results``, ``clusters`` (estimated row
-    partitions, ``method, client, <predictor>...``; simulations add the truth) and ``gic``
-    (every tuned method's grid).
+    """One (cell, replication).
 
     Simulations: one row per method (MSE-Est, MSE-Pred, RI).  Real data: one row per method
     and client (state): ``mse_pred`` on its test rows, ``n_train``, ``n_test`` and
-    ``mse_<response>`` per response."""
+    ``mse_<response>`` per response.
+
+    Parameters
+    ----------
+    settings : dict
+        The study config's tables but ``[design]`` (:func:`parse_settings`).
+    cell : dict
+        The design cell's values.
+    rep : int
+        The replication's number, recorded in the rows.
+    seed : int
+        The task's seed: the data's (the simulation, or the real data's split) and the fits'.
+
+    Returns
+    -------
+    dict of str to pandas.DataFrame
+        ``results``, ``clusters`` (estimated row partitions, ``method, client,
+        <predictor>...``; simulations add the truth) and ``gic`` (every tuned method's grid).
+    """
     quiet_flower()
     from . import federation as fed
     from .metrics import mean_rand_index, mse_est
@@ -463,7 +576,22 @@ def add_parser(sub) -> None:
 
 def cmd_study(a, study, st) -> int:
     """A study of the config ``a.config`` read as ``(study, st)`` by :func:`load` (a
-    coverage study is :func:`rowfed_flower.coverage.run`'s)."""
+    coverage study is :func:`rowfed_flower.coverage.run`'s).
+
+    Parameters
+    ----------
+    a : argparse.Namespace
+        The ``study`` subcommand's options.
+    study : Study
+        The parsed config.
+    st : Settings
+        Its parsed settings.
+
+    Returns
+    -------
+    int
+        The exit code.
+    """
     from .figures import make_figures
 
     if st.real is None:

@@ -66,9 +66,28 @@ def used_levels(method: str) -> tuple[str, ...]:
 
 def settings_grid(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid, knob_grid=None, powers=()):
     """The grid of ``method`` in walking order, as ``[{setting: value}, ...]``: the fused
-    methods' ``(lam1, lam2)`` snake (:func:`_levels`), once per site weighting in
-    ``powers`` (default: ``cfg``'s ``size_power``); a comparator's ``lam2`` (descending)
-    crossed with its knob."""
+    methods' ``(lam1, lam2)`` snake (:func:`grid_levels`), once per site weighting; a
+    comparator's ``lam2`` (descending) crossed with its knob.
+
+    Parameters
+    ----------
+    method : str
+        The tuned method.
+    cfg : RowFedConfig
+        The default settings: NonFed's ``lam1``, the default ``size_power``; a
+        comparator's knob values are checked against it.
+    lam1_grid, lam2_grid : sequence of float
+        The levels' grids (a comparator's: ``lam2_grid`` only).
+    knob_grid : str or sequence, optional
+        A comparator's knob values (default: its knob's grid); an error for the others.
+    powers : sequence of float, optional
+        The fused methods' site weightings (``size_power``), each walking the snake
+        (default: ``cfg``'s).
+
+    Returns
+    -------
+    list of dict
+    """
     if method not in FEDAVG_FAMILY:
         if knob_grid is not None:
             raise InputError(f"knob-grid: {method} has no setting to tune besides its levels")
@@ -100,7 +119,21 @@ def _checked(key: str, grid) -> list[float]:
 
 
 def grid_levels(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid):
-    """The grid, checked, in walking order: ``[(lam1, lam2), ...]`` (NonFed: ``lam2`` only)."""
+    """The grid, checked, in walking order: ``[(lam1, lam2), ...]`` (NonFed: ``lam2`` only).
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`TUNABLE`.
+    cfg : RowFedConfig
+        Its ``lam1`` is NonFed's.
+    lam1_grid, lam2_grid : sequence of float
+        The grids: values ``>= 0``, walked descending without repeats.
+
+    Returns
+    -------
+    list of tuple of float
+    """
     if method not in TUNABLE:
         raise InputError(f"tune: available for {', '.join(TUNABLE)}, not {method}")
     lam1s, lam2s = _checked("lam1", lam1_grid), _checked("lam2", lam2_grid)
@@ -110,7 +143,22 @@ def grid_levels(method: str, cfg: RowFedConfig, lam1_grid, lam2_grid):
 
 
 def grid_values(text, default, key: str):
-    """A ``lam1``/``lam2`` grid option: :data:`AUTO`, or its numbers (``None``: ``default``)."""
+    """A ``lam1``/``lam2`` grid option: :data:`AUTO`, or its numbers.
+
+    Parameters
+    ----------
+    text : str, sequence of float or None
+        The option's value (``None``: ``default``).
+    default : str or sequence of float
+        The default grid.
+    key : str
+        The option's name, which starts an error's message.
+
+    Returns
+    -------
+    str or tuple of float
+        :data:`AUTO`, or the grid's values.
+    """
     if isinstance(text, str) and text.strip().lower() == AUTO:
         return AUTO
     return tuning.parse_grid(default if text is None else text, key)
@@ -118,7 +166,19 @@ def grid_values(text, default, key: str):
 
 def check_auto(lam1_grid, lam2_grid, where: str = "") -> bool:
     """Whether the grids are the paths from the data; both or neither (an error naming the
-    option otherwise)."""
+    option otherwise).
+
+    Parameters
+    ----------
+    lam1_grid, lam2_grid : str or sequence of float
+        The grids (:func:`grid_values`).
+    where : str, optional
+        A prefix of the option's name in the error (``tune.``).
+
+    Returns
+    -------
+    bool
+    """
     auto1, auto2 = lam1_grid == AUTO, lam2_grid == AUTO
     if auto1 != auto2:
         key = "lam2-grid" if auto1 else "lam1-grid"
@@ -127,9 +187,20 @@ def check_auto(lam1_grid, lam2_grid, where: str = "") -> bool:
 
 
 def sparsity_level(grads: np.ndarray, sparsity: str) -> float:
-    """``lam2_max``: the smallest sparsity level at which every client's own fit is zero,
-    from each client's gradient at ``Theta = 0`` ``(M, p, q)`` (working scale): the largest
-    entry (``entry`` sparsity) or row norm (``row``).  Fused clients are zero sooner."""
+    """``lam2_max``: the smallest sparsity level at which every client's own fit is zero.
+    Fused clients are zero sooner.
+
+    Parameters
+    ----------
+    grads : ndarray, shape (M, p, q)
+        Each client's gradient at ``Theta = 0`` (working scale).
+    sparsity : {"entry", "row"}
+        The largest entry (``entry`` sparsity) or row norm (``row``) is the level.
+
+    Returns
+    -------
+    float
+    """
     g = np.abs(np.asarray(grads, dtype=float))
     if sparsity == "row":
         return float(np.sqrt((g * g).sum(axis=-1)).max())
@@ -137,11 +208,28 @@ def sparsity_level(grads: np.ndarray, sparsity: str) -> float:
 
 
 def fusion_level(grads: np.ndarray, edges, weights, grouping: str, fusion: str) -> float:
-    """``lam1_max``: a fusion level at which the clients' common fit solves the fused problem,
-    from each client's gradient at that fit ``(M, p, q)``.  Each row (``grouping = "row"``)
-    or the whole matrix (``"block"``) is a group: :func:`strategies.stats.tuning.lam_max` over the
-    edges (``None``: all pairs, weight 1), exact on a tree and an upper bound with cycles;
-    mean fusion: :func:`strategies.stats.tuning.lam_max_mean`.  Returns the largest over groups."""
+    """``lam1_max``: a fusion level at which the clients' common fit solves the fused problem;
+    exact on a tree and an upper bound with cycles.
+
+    Parameters
+    ----------
+    grads : ndarray, shape (M, p, q)
+        Each client's gradient at that fit.
+    edges : ndarray of int, shape (E, 2), or None
+        The fusion graph (``None``: all pairs, weight 1).
+    weights : ndarray, shape (E,), or None
+        The edges' weights (``None``: 1).
+    grouping : {"row", "block"}
+        The groups: each row, or the whole matrix.
+    fusion : {"graph", "mean"}
+        Fusion over the edges (:func:`strategies.stats.tuning.lam_max`) or mean fusion
+        (:func:`strategies.stats.tuning.lam_max_mean`).
+
+    Returns
+    -------
+    float
+        The largest level over the groups.
+    """
     g = np.asarray(grads, dtype=float)
     m = g.shape[0]
     if edges is None:
@@ -161,12 +249,35 @@ def _snake(lam1s, lam2s) -> list[tuple[float, float]]:
 
 
 def auto_levels(cfg: RowFedConfig, method: str, powers, strategy, registry):
-    """The top of the path (a plan's stages, as ``yield from``): per site weighting in
-    ``powers``, a fit at ``Theta = 0`` gives each client's gradient there and so
-    :func:`sparsity_level`; ``N_LAM2`` levels below it; then the clients' common fit at the
-    smallest of them gives :func:`fusion_level` and ``N_LAM1`` levels from it down.  Returns
-    ``{power: [(lam1, lam2), ...]}`` in walking order (NonFed: ``lam1`` as ``cfg``'s), or
-    ``None`` when a fit gave no gradients."""
+    """The top of the path (a plan's stages, as ``yield from``): per site weighting, a fit at
+    ``Theta = 0`` gives each client's gradient there and so :func:`sparsity_level`;
+    ``N_LAM2`` levels below it; then the clients' common fit at the smallest of them gives
+    :func:`fusion_level` and ``N_LAM1`` levels from it down.
+
+    Parameters
+    ----------
+    cfg : RowFedConfig
+        The fit's settings (these fits run pqn, without inference).
+    method : str
+        The tuned method (NonFed's gradients come from RowFed's fits).
+    powers : sequence of float
+        The site weightings (``size_power``).
+    strategy : callable
+        ``strategy(cfg, registry, method)``: the strategy of a fit.
+    registry : Registry
+        The federation's registry.
+
+    Returns
+    -------
+    dict or None
+        ``{power: [(lam1, lam2), ...]}`` in walking order (NonFed: ``lam1`` as ``cfg``'s), or
+        ``None`` when a fit gave no gradients.
+
+    Yields
+    ------
+    Stage
+        The fits at ``Theta = 0``, then the common fits.
+    """
     from strategies.server.batch import Job, Stage
 
     base = cfg.replace(algorithm="pqn", inference="none")
@@ -214,8 +325,28 @@ def tune_gic(
     Grid order: ``lam1`` decreasing; ``lam2`` decreasing, then increasing, alternately (a
     snake), each fit starting from the previous fit's ``Theta`` (duals reset).  Each client
     uploads only its residual sum of squares (the evaluation round).  NonFed uses ``lam2``
-    only.  Returns the fit with the smallest GIC and the whole table (``lam1, lam2, gic,
-    rss, df, rounds, converged, objective, selected``).
+    only.
+
+    Parameters
+    ----------
+    cfg : RowFedConfig
+        The settings of every fit but its levels.
+    data : FederatedData
+        The clients' rows.
+    method : str
+        One of :data:`TUNABLE`.
+    lam1_grid, lam2_grid : sequence of float
+        The grids.
+    progress : callable, optional
+        ``progress(round, objective, residuals, elapsed)`` after every round of every fit.
+
+    Returns
+    -------
+    fit : MethodResult
+        The fit with the smallest GIC.
+    table : pandas.DataFrame
+        The whole table: ``lam1, lam2, gic, rss, df, rounds, converged, objective,
+        selected``.
     """
     levels = grid_levels(method, cfg, lam1_grid, lam2_grid)
     clients = data.make_clients()
@@ -249,7 +380,21 @@ def tune_gic(
 
 def gic_table(rows: list[dict], column: str = "gic") -> tuple[pd.DataFrame, int]:
     """The GIC table of a grid's rows with its ``selected`` column (the smallest
-    ``column``), and the chosen row."""
+    ``column``), and the chosen row.
+
+    Parameters
+    ----------
+    rows : list of dict
+        A row per grid point.
+    column : str, optional
+        The criterion.
+
+    Returns
+    -------
+    table : pandas.DataFrame
+    best : int
+        The chosen row's position.
+    """
     table = pd.DataFrame(rows)
     gics = table[column].to_numpy(dtype=float)
     if not np.isfinite(gics).any():
@@ -260,7 +405,21 @@ def gic_table(rows: list[dict], column: str = "gic") -> tuple[pd.DataFrame, int]
 
 
 def fold_data(data: rsources.FederatedData, folds, k: int) -> rsources.FederatedData:
-    """Each client's rows outside fold ``k`` for training, fold ``k`` as its test rows."""
+    """Each client's rows outside fold ``k`` for training, fold ``k`` as its test rows.
+
+    Parameters
+    ----------
+    data : FederatedData
+        The clients' rows.
+    folds : sequence of ndarray of int
+        Each client's fold of each row.
+    k : int
+        The fold.
+
+    Returns
+    -------
+    FederatedData
+    """
     clients = tuple(
         ClientSamples(c.site, c.x[f != k], c.y[f != k], c.x[f == k], c.y[f == k])
         for c, f in zip(data.clients, folds, strict=True)
@@ -306,10 +465,33 @@ def cross_validate(
     size_power_grid=None,
 ) -> pd.DataFrame:
     """Validation MSE for every setting and fold: ``fold``, the settings
-    (:func:`params_of`), ``val_mse, rounds, converged``.  The fused methods also try the
-    site weightings of :func:`strategies.stats.tuning.size_powers` (``size_power_grid``, else both
-    ends when the clients differ in size).  CV fits use ``opts.tol`` and
-    ``opts.max_rounds``."""
+    (:func:`params_of`), ``val_mse, rounds, converged``.
+
+    Parameters
+    ----------
+    cfg : RowFedConfig
+        The default settings.
+    data : FederatedData
+        The clients' rows.
+    method : str
+        One of :data:`CV_TUNABLE`.
+    lam1_grid, lam2_grid : sequence of float
+        The levels' grids (:func:`settings_grid`).
+    opts : CVOptions, optional
+        The folds, their seed, the worker processes and the progress; CV fits use
+        ``opts.tol`` and ``opts.max_rounds``.
+    knob_grid : str or sequence, optional
+        A comparator's knob values.
+    size_power_grid : str or sequence of float, optional
+        The site weightings the fused methods try
+        (:func:`strategies.stats.tuning.size_powers`; else both ends when the clients
+        differ in size).
+
+    Returns
+    -------
+    pandas.DataFrame
+        A row per fold and setting.
+    """
     opts = opts or tuning.CVOptions()
     if method not in CV_TUNABLE:
         raise InputError(f"tune: cv is available for {', '.join(CV_TUNABLE)}, not {method}")
@@ -339,11 +521,36 @@ def tune(
     knob_grid=None,
     size_power_grid=None,
 ) -> tuple[RowFedConfig, pd.DataFrame, pd.DataFrame]:
-    """Cross-validate; returns ``cfg`` at the chosen setting (lowest mean validation MSE,
-    or the ``1se`` rule: the largest ``lam1``, then ``lam2`` -- for a comparator ``lam2``,
-    then its knob's simpler end (:class:`strategies.stats.tuning.Knob`) -- within one standard
-    error), the per-fold
-    table (``cv.csv``) and the per-setting summary."""
+    """Cross-validate and choose the setting: the lowest mean validation MSE, or the ``1se``
+    rule: the largest ``lam1``, then ``lam2`` -- for a comparator ``lam2``, then its knob's
+    simpler end (:class:`strategies.stats.tuning.Knob`) -- within one standard error.
+
+    Parameters
+    ----------
+    cfg : RowFedConfig
+        The default settings.
+    data : FederatedData
+        The clients' rows.
+    method : str
+        One of :data:`CV_TUNABLE`.
+    lam1_grid, lam2_grid : sequence of float
+        The levels' grids.
+    opts : CVOptions, optional
+        As for :func:`cross_validate`; ``opts.rule`` chooses.
+    knob_grid : str or sequence, optional
+        A comparator's knob values.
+    size_power_grid : str or sequence of float, optional
+        The site weightings the fused methods try.
+
+    Returns
+    -------
+    cfg : RowFedConfig
+        ``cfg`` at the chosen setting.
+    table : pandas.DataFrame
+        The per-fold table (``cv.csv``).
+    summary : pandas.DataFrame
+        The per-setting summary.
+    """
     opts = opts or tuning.CVOptions()
     table = cross_validate(
         cfg, data, method, lam1_grid, lam2_grid, opts, knob_grid, size_power_grid

@@ -66,7 +66,22 @@ def _text(value) -> str:
 def convert(action: argparse.Action, name: str, value):
     """``value`` for the option ``action`` as its parser would have made it from text,
     checked as the parser checks it (its type, choices, a flag's True/False); a list for
-    a text option (a grid, the responses) is joined by commas."""
+    a text option (a grid, the responses) is joined by commas.
+
+    Parameters
+    ----------
+    action : argparse.Action
+        The option's action in the ``fit`` parser: its type, choices and default.
+    name : str
+        The parameter's name, which starts each error's message.
+    value : object
+        The value given from Python (``None``: the option's default).
+
+    Returns
+    -------
+    object
+        The value as the parser would have stored it: a number, a bool or text.
+    """
     if value is None:
         return action.default
     if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
@@ -100,8 +115,19 @@ def convert(action: argparse.Action, name: str, value):
 
 
 def as_frame(data, what: str) -> pd.DataFrame:
-    """``data`` (a data frame or a mapping of columns) as a data frame, else an error
-    naming ``what``."""
+    """``data`` as a data frame, else an error naming ``what``.
+
+    Parameters
+    ----------
+    data : pandas.DataFrame or mapping
+        A data frame, or a mapping of column names to columns.
+    what : str
+        The argument's name, which starts the error's message.
+
+    Returns
+    -------
+    pandas.DataFrame
+    """
     if isinstance(data, Mapping):
         data = pd.DataFrame(data)
     if not isinstance(data, pd.DataFrame):
@@ -116,9 +142,27 @@ def described(frame: pd.DataFrame) -> str:
 
 
 def as_csv(data, folder: str, name: str, what: str) -> tuple[str, str]:
-    """``data`` as a CSV file: a path is used as it is, a data frame (or a mapping of
-    columns) written into ``folder``; returns the path and how ``metrics.json`` names it
-    (empty: the file's own path)."""
+    """``data`` as a CSV file: a path is used as it is, a data frame written into ``folder``.
+
+    Parameters
+    ----------
+    data : str, os.PathLike, pandas.DataFrame or mapping
+        A CSV path, a data frame, or a mapping of column names to columns.
+    folder : str
+        The directory a data frame is written into.
+    name : str
+        The file's stem: a data frame is written to ``folder/<name>.csv``.
+    what : str
+        The argument's name, which starts an error's message.
+
+    Returns
+    -------
+    path : str
+        The CSV file's path.
+    named : str
+        How ``metrics.json`` names the data: empty for a path (the file's own path), else
+        the data frame's shape (:func:`described`).
+    """
     if isinstance(data, (str, os.PathLike)):
         return os.fspath(data), ""
     data = as_frame(data, what)
@@ -376,8 +420,20 @@ class FederatedModel:
 
     # -- scoring ------------------------------------------------------------------------------
     def predict_table(self, data, **options) -> pd.DataFrame:
-        """The table ``predict`` writes for ``data`` (a data frame or CSV path with the
-        site column and the features): ``row``, the site, the outputs."""
+        """The table ``predict`` writes for ``data``: ``row``, the site, the outputs.
+
+        Parameters
+        ----------
+        data : pandas.DataFrame or str
+            A data frame or CSV path with the site column and the features.
+        **options
+            The method's own options of ``predict`` (none by default: a name given is an
+            :class:`~strategies.errors.InputError`).
+
+        Returns
+        -------
+        pandas.DataFrame
+        """
         from .stats.predict import predicted_rows
 
         self._check_fitted()

@@ -33,7 +33,16 @@ def _task(context: Context) -> str:
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     """The method's server side; bad input (a setting, or a site's data or node config) is
-    logged as one line naming the field (and the site) and fails the run."""
+    logged as one line naming the field (and the site) and fails the run.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The grid that carries the messages to the sites.
+    context : flwr.app.Context
+        The run's context; its run config's ``task`` (``grauc`` by default, or ``rowfed``)
+        picks the method.
+    """
     try:
         if _task(context) == "grauc":
             from grauc_flower.app import run

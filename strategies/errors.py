@@ -20,7 +20,19 @@ class SiteInputError(InputError):
 
 
 def at_site(site: str, error: Exception) -> InputError:
-    """``error`` as it leaves site ``site`` (marked so the server can name the site)."""
+    """``error`` as it leaves site ``site`` (marked so the server can name the site).
+
+    Parameters
+    ----------
+    site : str
+        The site's name.
+    error : Exception
+        The error; its message follows the mark.
+
+    Returns
+    -------
+    InputError
+    """
     return InputError(f"{SITE_MARK}{site}: {error}")
 
 
@@ -74,7 +86,21 @@ def file_line(index: int) -> str:
 
 def bad_cell(column: str, raw, index: int) -> str:
     """``column 'x1' has a non-numeric value ('abc') at line 9 of the file`` (or a missing,
-    or an infinite, value) for the table cell ``raw`` of data row ``index`` (0-based)."""
+    or an infinite, value) for a table cell.
+
+    Parameters
+    ----------
+    column : str
+        The cell's column.
+    raw : object
+        The cell's value as read (shown when it is non-numeric).
+    index : int
+        The cell's data row, 0-based (:func:`file_line`).
+
+    Returns
+    -------
+    str
+    """
     kind = kind_of_bad(raw)
     shown = f" ({plain(raw)})" if kind == "non-numeric" else ""
     article = "an" if kind == "infinite" else "a"

@@ -75,7 +75,20 @@ class Section:
 
 
 def text(message: str, note: bool = False) -> str:
-    """A paragraph (escaped)."""
+    """A paragraph (escaped).
+
+    Parameters
+    ----------
+    message : str
+        The paragraph's text.
+    note : bool, optional
+        In the smaller, grey style of a note.
+
+    Returns
+    -------
+    str
+        The HTML.
+    """
     cls = ' class="note"' if note else ""
     return f"<p{cls}>{html.escape(message)}</p>"
 
@@ -107,8 +120,20 @@ def _cell(value) -> str:
 
 
 def table(frame: pd.DataFrame, max_rows: int = 60) -> str:
-    """A table (numbers to 4 significant digits; text left-aligned); at most ``max_rows``
-    rows, with a note of how many more the file has."""
+    """A table (numbers to 4 significant digits; text left-aligned).
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        The rows.
+    max_rows : int, optional
+        At most this many rows, with a note of how many more the file has.
+
+    Returns
+    -------
+    str
+        The HTML.
+    """
     shown = frame.head(max_rows)
     numeric = [pd.api.types.is_numeric_dtype(shown[c]) for c in shown.columns]
     head = "".join(
@@ -143,7 +168,24 @@ def _value(v) -> str:
 
 
 def write_page(path: str, title: str, subtitle: str, sections: Sequence[Section]) -> str:
-    """Write the page to ``path`` (through a temporary file) and return the path."""
+    """Write the page to ``path`` (through a temporary file) and return the path.
+
+    Parameters
+    ----------
+    path : str
+        The HTML file.
+    title : str
+        The page's title and heading.
+    subtitle : str
+        The line under the heading.
+    sections : sequence of Section
+        The sections in order, each linked from the navigation bar.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
     nav = "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in sections)
     body = "".join(
         f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>{s.body}</section>' for s in sections
@@ -209,7 +251,24 @@ def fig_cv_curve(summary: pd.DataFrame, params: Sequence[str], chosen: dict, lab
     the most values, one line per setting of the others; the chosen setting starred.  With
     more than ``CV_LINES_IN_COLOUR`` settings of the others, only the chosen setting's line
     is in colour (with its band), the others thin and grey (their grids along the x axis
-    may differ: GrAUC-PFL's λ path is scaled to each setting's own λ_max)."""
+    may differ: GrAUC-PFL's λ path is scaled to each setting's own λ_max).
+
+    Parameters
+    ----------
+    summary : pandas.DataFrame
+        A row per setting: the ``params``, ``mean`` and ``se``
+        (:func:`strategies.stats.tuning.summarize`).
+    params : sequence of str
+        The tuned parameters.
+    chosen : dict
+        The chosen value of each parameter.
+    label : str
+        The score's name: the y axis' label (and the line's, without other parameters).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
     plt = pyplot()
     counts = [summary[p].nunique() for p in params]
     x_param = params[int(np.argmax(counts))]
@@ -295,9 +354,29 @@ def fig_forest(
     xlabel: str,
     reference: float | None = None,
 ):
-    """A forest plot: one row per ``label``, the estimate with its ``lower``-``upper``
-    interval (when the frame has them), a dashed line at ``reference`` (default: the mean
-    of the estimates); one panel per value of ``panel``."""
+    """A forest plot: one row per value of ``label``, the estimate with its ``lower``-``upper``
+    interval (when the frame has them), a dashed line at ``reference``; one panel per value
+    of ``panel``.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        The rows to draw.
+    label : str
+        The column naming each row.
+    estimate : str
+        The column of the estimates.
+    panel : str or None
+        The column whose values split the panels (``None``: one panel).
+    xlabel : str
+        The x axis' label.
+    reference : float, optional
+        Where the dashed line is drawn (default: the mean of the estimates).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
     plt = pyplot()
     panels = list(dict.fromkeys(frame[panel])) if panel else [None]
     rows = list(dict.fromkeys(frame[label]))
@@ -341,7 +420,19 @@ ID_COLUMNS = ("site", "site_u", "site_v", "client")
 
 
 def read_csv(out_dir: str, name: str) -> pd.DataFrame | None:
-    """``out_dir/name`` (identifiers as text), or None when the fit did not write it."""
+    """``out_dir/name`` (identifiers as text), or None when the fit did not write it.
+
+    Parameters
+    ----------
+    out_dir : str
+        The fit's directory.
+    name : str
+        The file's name.
+
+    Returns
+    -------
+    pandas.DataFrame or None
+    """
     path = os.path.join(out_dir, name)
     if not os.path.isfile(path):
         return None
@@ -350,7 +441,21 @@ def read_csv(out_dir: str, name: str) -> pd.DataFrame | None:
 
 def cv_section(out_dir: str, metrics: dict, params: Sequence[str]) -> Section:
     """The cross-validation curve from ``cv.csv`` and ``metrics.json`` (or a line saying
-    the fit was not tuned)."""
+    the fit was not tuned).
+
+    Parameters
+    ----------
+    out_dir : str
+        The fit's directory.
+    metrics : dict
+        Its ``metrics.json`` (``tuned`` and ``cv``).
+    params : sequence of str
+        The tuned settings' names (those that are columns of ``cv.csv`` are drawn).
+
+    Returns
+    -------
+    Section
+    """
     from .stats.tuning import summarize
 
     cv = read_csv(out_dir, "cv.csv")
@@ -379,6 +484,20 @@ def cv_section(out_dir: str, metrics: dict, params: Sequence[str]) -> Section:
 
 
 def convergence_section(out_dir: str, metrics: dict) -> Section:
+    """The convergence figure from ``history.csv`` (:func:`fig_convergence`), or a line saying
+    the method is fitted in one round.
+
+    Parameters
+    ----------
+    out_dir : str
+        The fit's directory.
+    metrics : dict
+        Its ``metrics.json`` (``method``, ``converged``, ``rounds``).
+
+    Returns
+    -------
+    Section
+    """
     history = read_csv(out_dir, "history.csv")
     title = "Convergence"
     if history is None or history.empty:
@@ -397,8 +516,25 @@ MAX_INTERVALS = 60
 def inference_block(out_dir: str, metrics: dict, entity: str, refit: str) -> str:
     """With ``--inference oracle`` (either method): a forest plot of the refit's distinct
     coefficients from ``inference.csv`` -- one row per feature (and response) and group of
-    ``entity`` values sharing it, ordered by feature -- under a sentence naming the ``refit``
-    and its intervals; '' without the file, the reason when the refit gave none."""
+    ``entity`` values sharing it, ordered by feature -- under a sentence naming the refit
+    and its intervals.
+
+    Parameters
+    ----------
+    out_dir : str
+        The fit's directory.
+    metrics : dict
+        Its ``metrics.json``: ``inference`` gives the level, or the reason for no intervals.
+    entity : str
+        The column of ``inference.csv`` naming the sites or clients (``site``, ``client``).
+    refit : str
+        What the refit is, for the sentence.
+
+    Returns
+    -------
+    str
+        The HTML; '' without ``inference.csv``, the reason when the refit gave none.
+    """
     info = metrics.get("inference") or {}
     table = read_csv(out_dir, "inference.csv")
     if table is None:
@@ -464,10 +600,29 @@ def fit_report(
     method_sections: dict[str, Section],
     params: Sequence[str],
 ) -> str:
-    """Write ``out_dir/report.html`` for a fit (``metrics``: its :func:`read_metrics`):
-    ``summary`` (name, value pairs), the method's ``data``, ``map``, ``coefficients`` and
-    ``accuracy`` sections, and the shared CV curve (``params``: the tuned settings'
-    names), convergence and settings."""
+    """Write ``out_dir/report.html`` for a fit: the summary, the method's sections, and the
+    shared CV curve, convergence and settings.
+
+    Parameters
+    ----------
+    out_dir : str
+        The fit's directory.
+    metrics : dict
+        Its :func:`read_metrics`.
+    title : str
+        The page's title.
+    summary : sequence of (str, object)
+        The summary's name, value pairs.
+    method_sections : dict of str to Section
+        The method's ``data``, ``map``, ``coefficients`` and ``accuracy`` sections.
+    params : sequence of str
+        The tuned settings' names, for the CV curve.
+
+    Returns
+    -------
+    str
+        The page's path.
+    """
     sections = {
         "summary": Section("summary", "Summary", pairs(summary)),
         **method_sections,
@@ -490,7 +645,28 @@ def study_report(
     caption: str | None = None,
 ) -> str:
     """Write ``out/report.html`` for a study: the summary table, every figure, the design
-    and settings (``results``: the finished tasks' rows, for the counts)."""
+    and settings.
+
+    Parameters
+    ----------
+    out : str
+        The study's output directory.
+    study : Study
+        The parsed config: its cells, replications, seed and settings.
+    results : pandas.DataFrame
+        The finished tasks' rows, for the counts.
+    summary_table : pandas.DataFrame
+        The table of the summary section (``summary_table.csv``).
+    figures : sequence of str
+        The figures' PNG files (none: a line saying the study ran without figures).
+    caption : str, optional
+        The summary table's caption (default: mean (SD) over replications).
+
+    Returns
+    -------
+    str
+        The page's path.
+    """
     name = os.path.basename(os.path.abspath(out))
     keys = list(study.keys)
     n_cells = len(results.drop_duplicates(keys)) if keys else 1
@@ -546,7 +722,20 @@ def add_report_parser(sub) -> None:
 
 
 def cmd_report(args, builder: Callable[[str], str]) -> int:
-    """``report``: rebuild ``report.html`` in the fit's directory; prints one line."""
+    """``report``: rebuild ``report.html`` in the fit's directory; prints one line.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The ``report`` subcommand's options: ``model``, the fit's directory.
+    builder : callable
+        ``builder(out_dir) -> path``: the method's report (its ``fit_report``).
+
+    Returns
+    -------
+    int
+        The exit code, 0.
+    """
     from .errors import InputError
 
     out_dir = args.model

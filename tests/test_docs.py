@@ -78,3 +78,59 @@ def test_deployment_plan_in_the_docs_is_the_plan_commands_output(tmp_path, monke
     assert capsys.readouterr().out == _block_after(text, "plan-output")
     for name in ("config.toml", "run_config.toml"):
         assert (tmp_path / "plan" / name).is_file()
+
+
+def _public_callables():
+    """``(qualified name, function)`` of every public function and method of the three
+    packages that takes two or more parameters and does not override a base class's
+    method (an override inherits its base's documentation)."""
+    import inspect
+    import pkgutil
+
+    for pkg in ("strategies", "grauc_flower", "rowfed_flower"):
+        root = importlib.import_module(pkg)
+        names = [pkg] + [m.name for m in pkgutil.walk_packages(root.__path__, f"{pkg}.")]
+        for name in names:
+            if name.endswith("__main__"):
+                continue
+            module = importlib.import_module(name)
+            for attr, obj in vars(module).items():
+                if attr.startswith("_") or getattr(obj, "__module__", None) != name:
+                    continue
+                if inspect.isfunction(obj):
+                    yield f"{name}.{attr}", obj
+                elif inspect.isclass(obj):
+                    for meth, fn in vars(obj).items():
+                        fn = getattr(fn, "__func__", fn)
+                        if meth.startswith("_") or not inspect.isfunction(fn):
+                            continue
+                        if any(meth in vars(base) for base in obj.__mro__[1:]):
+                            continue
+                        yield f"{name}.{attr}.{meth}", fn
+
+
+def _parameters(fn) -> list[str]:
+    import inspect
+
+    return [p for p in inspect.signature(fn).parameters if p not in ("self", "cls")]
+
+
+def test_public_functions_document_their_parameters():
+    """numpydoc: every public function and method of two or more parameters has a
+    ``Parameters`` section that names each of them."""
+    checked, missing = 0, []
+    for qualname, fn in _public_callables():
+        params = _parameters(fn)
+        if len(params) < 2:
+            continue
+        checked += 1
+        doc = fn.__doc__ or ""
+        if "Parameters\n" not in doc:
+            missing.append(qualname)
+            continue
+        section = doc.split("Parameters\n", 1)[1]
+        absent = [p for p in params if p.lstrip("*") not in section]
+        if absent:
+            missing.append(f"{qualname}: {absent}")
+    assert checked > 300
+    assert missing == []

@@ -14,7 +14,21 @@ def answer_properties(client, config) -> dict:
     """A view's registration properties (the client's ``get_properties`` for a config that
     carries :data:`VIEW_FIELD`); for a list of views, every view's, each key prefixed with
     the view's place in the list (``"2:n"``): the registrations of a stage's views in one
-    message."""
+    message.
+
+    Parameters
+    ----------
+    client : SiteClient
+        The site's client; ``client.view(spec)`` gives the client of a view.
+    config : dict
+        The message's config; its :data:`VIEW_FIELD` holds one view (a JSON object) or a
+        list of views (a JSON array).
+
+    Returns
+    -------
+    dict
+        The view's properties, or every view's with its keys prefixed by ``"<place>:"``.
+    """
     view = json.loads(str(config[VIEW_FIELD]))
     if isinstance(view, dict):
         return client.view(view).get_properties({})
@@ -27,7 +41,28 @@ def answer_properties(client, config) -> dict:
 
 def answer_fit(client, parameters, config) -> tuple[list, int, dict]:
     """Every job's instruction of a batched fit message, each by the client of its view;
-    the answers' arrays one after the other, their metrics in one JSON field."""
+    the answers' arrays one after the other, their metrics in one JSON field.
+
+    Parameters
+    ----------
+    client : SiteClient
+        The site's client; ``client.view(spec)`` gives the client of a job's view.
+    parameters : list of ndarray
+        The jobs' arrays one after the other; a job's record says how many are its own
+        (``n``).
+    config : dict
+        The message's config: the jobs' records encoded in :data:`FIELD`, and the ``site``.
+
+    Returns
+    -------
+    arrays : list of ndarray
+        Every job's answer arrays, in the order of the jobs.
+    n : int
+        The largest row count among the jobs' answers.
+    metrics : dict
+        The ``site`` and, under :data:`FIELD`, each job's record (``job``, its number of
+        arrays ``n``, its row count ``num`` and its metrics ``config``), encoded.
+    """
     arrays: list = []
     records = []
     n_total = 0
@@ -46,7 +81,30 @@ def answer_fit(client, parameters, config) -> tuple[list, int, dict]:
 def answer_evaluate(client, parameters, config) -> tuple[float, int, dict]:
     """Every job's evaluation of a batched evaluate message, each on its view's held-out
     rows; the scores of the jobs of one ``group`` (one setting, all folds) are pooled by
-    the client (``client.pool``), so a criterion can rank all its held-out rows together."""
+    the client (``client.pool``), so a criterion can rank all its held-out rows together.
+
+    Parameters
+    ----------
+    client : SiteClient
+        The site's client; ``client.view(spec)`` gives the client of a job's view, and
+        ``client.oof_part`` and ``client.pool`` give and pool a job's held-out scores.
+    parameters : list of ndarray
+        The jobs' arrays one after the other; a job's record says how many are its own
+        (``n``).
+    config : dict
+        The message's config: the jobs' records encoded in :data:`FIELD`, and the ``site``.
+
+    Returns
+    -------
+    loss : float
+        Always 0.0 (each job's loss is in its record).
+    n : int
+        Always 0.
+    metrics : dict
+        The ``site``; under :data:`FIELD`, each job's record (``job``, ``loss``, its row
+        count ``num`` and its metrics ``config`` with the ``loss``), encoded; under
+        ``pooled``, each group's pooled criteria, encoded.
+    """
     records = []
     parts: dict[str, list] = {}
     at = 0

@@ -91,7 +91,24 @@ class Guards:
         """The floors that ``n`` rows (``classes``: rows of each class the site has) miss,
         as ``(key, rows, floor, what)``: ``what`` is empty for taking part, ``class <name>``
         for a class's rows, and ``moments`` (what a run asks second moments for, if any) for
-        sending second moments of ``p`` features.  The one place the floors are compared."""
+        sending second moments of ``p`` features.  The one place the floors are compared.
+
+        Parameters
+        ----------
+        n : int
+            The site's rows.
+        classes : dict of str to int, optional
+            Rows of each class the site has; a class with no rows misses no floor.
+        p : int, optional
+            The features of a second moment.
+        moments : str, optional
+            What second moments are asked for; empty: none, and their floor is not checked.
+
+        Returns
+        -------
+        list of tuple of (str, int, int, str)
+            One ``(key, rows, floor, what)`` per floor missed, ``key`` its node-config key.
+        """
         out = []
         if n < self.min_rows:
             out.append(("min-rows", n, self.min_rows, ""))
@@ -106,7 +123,24 @@ class Guards:
         self, n: int, classes: dict[str, int] | None = None, p: int = 0, moments: str = ""
     ) -> list[str]:
         """What a site of ``n`` rows would refuse at these floors (:meth:`misses`), one
-        phrase each."""
+        phrase each.
+
+        Parameters
+        ----------
+        n : int
+            The site's rows.
+        classes : dict of str to int, optional
+            Rows of each class the site has.
+        p : int, optional
+            The features of a second moment.
+        moments : str, optional
+            What second moments are asked for; empty: their floor is not checked.
+
+        Returns
+        -------
+        list of str
+            One phrase per floor missed (``"<key>: <rows>, floor <floor>"``).
+        """
         out = []
         for key, rows, floor, what in self.misses(n, classes, p, moments):
             of = f" of {what}" if what.startswith("class ") else ""
@@ -145,7 +179,17 @@ class Guards:
 
     def check_rows(self, site: str, n: int, classes: dict[str, int] | None = None) -> None:
         """Refuse to take part (raise, marked with ``site``) when the rows, or the rows of
-        a class the site has, are below their floor (:meth:`misses`)."""
+        a class the site has, are below their floor (:meth:`misses`).
+
+        Parameters
+        ----------
+        site : str
+            The site's name, as the error is marked with.
+        n : int
+            The site's rows.
+        classes : dict of str to int, optional
+            Rows of each class the site has.
+        """
         for key, rows, floor, what in self.misses(n, classes):
             of = f" of {what}" if what else ""
             raise at_site(site, InputError(
@@ -155,7 +199,19 @@ class Guards:
 
     def check_moments(self, site: str, n: int, p: int, what: str) -> None:
         """Refuse to send a second moment (``what``) of ``p`` features from ``n`` rows
-        below :meth:`moment_floor`."""
+        below :meth:`moment_floor`.
+
+        Parameters
+        ----------
+        site : str
+            The site's name, as the error is marked with.
+        n : int
+            The rows the second moment is computed from.
+        p : int
+            The features of the second moment.
+        what : str
+            What the second moment is, as the refusal names it.
+        """
         for key, rows, floor, _ in self.misses(n, p=p, moments=what):
             if key != "min-rows-per-feature":
                 continue  # taking part was settled at registration
@@ -169,7 +225,18 @@ class Guards:
 def refuse_moments(registry, sites, needs: str) -> None:
     """Before the first round of a run that needs second moments (``needs``: the setting
     that asks for them): an :class:`~strategies.errors.InputError` naming the sites whose
-    guard refuses them (their rows below the floor they reported at registration)."""
+    guard refuses them (their rows below the floor they reported at registration).
+
+    Parameters
+    ----------
+    registry : Registry
+        The server's registry: each site's rows and the :data:`MOMENT_FLOOR` it reported
+        (0 when it reported none).
+    sites : iterable of str
+        The sites of the run.
+    needs : str
+        The setting that asks for second moments, as the error names it.
+    """
     low = []
     for s in sites:
         info = registry.sites[s]

@@ -54,19 +54,86 @@ class SiteClient(NumPyClient):
         raise NotImplementedError
 
     def loss_and_grad(self, f, x):
+        """The datafit's loss and gradient at ``x`` (by default ``f.value_and_grad``).
+
+        Parameters
+        ----------
+        f : datafit
+            The site's datafit (:meth:`datafit`).
+        x : ndarray
+            The coefficients, one block.
+
+        Returns
+        -------
+        loss : float
+            ``f(x)``.
+        grad : ndarray
+            The gradient of ``f`` at ``x``, shaped as ``x``.
+        """
         return f.value_and_grad(x)
 
     def local_fit(self, f, config):
-        """The ``local`` task's answer: the site's own fit."""
+        """The ``local`` task's answer: the site's own fit.
+
+        Parameters
+        ----------
+        f : datafit
+            The site's datafit (:meth:`datafit`).
+        config : dict
+            The fit instruction's config.
+
+        Returns
+        -------
+        ndarray
+            The site's own coefficients.
+        """
         raise NotImplementedError
 
     def local_steps(self, f, start, steps: int, lr: float, proximal_mu: float, config):
-        """FedAvg's local work from ``start`` (FedProx's term when ``proximal_mu > 0``)."""
+        """FedAvg's local work from ``start`` (FedProx's term when ``proximal_mu > 0``).
+
+        Parameters
+        ----------
+        f : datafit
+            The site's datafit (:meth:`datafit`).
+        start : ndarray
+            The model the steps start from (the server's, or IFCA's chosen one).
+        steps : int
+            The number of local steps.
+        lr : float
+            The step size.
+        proximal_mu : float
+            FedProx's proximal weight toward ``start`` (0: FedAvg).
+        config : dict
+            The fit instruction's config.
+
+        Returns
+        -------
+        ndarray
+            The coefficients after the steps.
+        """
         raise NotImplementedError
 
     def personal_fit(self, f, w, mu: float, config):
         """Ditto's personal model: ``argmin f(b) + (mu/2) ||b - w||^2`` (with the method's
-        own penalty)."""
+        own penalty).
+
+        Parameters
+        ----------
+        f : datafit
+            The site's datafit (:meth:`datafit`).
+        w : ndarray
+            The global model the personal one is pulled toward.
+        mu : float
+            The weight of the pull.
+        config : dict
+            The fit instruction's config.
+
+        Returns
+        -------
+        ndarray
+            The personal coefficients.
+        """
         raise NotImplementedError
 
     # -- shared -----------------------------------------------------------------------------

@@ -53,7 +53,20 @@ CURVATURE_CHOICES = ("learned", "exact")
 
 def fedavg_settings(step: str, default_lr: str) -> tuple:
     """The FedAvg comparator's three settings, the same for both methods: rounds, local
-    steps per round and their step size (0: the site's own ``default_lr``)."""
+    steps per round and their step size (0: the site's own default).
+
+    Parameters
+    ----------
+    step : str
+        The kind of local step, as the help names it (``"gradient"``).
+    default_lr : str
+        How the help names the step size a site uses for 0 (``"1/mu_z per site"``).
+
+    Returns
+    -------
+    tuple of dataclasses.Field
+        The rounds, local steps and step size settings (:func:`setting`).
+    """
     return (
         setting(100, "FedAvg rounds >= 1", at_least=1),
         setting(5, f"local {step} steps >= 1", at_least=1),

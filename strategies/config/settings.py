@@ -31,16 +31,41 @@ def setting(
     **extra,
 ):
     """A settings field: its default, a one-line help, for a choice the values allowed, and
-    for a number its range (``at_least``/``above`` a lower bound, closed/open;
-    ``at_most``/``below`` an upper bound, closed/open).  The run config, the command line
-    and validation are derived from these.
+    for a number its range.  The run config, the command line and validation are derived
+    from these.
 
-    ``key``: its run-config name after the class's prefix when that is not the field's
-    name with dashes (``False``: no run-config key); ``top``: the key has no prefix (the
-    run's ``seed``); ``flag``: for a class whose fields are not all command-line options
-    (the data specs), the ``fit`` option that sets it (``--flag``), shown with ``metavar``;
-    ``words``: strings a number setting of a study table may also be (``"nonfed"``).
-    ``extra``: :func:`listing`'s metadata."""
+    Parameters
+    ----------
+    default : object
+        The field's default value.
+    help : str
+        One line of help.
+    choices : tuple of str, optional
+        The values allowed (a choice setting).
+    at_least, above : float, optional
+        A lower bound, closed / open.
+    at_most, below : float, optional
+        An upper bound, closed / open.
+    key : str or bool, optional
+        Its run-config name after the class's prefix when that is not the field's name with
+        dashes (``False``: no run-config key).
+    top : bool, optional
+        The key has no prefix (the run's ``seed``).
+    flag : str, optional
+        For a class whose fields are not all command-line options (the data specs), the
+        ``fit`` option that sets it (``--flag``).
+    metavar : str, optional
+        How the help shows ``flag``'s value.
+    words : tuple of str, optional
+        Strings a number setting of a study table may also be (``"nonfed"``).
+    **extra
+        :func:`listing`'s metadata.
+
+    Returns
+    -------
+    dataclasses.Field
+        A field with ``default`` whose metadata holds all of the above.
+    """
     bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
     names = {"key": key, "top": top, "flag": flag, "metavar": metavar, "words": words, **extra}
     return field(default=default, metadata={"help": help, "choices": choices, **bounds, **names})
@@ -61,13 +86,39 @@ def listing(
     repeats: bool = False,
 ):
     """A list setting of a study config's table (a grid, a list of names): a tuple of
-    ``items`` (``float``, ``int``, ``str``, or ``code``: text or an integer, kept as text),
-    each in its declared range or choices.  The TOML value is a list, or one value for a
-    list of one (``str``: also a comma-separated string); ``nonempty``: an empty list is an
-    error; numbers are kept once each (``descending``: sorted so), names must be distinct,
-    unless the values may ``repeat`` (a list of counts, kept as given);
-    ``spaced``: also ``{max, min, num}``, ``num`` log-spaced values; ``words``: strings that
-    stand for the empty tuple (decided elsewhere, e.g. ``"auto"``)."""
+    ``items``, each in its declared range or choices.  The TOML value is a list, or one
+    value for a list of one (``str``: also a comma-separated string); numbers are kept once
+    each, names must be distinct, unless the values may repeat.
+
+    Parameters
+    ----------
+    default : tuple
+        The setting's default.
+    help : str
+        One line of help.
+    items : str, optional
+        The type of each value: ``float``, ``int``, ``str``, or ``code`` (text or an
+        integer, kept as text).
+    choices : tuple of str, optional
+        The values allowed for each item.
+    at_least, at_most : float, optional
+        Closed lower and upper bounds of each number.
+    nonempty : bool, optional
+        An empty list is an error.
+    descending : bool, optional
+        The numbers are sorted in descending order.
+    spaced : bool, optional
+        The value may also be a table ``{max, min, num}``: ``num`` log-spaced values.
+    words : tuple of str, optional
+        Strings that stand for the empty tuple (decided elsewhere, e.g. ``"auto"``).
+    repeats : bool, optional
+        The values may repeat (a list of counts) and are kept as given.
+
+    Returns
+    -------
+    dataclasses.Field
+        The field, as :func:`setting` builds it, with the list's metadata.
+    """
     extra = {"items": items, "nonempty": nonempty, "descending": descending, "spaced": spaced,
              "repeats": repeats}  # fmt: skip
     return setting(default, help, choices, at_least=at_least, at_most=at_most, words=words,
@@ -75,8 +126,20 @@ def listing(
 
 
 def config_key(f, prefix: str = "") -> str | None:
-    """The run-config key of settings field ``f`` under ``prefix`` (``"grauc"``: keys
-    ``grauc.<name>``), or ``None`` for a field that has none (:func:`setting`)."""
+    """The run-config key of a settings field.
+
+    Parameters
+    ----------
+    f : dataclasses.Field
+        A field declared with :func:`setting`.
+    prefix : str, optional
+        The class's prefix (``"grauc"``: keys ``grauc.<name>``); empty: no prefix.
+
+    Returns
+    -------
+    str or None
+        The key, or ``None`` for a field that has none (:func:`setting`).
+    """
     key = f.metadata.get("key")
     if key is False:
         return None
@@ -109,6 +172,19 @@ def _range(meta) -> tuple[object, str] | None:
 
 
 def require(cond: bool, key: str, msg: str, value) -> None:
+    """Raise an :class:`InputError` ``<key>: <msg>, got <value>`` unless ``cond`` holds.
+
+    Parameters
+    ----------
+    cond : bool
+        The check that must hold.
+    key : str
+        The setting the error names.
+    msg : str
+        What the value must be.
+    value : object
+        The value given (a numpy scalar is shown as its plain Python value).
+    """
     if not cond:
         if hasattr(value, "dtype") and hasattr(value, "item"):  # a numpy scalar: plain repr
             value = value.item()
@@ -169,9 +245,21 @@ class Section(Declared):
 
     @classmethod
     def from_run_config(cls, run_config: dict, **fixed):
-        """The settings of a run config's keys under the prefix (``fixed``: fields set
-        from elsewhere); an unknown key, a wrong type or a value out of its declared range
-        is an error naming the key."""
+        """The settings of a run config's keys under the prefix; an unknown key, a wrong
+        type or a value out of its declared range is an error naming the key.
+
+        Parameters
+        ----------
+        run_config : dict
+            A Flower run config.
+        **fixed
+            Fields set from elsewhere.
+
+        Returns
+        -------
+        Section
+            An instance of the class.
+        """
         return from_run_config(cls, run_config, cls.prefix, **fixed)
 
     def to_run_config(self) -> dict:
@@ -235,8 +323,24 @@ def _table_list(f, value, key: str) -> tuple:
 
 
 def table_value(f, value, key: str):
-    """The TOML ``value`` of a study table's field ``f`` as the field holds it; a value of
-    the wrong type is an error naming ``key`` (the range checks follow on construction)."""
+    """The TOML value of a study table's field as the field holds it; a value of the wrong
+    type is an error naming ``key`` (the range checks follow on construction).
+
+    Parameters
+    ----------
+    f : dataclasses.Field
+        The field.
+    value : object
+        Its TOML value.
+    key : str
+        How an error names the setting (``<table>.<key>``).
+
+    Returns
+    -------
+    object
+        The value: a tuple for a :func:`listing` setting (``()`` for one of its ``words``), a
+        ``float`` for a number field, otherwise ``value`` itself.
+    """
     words = f.metadata.get("words", ())
     if isinstance(value, str) and value in words:
         return () if f.metadata.get("items") else value
@@ -255,11 +359,25 @@ class Table(Declared):
 
     @classmethod
     def from_table(cls, table, by_hand: tuple[str, ...] = (), prefix: str | None = None):
-        """The settings of the TOML ``table``: each key a field with a value of its type
-        (no bool for a number; :func:`table_value`), or one of ``by_hand`` (tables the
-        caller reads); anything else is an error naming ``<table>.<key>``, as is a value
-        out of its declared range.  ``prefix``: the table's name when it is not the class's
-        (one declaration for several tables, as a study's per-method grids)."""
+        """The settings of a TOML table: each key a field with a value of its type (no bool
+        for a number; :func:`table_value`), or one of ``by_hand``; anything else is an error
+        naming ``<table>.<key>``, as is a value out of its declared range.
+
+        Parameters
+        ----------
+        table : dict
+            The TOML table.
+        by_hand : tuple of str, optional
+            Keys the caller reads (tables); they are skipped.
+        prefix : str, optional
+            The table's name when it is not the class's (one declaration for several
+            tables, as a study's per-method grids).
+
+        Returns
+        -------
+        Table
+            An instance of the class.
+        """
         prefix = prefix or cls.prefix
         if not isinstance(table, dict):
             raise InputError(f"{prefix}: expected a table")
@@ -309,9 +427,26 @@ def _coerce(cls, key: str, value, name: str | None = None):
 
 
 def from_run_config(cls, run_config: dict, prefix: str, **fixed):
-    """Build ``cls`` from a Flower run config (each field's :func:`config_key` under
-    ``prefix``; ``fixed``: fields set from elsewhere); a key under ``prefix`` that names no
-    field is an error naming it."""
+    """Build a settings class from a Flower run config; a key under ``prefix`` that names no
+    field is an error naming it.
+
+    Parameters
+    ----------
+    cls : type
+        A settings dataclass.
+    run_config : dict
+        The run config; each field is read from its :func:`config_key` under ``prefix`` and
+        coerced to the field's type.
+    prefix : str
+        The keys' prefix.
+    **fixed
+        Fields set from elsewhere.
+
+    Returns
+    -------
+    object
+        An instance of ``cls``.
+    """
     at = {config_key(f, prefix): f.name for f in fields(cls)}
     at.pop(None, None)
     kwargs = dict(fixed)
@@ -324,7 +459,20 @@ def from_run_config(cls, run_config: dict, prefix: str, **fixed):
 
 
 def to_run_config(cfg, prefix: str) -> dict:
-    """The inverse of :func:`from_run_config` (for ``flwr run --run-config``)."""
+    """The inverse of :func:`from_run_config` (for ``flwr run --run-config``).
+
+    Parameters
+    ----------
+    cfg : object
+        A settings dataclass instance.
+    prefix : str
+        The keys' prefix.
+
+    Returns
+    -------
+    dict
+        Each field's value by its :func:`config_key`; fields without a key are left out.
+    """
     out = {}
     for f in fields(cfg):
         key = config_key(f, prefix)
@@ -334,6 +482,21 @@ def to_run_config(cfg, prefix: str) -> dict:
 
 
 def parse_methods(value: str, allowed: tuple[str, ...]) -> list[str]:
+    """The methods of a comma-separated list; an empty list or a name not allowed is an
+    :class:`InputError` naming ``method``.
+
+    Parameters
+    ----------
+    value : str
+        The comma-separated method names (spaces around a name are dropped).
+    allowed : tuple of str
+        The method names allowed.
+
+    Returns
+    -------
+    list of str
+        The names, in the order given.
+    """
     methods = [m.strip() for m in str(value).split(",") if m.strip()]
     if not methods:
         raise InputError(f"method: give one or more of {', '.join(allowed)}")

@@ -63,7 +63,20 @@ def crime_table(path: str = "") -> tuple[pd.DataFrame, np.ndarray]:
 
 def crime_predictors(df: pd.DataFrame, drop: Iterable[str]) -> list[str]:
     """The default predictors: every numeric column but :data:`NOT_PREDICTORS`, the state
-    columns and ``drop`` (the outcome or responses, and what the user excludes)."""
+    columns and ``drop``.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        The table (:func:`crime_table`).
+    drop : iterable of str
+        Columns left out besides: the outcome or responses, and what the user excludes.
+
+    Returns
+    -------
+    list of str
+        The predictor columns, in the table's order.
+    """
     skip = {*NOT_PREDICTORS, *drop}
     return [
         c

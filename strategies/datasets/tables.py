@@ -90,10 +90,25 @@ def _from_memory(path: str, what: str, dtype=None) -> pd.DataFrame:
 
 
 def read_table(path: str, what: str, **read_csv) -> pd.DataFrame:
-    """The CSV file ``path`` (``pandas.read_csv`` with ``read_csv``), or the data frame it
-    names (:func:`remember`).  A missing, empty, unparsable or row-less file, or a column
-    named twice, is an :class:`InputError` that starts with ``what`` (the setting that named
-    the file)."""
+    """A CSV file, or the data frame a name of :func:`remember` stands for.  A missing,
+    empty, unparsable or row-less file, or a column named twice, is an :class:`InputError`
+    that starts with ``what``.
+
+    Parameters
+    ----------
+    path : str
+        The CSV file, or a name from :func:`remember`.
+    what : str
+        The setting that named the file.
+    **read_csv
+        Keyword arguments of ``pandas.read_csv`` (of these, only ``dtype`` applies to a
+        data frame in memory).
+
+    Returns
+    -------
+    pandas.DataFrame
+        The table.
+    """
     import pandas as pd
 
     if in_memory(path):
@@ -120,7 +135,23 @@ def read_table(path: str, what: str, **read_csv) -> pd.DataFrame:
 
 
 def numeric_columns(df: pd.DataFrame, columns: list[str], what: str) -> np.ndarray:
-    """The columns as a float matrix; a missing or non-numeric value names its column."""
+    """The columns as a float matrix; a missing, non-numeric or infinite value is an
+    :class:`InputError` naming its column and line.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        The table.
+    columns : list of str
+        The columns to read, in the matrix's order.
+    what : str
+        The setting an error starts with.
+
+    Returns
+    -------
+    ndarray, shape (n, len(columns))
+        The values, one row per row of ``df``.
+    """
     import numpy as np
     import pandas as pd
 
@@ -146,15 +177,42 @@ def warn(message: str) -> None:
 
 
 def named(items, most: int = 8, quote: bool = False) -> str:
-    """The first ``most`` of ``items`` for a message, `` ...`` when there are more."""
+    """The first items of a list for a message, `` ...`` when there are more.
+
+    Parameters
+    ----------
+    items : sequence
+        The items.
+    most : int, optional
+        How many are shown at most.
+    quote : bool, optional
+        Each is shown by its ``repr`` (else by ``str``).
+
+    Returns
+    -------
+    str
+        The items shown, separated by commas.
+    """
     shown = [repr(x) if quote else str(x) for x in list(items)[:most]]
     return ", ".join(shown) + (" ..." if len(items) > most else "")
 
 
 def stripped_ids(ids: pd.Series, what: str) -> pd.Series:
     """The ids (a site or client column) without spaces around them; when any had some, a
-    warning names the first and how many (``what``: the setting and column, e.g. ``data:
-    column 'site'``)."""
+    warning names the first and how many.
+
+    Parameters
+    ----------
+    ids : pandas.Series
+        The column.
+    what : str
+        The setting and column the warning names, e.g. ``data: column 'site'``.
+
+    Returns
+    -------
+    pandas.Series
+        The ids as text, stripped.
+    """
     text = ids.astype(str)
     out = text.str.strip()
     changed = text.ne(out).to_numpy()

@@ -18,7 +18,20 @@ def check_out(out: str) -> None:
 
 
 def finish(rows: list[dict], out: str) -> pd.DataFrame:
-    """The rows as a frame with a ``machine`` column, written to ``out/bench.csv``."""
+    """The rows as a frame with a ``machine`` column, written to ``out/bench.csv``.
+
+    Parameters
+    ----------
+    rows : list of dict
+        One per measurement.
+    out : str
+        The output directory, written atomically; empty: nothing is written.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The rows, ``machine`` first (the processor, its cores and the Python version).
+    """
     df = pd.DataFrame(rows)
     df.insert(
         0,
@@ -35,7 +48,25 @@ def timed_tuning(strategy, clients, max_rounds: int) -> dict:
     """Run a federated tuning (:class:`strategies.server.batch.BatchStrategy`) in process with each
     client's ``fit`` and ``evaluate`` timed: the rounds and fits it took, the wall time, and
     per round the server's time (the rest of the wall time) against the slowest site's (the
-    sites answer side by side in a federation; here one after another)."""
+    sites answer side by side in a federation; here one after another).
+
+    Parameters
+    ----------
+    strategy : BatchStrategy
+        The tuning's strategy.
+    clients : list of NumPyClient
+        One per site; their ``fit`` and ``evaluate`` are replaced by timed wrappers.
+    max_rounds : int
+        The round limit of the in-process run.
+
+    Returns
+    -------
+    dict
+        ``rounds``, ``fits``, ``wall_seconds``, ``server_seconds_per_round``,
+        ``slowest_site_seconds_per_round``, and the strategy's own clock:
+        ``hooks_seconds_per_round`` (its hooks) and ``wait_seconds_per_round`` (the wait for
+        the answers).
+    """
     import time
 
     from ..runtime.engine import run_inprocess

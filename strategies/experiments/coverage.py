@@ -33,7 +33,22 @@ COLUMNS = ("method", "kind", "n_coef", "n_covered", "coverage", "width", "identi
 
 
 def coverage_setting(settings: dict, method: str, fixed: Sequence[str]) -> float | None:
-    """:func:`parse_coverage` and, for a coverage study, :func:`check_coverage_settings`."""
+    """:func:`parse_coverage` and, for a coverage study, :func:`check_coverage_settings`.
+
+    Parameters
+    ----------
+    settings : dict
+        The study config's tables but ``[design]`` (:attr:`Study.settings`).
+    method : str
+        The method's name, the only one a coverage study may fit.
+    fixed : sequence of str
+        The method's tuning values, set in its table in a coverage study.
+
+    Returns
+    -------
+    float or None
+        The coverage level, or ``None`` when the config is not a coverage study.
+    """
     level = parse_coverage(settings)
     if level is not None:
         check_coverage_settings(settings, method, fixed)
@@ -59,7 +74,17 @@ def parse_coverage(settings: dict) -> float | None:
 
 def check_coverage_settings(settings: dict, method: str, fixed: Sequence[str]) -> None:
     """What a coverage study cannot have: another method, a ``[tuning]`` table (the tuning
-    values are fixed, ``fixed`` in the method's table), a real data source."""
+    values are fixed), a real data source.  Each is an :class:`InputError` naming the key.
+
+    Parameters
+    ----------
+    settings : dict
+        The study config's tables but ``[design]``.
+    method : str
+        The method's name.
+    fixed : sequence of str
+        The tuning values set in the method's table instead (named by the error).
+    """
     methods = settings.get("methods", [method])
     if isinstance(methods, str):
         methods = [m.strip() for m in methods.split(",")]
@@ -75,8 +100,19 @@ def check_coverage_settings(settings: dict, method: str, fixed: Sequence[str]) -
 
 
 def same_partition(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two ``(sites, p)`` label arrays split the sites the same way for every
-    predictor (labels compared up to renaming)."""
+    """Whether two label arrays split the sites the same way for every predictor (labels
+    compared up to renaming).
+
+    Parameters
+    ----------
+    a, b : ndarray, shape (sites, p)
+        Cluster labels per site and predictor.
+
+    Returns
+    -------
+    bool
+        ``False`` also when the shapes differ.
+    """
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return False
@@ -88,7 +124,19 @@ def same_partition(a: np.ndarray, b: np.ndarray) -> bool:
 
 def identified(true_labels, labels, true_support=None, support=None) -> bool:
     """The structure was identified exactly: the same partition for every predictor, and
-    (when given) the same zeros."""
+    (when given) the same zeros.
+
+    Parameters
+    ----------
+    true_labels, labels : ndarray, shape (sites, p)
+        The true and the fitted cluster labels (:func:`same_partition`).
+    true_support, support : ndarray of bool, optional
+        The true and the fitted non-zero patterns; ``true_support`` ``None``: not compared.
+
+    Returns
+    -------
+    bool
+    """
     if not same_partition(true_labels, labels):
         return False
     if true_support is None:
@@ -98,7 +146,20 @@ def identified(true_labels, labels, true_support=None, support=None) -> bool:
 
 def true_kinds(group_size: np.ndarray, zero: np.ndarray | None = None) -> np.ndarray:
     """The kind of every true coefficient: ``zero`` where ``zero`` is true, else ``fused``
-    when ``group_size > 1``, else ``unique`` (``group_size`` broadcast to ``zero``'s shape)."""
+    when ``group_size > 1``, else ``unique``.
+
+    Parameters
+    ----------
+    group_size : ndarray
+        The number of sites that share each true coefficient (broadcast to ``zero``'s shape).
+    zero : ndarray of bool, optional
+        The true zeros; ``None``: a method without a sparsity penalty (no ``zero`` kind).
+
+    Returns
+    -------
+    ndarray of str
+        ``"fused"``, ``"unique"`` or ``"zero"`` per coefficient.
+    """
     size = np.asarray(group_size)
     if zero is not None:
         size = np.broadcast_to(size, np.shape(zero))
@@ -110,7 +171,20 @@ def true_kinds(group_size: np.ndarray, zero: np.ndarray | None = None) -> np.nda
 
 def covered(truth, estimate, lower, upper) -> np.ndarray:
     """Elementwise: the interval holds the truth; a coefficient without an interval (set
-    to zero by the fit, or not estimable) is covered only when its estimate is the truth."""
+    to zero by the fit, or not estimable) is covered only when its estimate is the truth.
+
+    Parameters
+    ----------
+    truth, estimate : array_like
+        The true and the estimated coefficients.
+    lower, upper : array_like
+        The intervals' bounds; a coefficient has an interval where both are finite.
+
+    Returns
+    -------
+    ndarray of bool
+        Whether each coefficient is covered.
+    """
     truth = np.asarray(truth, dtype=float)
     lower = np.asarray(lower, dtype=float)
     upper = np.asarray(upper, dtype=float)
@@ -122,7 +196,27 @@ def covered(truth, estimate, lower, upper) -> np.ndarray:
 def coverage_rows(method: str, kind, hit, width, ident: bool) -> list[dict]:
     """One replication's rows: per kind present, the number of true coefficients, how many
     were covered, their share, the mean interval width (over those with an interval) and
-    whether the structure was identified."""
+    whether the structure was identified.
+
+    Parameters
+    ----------
+    method : str
+        The method's name (the ``method`` column).
+    kind : array_like of str
+        Each coefficient's kind (:func:`true_kinds`).
+    hit : array_like of bool
+        Whether each is covered (:func:`covered`).
+    width : array_like of float
+        Each interval's width (not finite: no interval).
+    ident : bool
+        Whether the structure was identified (:func:`identified`).
+
+    Returns
+    -------
+    list of dict
+        One row per kind present, in :data:`KINDS` order, with the columns of
+        :data:`COLUMNS`.
+    """
     kind = np.asarray(kind).ravel()
     hit = np.asarray(hit, dtype=bool).ravel()
     width = np.asarray(width, dtype=float).ravel()
@@ -147,8 +241,27 @@ def coverage_rows(method: str, kind, hit, width, ident: bool) -> list[dict]:
 
 
 def score_table(method: str, table: pd.DataFrame, truth, kind, ident: bool) -> list[dict]:
-    """:func:`coverage_rows` of an ``inference.csv`` table (rows in the order of ``truth``'s
-    elements: site, feature[, response]) against the true coefficients ``truth``."""
+    """:func:`coverage_rows` of an ``inference.csv`` table against the true coefficients.
+
+    Parameters
+    ----------
+    method : str
+        The method's name.
+    table : pandas.DataFrame
+        The inference table, with ``estimate``, ``lower`` and ``upper`` columns and its rows
+        in the order of ``truth``'s elements (site, feature[, response]).
+    truth : ndarray
+        The true coefficients.
+    kind : array_like of str
+        Each coefficient's kind (:func:`true_kinds`).
+    ident : bool
+        Whether the structure was identified.
+
+    Returns
+    -------
+    list of dict
+        The replication's rows (:func:`coverage_rows`).
+    """
     shape = np.shape(truth)
     estimate, lower, upper = (
         table[c].to_numpy(dtype=float).reshape(shape) for c in ("estimate", "lower", "upper")
@@ -159,7 +272,25 @@ def score_table(method: str, table: pd.DataFrame, truth, kind, ident: bool) -> l
 
 def task_frame(rows: list[dict], cell: dict, rep: int, seed: int, res) -> pd.DataFrame:
     """A coverage task's ``results``: the design values, ``rep``, the rows, and the fit's
-    ``rounds``, ``converged`` and the task's seed."""
+    ``rounds``, ``converged`` and the task's seed.
+
+    Parameters
+    ----------
+    rows : list of dict
+        The replication's rows (:func:`score_table`).
+    cell : dict
+        The design values, the first columns.
+    rep : int
+        The replication.
+    seed : int
+        The task's seed.
+    res : object
+        The fit's result, with ``rounds`` and ``converged``.
+
+    Returns
+    -------
+    pandas.DataFrame
+    """
     frame = pd.DataFrame(rows).assign(rounds=res.rounds, converged=res.converged, seed=seed)
     frame.insert(0, "rep", rep)
     for pos, key in enumerate(cell):
@@ -169,7 +300,26 @@ def task_frame(rows: list[dict], cell: dict, rep: int, seed: int, res) -> pd.Dat
 
 def run_coverage(a, study, task: str, level: float, size_key: str) -> int:
     """The ``study`` command on a coverage config (both methods): coverage tables and
-    ``fig_coverage.png`` over ``size_key``."""
+    ``fig_coverage.png``.
+
+    Parameters
+    ----------
+    a : argparse.Namespace
+        The ``study`` command's options (:func:`strategies.experiments.runner.add_study_options`).
+    study : Study
+        The study config.
+    task : str
+        The method's coverage task, ``"module:function"``.
+    level : float
+        The intervals' nominal level (the figure's line).
+    size_key : str
+        The design key on the figure's x axis (the sample size).
+
+    Returns
+    -------
+    int
+        The exit code (:func:`strategies.experiments.runner.run_study`).
+    """
     from .runner import run_study_args
 
     def figures(out, study, results, store, cells) -> list[str]:
@@ -179,11 +329,26 @@ def run_coverage(a, study, task: str, level: float, size_key: str) -> int:
 
 
 def summarize_coverage(results: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
-    """Per cell, method and kind: ``n_reps``, ``identified`` (share of replications with
-    the structure identified), ``coverage`` (covered / true coefficients over every
-    replication) with ``coverage_mcse`` (SD of the replications' coverage / sqrt(n)), the
-    same over the identified replications only (``n_identified``,
-    ``coverage_identified``, ``coverage_identified_mcse``) and the mean ``width``."""
+    """The coverage per cell, method and kind of coefficient.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The study's results: the coverage tasks' rows (:func:`task_frame`).
+    keys : sequence of str
+        The design keys.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per cell, method and kind (cells in the order of their first row, kinds in
+        :data:`KINDS` order): ``n_reps``, ``identified`` (share of replications with the
+        structure identified), ``coverage`` (covered / true coefficients over every
+        replication) with ``coverage_mcse`` (SD of the replications' coverage / sqrt(n)),
+        the same over the identified replications only (``n_identified``,
+        ``coverage_identified``, ``coverage_identified_mcse``), the mean ``n_coef`` and the
+        mean ``width``.
+    """
     cols = [*keys, "method", "kind"]
     if results.empty:
         return pd.DataFrame(columns=[*cols, "n_reps", "identified", "coverage"])
@@ -229,7 +394,21 @@ def _mcse(part: pd.DataFrame) -> float:
 def coverage_table(summary: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     """The README's layout: one row per cell and kind; the identified share, the coverage
     over all replications and over the identified ones as ``0.951 (0.004)`` (Monte Carlo
-    SE), and the mean width."""
+    SE), and the mean width.
+
+    Parameters
+    ----------
+    summary : pandas.DataFrame
+        :func:`summarize_coverage`'s table.
+    keys : sequence of str
+        The design keys.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The design keys, ``method``, ``kind``, ``reps``, ``identified``, ``coverage``,
+        ``coverage_identified`` and ``width``, as text.
+    """
     if summary.empty:
         return pd.DataFrame(columns=[*keys, "kind"])
 
@@ -263,8 +442,24 @@ def coverage_table(summary: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
 
 
 def coverage_tables(results: pd.DataFrame, keys: Sequence[str]):
-    """The runner's tables for a coverage study: ``summary.csv``, ``summary_table.csv`` and
-    the report's caption of the latter."""
+    """The runner's tables for a coverage study.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The study's results.
+    keys : sequence of str
+        The design keys.
+
+    Returns
+    -------
+    summary : pandas.DataFrame
+        ``summary.csv`` (:func:`summarize_coverage`).
+    table : pandas.DataFrame
+        ``summary_table.csv`` (:func:`coverage_table`).
+    caption : str
+        The report's caption of the latter.
+    """
     summary = summarize_coverage(results, keys)
     caption = (
         "Per design cell and kind of true coefficient: the share of replications whose "
@@ -276,9 +471,28 @@ def coverage_tables(results: pd.DataFrame, keys: Sequence[str]):
 
 
 def coverage_figure(out: str, study, results: pd.DataFrame, level: float, size_key: str) -> str:
-    """``fig_coverage.png``: per kind, the coverage against the sample size ``size_key``
-    (all replications, and the identified ones) with +/- 2 Monte Carlo SE and the nominal
-    level; other design keys, one line each."""
+    """``fig_coverage.png``: per kind, the coverage against the sample size (all
+    replications, and the identified ones) with +/- 2 Monte Carlo SE and the nominal level;
+    other design keys, one line each.
+
+    Parameters
+    ----------
+    out : str
+        The output directory.
+    study : Study
+        The study config (its design keys).
+    results : pandas.DataFrame
+        The study's results.
+    level : float
+        The nominal level, drawn as a line.
+    size_key : str
+        The design key of the sample size, on the x axis.
+
+    Returns
+    -------
+    str
+        The figure's path.
+    """
     from .plots import finish, pyplot
 
     plt = pyplot()

@@ -36,7 +36,21 @@ def read_toml(path: str) -> dict:
 def read_config(path: str, _seen: tuple[str, ...] = ()) -> dict:
     """A study config with its ``extends`` resolved: ``extends = "base.toml"`` (relative to
     the config's own folder) reads that config first and lays this one over it, table by
-    table (a key given here replaces the base's; a table is merged key by key)."""
+    table (a key given here replaces the base's; a table is merged key by key).
+
+    Parameters
+    ----------
+    path : str
+        The config file.
+    _seen : tuple of str, optional
+        The absolute paths of the configs that extend this one (the recursion's; a config
+        among them is a cycle, an :class:`InputError`).
+
+    Returns
+    -------
+    dict
+        The config, without ``extends``.
+    """
     raw = read_toml(path)
     base = raw.pop("extends", None)
     if base is None:
@@ -176,6 +190,22 @@ def select_cells(cells: list[dict], keys: Sequence[str], types: dict, only: Sequ
 
     Values are parsed by the key's type; an unknown key or a value that is not a level of
     the grid is an :class:`InputError`.
+
+    Parameters
+    ----------
+    cells : list of dict
+        The grid's cells (:func:`expand_design`).
+    keys : sequence of str
+        The design keys.
+    types : dict
+        Each design key's type.
+    only : sequence of str
+        The ``--only`` options, ``KEY=VALUE`` each.
+
+    Returns
+    -------
+    list of dict
+        The matching cells, in grid order; no match is an :class:`InputError`.
     """
     wanted: dict[str, list] = {}
     for item in only:
@@ -211,8 +241,22 @@ def _fmt(v) -> str:
 
 def task_seed(seed: int, cell: dict, rep: int) -> int:
     """A seed for (cell, replication) that depends only on the base seed, the cell's values
-    and ``rep`` (not on the grid's order or on ``--only``): the first 31 bits of
-    SHA-256 of ``seed|key=value,...|rep``."""
+    and ``rep`` (not on the grid's order or on ``--only``).
+
+    Parameters
+    ----------
+    seed : int
+        The study's base seed.
+    cell : dict
+        The design values (their order does not matter).
+    rep : int
+        The replication.
+
+    Returns
+    -------
+    int
+        The first 31 bits of SHA-256 of ``seed|key=value,...|rep``.
+    """
     text = f"{int(seed)}|{cell_label(dict(sorted(cell.items())))}|{int(rep)}"
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") >> 1
 
@@ -245,7 +289,25 @@ def load_study(
     """Read a study config: top-level ``study``, ``replications``, ``seed``, ``methods``,
     ``[design]`` and the method's ``sections``; anything else is an error naming the key.
     A ``[data] path`` is made absolute (relative to the working directory); ``extends``
-    reads a base config first (:func:`read_config`)."""
+    reads a base config first (:func:`read_config`).
+
+    Parameters
+    ----------
+    path : str
+        The config file.
+    kind : str
+        The kind of study the command runs; the config's ``study`` (when given) must be it.
+    types : dict
+        The allowed design keys and their types (:func:`expand_design`).
+    required : sequence of str
+        The design keys every cell must have.
+    sections : sequence of str
+        The method's tables.
+
+    Returns
+    -------
+    Study
+    """
     raw = read_config(path)
     if raw.get("study", kind) != kind:
         raise InputError(
@@ -271,9 +333,22 @@ def load_study(
 
 
 def data_source(table, real: Sequence[str]) -> str:
-    """``[data] source`` of a study config: ``"simulated"`` (also when absent) or one of the
-    method's ``real`` sources; anything else is an error naming the key.  It decides which
-    declaration reads the rest of ``[data]`` and which design keys the study has."""
+    """``[data] source`` of a study config; anything else than ``"simulated"`` or one of the
+    method's ``real`` sources is an error naming the key.  It decides which declaration reads
+    the rest of ``[data]`` and which design keys the study has.
+
+    Parameters
+    ----------
+    table : object
+        The config's ``[data]`` (anything but a table: no source given).
+    real : sequence of str
+        The method's real data sources.
+
+    Returns
+    -------
+    str
+        The source: ``"simulated"`` (also when absent) or one of ``real``.
+    """
     source = table.get("source", "simulated") if isinstance(table, dict) else "simulated"
     if source not in ("simulated", *real):
         raise InputError(f"data.source: must be simulated, {', '.join(real)}, got {source!r}")
@@ -281,7 +356,21 @@ def data_source(table, real: Sequence[str]) -> str:
 
 
 def study_methods(settings: dict, allowed: Sequence[str], default: Sequence[str]) -> list[str]:
-    """``methods`` of a study config: a list (or comma-separated text) of allowed names."""
+    """``methods`` of a study config: a list (or comma-separated text) of allowed names.
+
+    Parameters
+    ----------
+    settings : dict
+        The config's tables but ``[design]``.
+    allowed : sequence of str
+        The method names allowed; any other is an :class:`InputError`.
+    default : sequence of str
+        The methods when the config names none.
+
+    Returns
+    -------
+    list of str
+    """
     methods = settings.get("methods", list(default))
     if isinstance(methods, str):
         methods = [m.strip() for m in methods.split(",")]
@@ -294,7 +383,20 @@ def study_methods(settings: dict, allowed: Sequence[str], default: Sequence[str]
 
 
 def figure_cell_setting(settings: dict, keys: Sequence[str]) -> dict | None:
-    """``[figures] cell`` of a study config: the design values of the one-cell figures."""
+    """``[figures] cell`` of a study config: the design values of the one-cell figures.
+
+    Parameters
+    ----------
+    settings : dict
+        The config's tables but ``[design]``.
+    keys : sequence of str
+        The design keys; ``cell`` may set only these.
+
+    Returns
+    -------
+    dict or None
+        The design values, or ``None`` when not given.
+    """
     figures = settings.get("figures", {})
     for key in figures:
         if key != "cell":

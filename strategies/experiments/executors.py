@@ -18,7 +18,28 @@ def _import(path: str) -> Callable:
 
 
 def execute_task(task_path: str, settings: dict, cell: dict, rep: int, seed: int):
-    """Run one task (in a worker): ``("ok", frames, seconds)`` or ``("error", text, s)``."""
+    """Run one task (in a worker).
+
+    Parameters
+    ----------
+    task_path : str
+        The task function, ``"module:function"``, called as ``task(settings, cell, rep,
+        seed)``.
+    settings : dict
+        The study config's tables but ``[design]``.
+    cell : dict
+        The design values (the task gets a copy).
+    rep : int
+        The replication.
+    seed : int
+        The task's seed.
+
+    Returns
+    -------
+    tuple
+        ``("ok", frames, seconds)`` with the task's frames and its time (the imports
+        excluded), or ``("error", text, 0.0)`` with the exception and its traceback.
+    """
     try:
         task = _import(task_path)  # imports are not the task's time
         t0 = time.perf_counter()
@@ -30,6 +51,22 @@ def execute_task(task_path: str, settings: dict, cell: dict, rep: int, seed: int
 
 
 def run_local(task_path, settings, todo, workers, on_result):
+    """Run the tasks in this process (one worker) or in a pool of spawned processes, and
+    call ``on_result`` as each finishes.
+
+    Parameters
+    ----------
+    task_path : str
+        The task function, ``"module:function"`` (:func:`execute_task`).
+    settings : dict
+        The study config's tables but ``[design]``.
+    todo : list of tuple
+        The tasks, ``(cell, rep, seed)`` each.
+    workers : int
+        Worker processes; 1: one task after another in this process.
+    on_result : callable
+        ``on_result(cell, rep, seed, outcome)`` with :func:`execute_task`'s outcome.
+    """
     if workers == 1:
         for cell, rep, seed in todo:
             on_result(cell, rep, seed, execute_task(task_path, settings, cell, rep, seed))
@@ -59,7 +96,15 @@ def run_local(task_path, settings, todo, workers, on_result):
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
     """``host:port`` (or ``ray://host:port``) must accept a TCP connection: Ray itself
-    retries an unreachable address for minutes."""
+    retries an unreachable address for minutes.
+
+    Parameters
+    ----------
+    address : str
+        The Ray address; ``auto``, ``local`` and an address without a port are not checked.
+    timeout : float, optional
+        Seconds to wait for the connection.
+    """
     import socket
 
     target = address.removeprefix("ray://")
@@ -74,6 +119,23 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
 
 
 def run_ray(task_path, settings, todo, address, on_result):
+    """Run the tasks on a Ray cluster, one CPU each, and call ``on_result`` as each
+    finishes; Ray is shut down at the end.
+
+    Parameters
+    ----------
+    task_path : str
+        The task function, ``"module:function"`` (:func:`execute_task`).
+    settings : dict
+        The study config's tables but ``[design]``.
+    todo : list of tuple
+        The tasks, ``(cell, rep, seed)`` each.
+    address : str
+        The Ray address; ``local`` starts a new local instance, anything else connects to
+        an existing cluster (every node needs this project installed).
+    on_result : callable
+        ``on_result(cell, rep, seed, outcome)`` with :func:`execute_task`'s outcome.
+    """
     try:
         import ray
     except ImportError:  # pragma: no cover - Ray comes with flwr[simulation]

@@ -25,7 +25,23 @@ VARIANTS = (
 
 def gap_rounds(objectives: Sequence[float], fstar: float, level: float) -> float:
     """The first round after which every recorded objective is within ``level`` (relative)
-    of ``fstar``; ``nan`` if the last one is not.  Round ``k`` is ``objectives[k - 1]``."""
+    of ``fstar``.
+
+    Parameters
+    ----------
+    objectives : sequence of float
+        The objective after each round: round ``k`` is ``objectives[k - 1]``.
+    fstar : float
+        The reference objective.
+    level : float
+        The relative gap ``|f - fstar| / |fstar|`` to reach.
+
+    Returns
+    -------
+    float
+        The round; ``nan`` if the last objective is not within ``level`` (or none was
+        recorded).
+    """
     values = np.asarray(objectives, dtype=float)
     if values.size == 0:
         return float("nan")
@@ -38,7 +54,23 @@ def gap_rounds(objectives: Sequence[float], fstar: float, level: float) -> float
 
 def signed_gap_rounds(objectives: Sequence[float], fstar: float, level: float) -> float:
     """As :func:`gap_rounds` with the gap signed: ending *below* ``fstar`` counts as reaching
-    it (a non-convex fit may end at a lower stationary point than the reference's)."""
+    it (a non-convex fit may end at a lower stationary point than the reference's).
+
+    Parameters
+    ----------
+    objectives : sequence of float
+        The objective after each round: round ``k`` is ``objectives[k - 1]``.
+    fstar : float
+        The reference objective.
+    level : float
+        The relative gap ``(f - fstar) / |fstar|`` to reach.
+
+    Returns
+    -------
+    float
+        The round; ``nan`` if the last objective is not within ``level`` (or none was
+        recorded).
+    """
     values = np.asarray(objectives, dtype=float)
     if values.size == 0:
         return float("nan")
@@ -50,12 +82,27 @@ def signed_gap_rounds(objectives: Sequence[float], fstar: float, level: float) -
 
 
 def true_objectives(strategy, clients, max_rounds: int) -> list[float]:
-    """Run a fused strategy in process with ``clients`` and return the objective at its
-    estimate after every round, from the clients' own losses there (a ``gradient``
-    instruction to each, with the fit's working configuration) and the penalty the fit
-    minimizes (MCP/SCAD themselves, not their linearization): true values, where a fit's
-    history may hold its models' predictions (``curvature = exact``, partial
-    participation)."""
+    """Run a fused strategy in process and return the objective at its estimate after every
+    round, from the clients' own losses there (a ``gradient`` instruction to each, with the
+    fit's working configuration) and the penalty the fit minimizes (MCP/SCAD themselves,
+    not their linearization): true values, where a fit's history may hold its models'
+    predictions (``curvature = exact``, partial participation).
+
+    Parameters
+    ----------
+    strategy : FusedSiteStrategy
+        The fit's strategy; its ``progress`` hook is wrapped to record the estimate after
+        each round.
+    clients : list of NumPyClient
+        One per site.
+    max_rounds : int
+        The round limit of the run.
+
+    Returns
+    -------
+    list of float
+        The true objective after each round.
+    """
     from ..runtime.engine import run_inprocess
 
     betas: list[np.ndarray] = []
@@ -113,11 +160,26 @@ def distribution(values: Iterable[float]) -> dict[str, float]:
 
 
 def summarize(rows: list[dict], by: Sequence[str], columns: Sequence[str]) -> list[dict]:
-    """Per value of ``by`` (e.g. the variant), the :func:`distribution` of each of
-    ``columns`` over the family's rows: one row per group, columns ``<column>_median``,
-    ``<column>_p90``, ``<column>_worst`` (and ``<column>_failed``), plus ``problems``.  A
-    gap column (``rounds_to_1e-*``) leaves out the rows without a reference (``reference``
-    not finite), counted in ``no_reference``: a gap nobody can read is not a failure."""
+    """The :func:`distribution` of some columns over the family's rows, per group.  A gap
+    column (``rounds_to_1e-*``) leaves out the rows without a reference (``reference`` not
+    finite), counted in ``no_reference``: a gap nobody can read is not a failure.
+
+    Parameters
+    ----------
+    rows : list of dict
+        The family's rows.
+    by : sequence of str
+        The columns whose values form the groups (e.g. the variant).
+    columns : sequence of str
+        The columns summarized (a missing value counts as a failure).
+
+    Returns
+    -------
+    list of dict
+        One row per group, in the order of first appearance: the ``by`` values,
+        ``problems``, ``no_reference`` and, per column, ``<column>_median``,
+        ``<column>_p90``, ``<column>_worst`` and ``<column>_failed``.
+    """
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault(tuple(row[b] for b in by), []).append(row)
@@ -146,14 +208,41 @@ def _finite(value) -> bool:
 def measure_variants(
     recorded_run, data, cfg, fstar: float, variants, limit: int, fields: dict, rounds=gap_rounds
 ) -> list[dict]:
-    """One row per ``(name, changes)`` of ``variants``: the rounds to a 1e-4 and a 1e-6
-    relative gap to ``fstar`` (read by ``rounds``: :func:`gap_rounds`, or
-    :func:`signed_gap_rounds` where ending below the reference counts) from a ``tol`` 1e-12
-    run's true objectives, and to the stopping rule of ``cfg`` with the gap there.
-    ``recorded_run(data, cfg)`` gives ``(strategy, objectives)``; ``fields`` (the member's
-    description) open each row.  Without a reference (``fstar`` not finite: MCP/SCAD where
-    the paper's ADMM did not converge) the gaps are ``nan`` and the tight run is skipped;
-    :func:`summarize` leaves such rows out of the gaps' distributions."""
+    """One row per variant: the rounds to a 1e-4 and a 1e-6 relative gap to ``fstar`` from a
+    ``tol`` 1e-12 run's true objectives, and to the stopping rule of ``cfg`` with the gap
+    there.  Without a reference (``fstar`` not finite: MCP/SCAD where the paper's ADMM did
+    not converge) the gaps are ``nan`` and the tight run is skipped; :func:`summarize`
+    leaves such rows out of the gaps' distributions.
+
+    Parameters
+    ----------
+    recorded_run : callable
+        ``recorded_run(data, cfg) -> (strategy, objectives)``: one fit and its true
+        objective after each round.
+    data : object
+        The member's data, passed to ``recorded_run``.
+    cfg : object
+        The member's configuration (a method config with ``replace``).
+    fstar : float
+        The reference objective.
+    variants : iterable of tuple
+        ``(name, changes)`` each: the variant's name and its changes to ``cfg``
+        (:data:`VARIANTS`).
+    limit : int
+        The round limit (``max_rounds``) of every run.
+    fields : dict
+        The member's description; it opens each row.
+    rounds : callable, optional
+        ``rounds(objectives, fstar, level)`` reads the gaps: :func:`gap_rounds`, or
+        :func:`signed_gap_rounds` where ending below the reference counts.
+
+    Returns
+    -------
+    list of dict
+        One row per variant: ``what``, the ``fields``, ``variant``, ``reference``,
+        ``rounds_to_1e-4``, ``rounds_to_1e-6``, ``rounds_to_stop`` (``nan`` when the fit did
+        not converge) and ``gap_at_stop``.
+    """
     rows = []
     for name, changes in variants:
         variant = cfg.replace(max_rounds=limit, **changes)
@@ -205,14 +294,31 @@ def _keep(keep: str | None, name: str, rows: list[dict]) -> None:
 def run_family(
     measure, members, by: Sequence[str], quick: bool = False, keep: str | None = None
 ) -> list[dict]:
-    """``measure(member)`` (a list of rows) over ``members`` (every third with ``quick``),
-    a progress line per member (members left, seconds so far and an estimate of those
-    left), then one ``what = family-summary`` row per value of ``by`` with the
-    :func:`distribution` of the rounds to a 1e-6 gap and to the stopping rule.
+    """Measure every member of a family, with a progress line per member (members left,
+    seconds so far and an estimate of those left) on stdout.
 
-    ``keep``: a directory where each member's rows are written as soon as they are measured
-    (``<member>.csv``) and read back instead of measuring again, so that a family too long
-    for one sitting is measured over several (remove the directory to measure anew)."""
+    Parameters
+    ----------
+    measure : callable
+        ``measure(member)``: the member's rows (a list of dict).
+    members : iterable
+        The family's members, each with a ``name``.
+    by : sequence of str
+        The columns whose values group the summary rows (:func:`summarize`).
+    quick : bool, optional
+        Only every third member.
+    keep : str, optional
+        A directory where each member's rows are written as soon as they are measured
+        (``<member>.csv``) and read back instead of measuring again, so that a family too
+        long for one sitting is measured over several (remove the directory to measure
+        anew).
+
+    Returns
+    -------
+    list of dict
+        The members' rows, then one ``what = family-summary`` row per value of ``by`` with
+        the :func:`distribution` of the rounds to a 1e-6 gap and to the stopping rule.
+    """
     import time
 
     chosen = list(members)[::3] if quick else list(members)

@@ -53,7 +53,24 @@ def pyplot():
 
 
 def finish(fig, title: str, path: str, handles=None, labels=None) -> str:
-    """Title on top, the legend in a band below it, panels under both; save and close."""
+    """Title on top, the legend in a band below it, panels under both; save and close.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        The figure.
+    title : str
+        Its title, wrapped to the figure's width.
+    path : str
+        Where the figure is saved.
+    handles, labels : list, optional
+        The legend's entries (``None``: no legend), at most :data:`LEGEND_COLUMNS` a row.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
     import textwrap
 
     import matplotlib.pyplot as plt
@@ -81,7 +98,23 @@ def finish(fig, title: str, path: str, handles=None, labels=None) -> str:
 
 def figure_cell(results: pd.DataFrame, study, cells) -> dict:
     """The cell of the one-cell figures: ``[figures] cell`` when it has results, else the
-    first cell of this run's grid that has results."""
+    first cell of this run's grid that has results.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The study's results.
+    study : Study
+        The study config (its design keys and ``[figures]`` table).
+    cells : list of dict
+        This run's cells.
+
+    Returns
+    -------
+    dict
+        The design values of the cell (the first row's when no cell of ``cells`` has
+        results).
+    """
     keys = list(study.keys)
     wanted = study.settings.get("figures", {}).get("cell")
     have = {tuple(r) for r in results[keys].itertuples(index=False)}
@@ -104,8 +137,21 @@ def figure_cell(results: pd.DataFrame, study, cells) -> dict:
 
 
 def method_boxes(ax, groups, k: int, width: float, color: str) -> None:
-    """The boxes of the ``k``-th method beside the other methods' at each group ``x``
-    (``groups[x]``: the values, possibly empty), each box ``width`` wide."""
+    """The boxes of the ``k``-th method beside the other methods' at each group.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The panel.
+    groups : sequence of array_like
+        ``groups[x]``: the method's values at group ``x`` (possibly empty: no box).
+    k : int
+        The method's place among the methods at each group.
+    width : float
+        Each box's width (in units of the groups' spacing).
+    color : str
+        The boxes' colour.
+    """
     data, pos = [], []
     for x, values in enumerate(groups):
         if len(values):
@@ -130,7 +176,24 @@ def place_labels(ax, x, y, texts, fontsize: float = 8.0) -> list:
     """Label points without overlap: each label tries eight positions around its point, at
     growing distances (beyond the nearest with a leader line), and takes the first whose
     drawn box overlaps no label placed before and no other point.  Needs the final layout
-    (call after ``fig.canvas.draw()``).  Returns the text artists."""
+    (call after ``fig.canvas.draw()``).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The panel.
+    x, y : array_like
+        The points, in data coordinates.
+    texts : sequence
+        One label per point.
+    fontsize : float, optional
+        The labels' font size.
+
+    Returns
+    -------
+    list of matplotlib.text.Annotation
+        The text artists, the highest point's first.
+    """
     from matplotlib.transforms import Bbox
 
     fig = ax.figure

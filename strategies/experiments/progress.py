@@ -66,6 +66,15 @@ class StudyProgress:
         self.stream.flush()
 
     def task_done(self, cell: dict, rep: int) -> None:
+        """Count a task finished in this run and show the progress line.
+
+        Parameters
+        ----------
+        cell : dict
+            The task's design values.
+        rep : int
+            Its replication.
+        """
         self.finished_now += 1
         self.left_per_cell[cell_label(cell)] -= 1
         self.show()

@@ -26,7 +26,29 @@ def add_study_parser(sub) -> None:
 def run_study_args(
     a, study: Study, task_path: str, metrics, make_figures, tables: Callable | None = None
 ) -> int:
-    """:func:`run_study` with the parsed options of :func:`add_study_options`."""
+    """:func:`run_study` with the parsed options of :func:`add_study_options`.
+
+    Parameters
+    ----------
+    a : argparse.Namespace
+        The parsed options (``--no-figures``: ``make_figures`` is not called).
+    study : Study
+        The study config.
+    task_path : str
+        The method's task function, ``"module:function"``.
+    metrics : sequence of str
+        The result columns summarized as mean (SD) over replications.
+    make_figures : callable
+        ``make_figures(out, study, results, store, cells)``: the paths of the figures it
+        writes.
+    tables : callable, optional
+        Replaces the mean (SD) tables (:func:`run_study`).
+
+    Returns
+    -------
+    int
+        The exit code (:func:`run_study`).
+    """
     return run_study(
         study,
         task_path,
@@ -80,10 +102,42 @@ def run_study(
 ) -> int:
     """Run the tasks of ``study`` not yet in ``out``; write results, summary and figures.
 
-    ``tables(results, keys) -> (summary, table, caption)`` replaces the mean (SD) over replications
-    of ``metrics`` (:func:`summarize`, :func:`summary_table`), e.g. a coverage study's.
-    Returns the exit code: 0, or 1 when a task or the figures failed (the finished tasks
-    are kept; rerun the same command to retry).  Bad input raises :class:`InputError`.
+    Bad input raises :class:`InputError`.
+
+    Parameters
+    ----------
+    study : Study
+        The study config.
+    task_path : str
+        The method's task function, ``"module:function"``
+        (:func:`strategies.experiments.executors.execute_task`).
+    out : str
+        The output directory; the tasks already finished there are skipped.
+    reps : int, optional
+        Replications per cell (``None``: the config's).
+    only : sequence of str, optional
+        ``KEY=VALUE`` selections of cells (:func:`select_cells`).
+    workers : int, optional
+        Worker processes for the tasks.
+    ray_address : str, optional
+        A Ray cluster to run the tasks on instead (empty: none).
+    metrics : sequence of str, optional
+        The result columns summarized as mean (SD) over replications (:func:`summarize`,
+        :func:`summary_table`).
+    figures : callable, optional
+        ``figures(out, study, results, store, cells)``: the paths of the figures it writes;
+        ``None``: no figures.
+    quiet : bool, optional
+        No progress lines.
+    tables : callable, optional
+        ``tables(results, keys) -> (summary, table, caption)`` replaces the mean (SD) over
+        replications of ``metrics``, e.g. a coverage study's.
+
+    Returns
+    -------
+    int
+        The exit code: 0, or 1 when a task, the figures or the report failed (the finished
+        tasks are kept; rerun the same command to retry).
     """
     if reps is not None and reps < 1:
         raise InputError(f"reps: must be >= 1, got {reps}")

@@ -50,8 +50,21 @@ def _run_cell(call: str, kwargs: dict) -> dict:
 
 
 def slope(sizes: Sequence[float], seconds: Sequence[float]) -> float:
-    """The least-squares slope of ``log(seconds)`` on ``log(size)`` over the positive times
-    (nan for fewer than two sizes): 1 is linear, 2 quadratic."""
+    """The least-squares slope of ``log(seconds)`` on ``log(size)``: 1 is linear, 2
+    quadratic.
+
+    Parameters
+    ----------
+    sizes : sequence of float
+        The sizes.
+    seconds : sequence of float
+        The time at each size; only pairs with a positive size and time count.
+
+    Returns
+    -------
+    float
+        The slope; nan for fewer than two sizes.
+    """
     x, y = np.asarray(sizes, float), np.asarray(seconds, float)
     keep = (x > 0) & (y > 0)
     x, y = np.log(x[keep]), np.log(y[keep])
@@ -80,7 +93,16 @@ def slopes(frame: pd.DataFrame) -> pd.DataFrame:
 
 def figure(frame: pd.DataFrame, path: str) -> None:
     """One log-log panel per axis: seconds against size, a line per measurement, each
-    labelled with its slope."""
+    labelled with its slope.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        The cells' table (:func:`run_scale`): ``method``, ``what``, ``axis``, ``size`` and
+        ``seconds``.
+    path : str
+        Where the figure is saved.
+    """
     import matplotlib
     import matplotlib.ticker
 
@@ -115,8 +137,25 @@ def figure(frame: pd.DataFrame, path: str) -> None:
 def run_scale(
     cells: Sequence[Cell], out: str = "", progress: Callable[[str], None] | None = None
 ) -> pd.DataFrame:
-    """Run ``cells`` (each in a fresh process) and write ``scale.csv``, ``slopes.csv`` and
-    ``scale.png`` to ``out`` (nothing when empty); returns the cells' table."""
+    """Run the cells, each in a fresh process, and write ``scale.csv``, ``slopes.csv`` and
+    ``scale.png``.
+
+    Parameters
+    ----------
+    cells : sequence of Cell
+        The measurements.
+    out : str, optional
+        The output directory (written atomically); empty: nothing is written.
+    progress : callable, optional
+        ``progress(line)``: a line before each cell (the cell, the seconds so far and an
+        estimate of those left).
+
+    Returns
+    -------
+    pandas.DataFrame
+        The cells' table: a row per cell, ``method``, ``what``, ``axis``, ``size`` and what
+        its function returned, with ``peak_MiB``.
+    """
     check_out(out)
     rows = []
     t0 = time.perf_counter()

@@ -17,6 +17,15 @@ ID_DTYPES = {"site": str, "client": str}
 
 
 def atomic_csv(frame: pd.DataFrame, path: str) -> None:
+    """Write a frame as CSV (no index) to a temporary file, then move it to ``path``.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        The table.
+    path : str
+        The CSV file.
+    """
     tmp = f"{path}.tmp-{os.getpid()}"
     frame.to_csv(tmp, index=False)
     os.replace(tmp, path)
@@ -30,14 +39,54 @@ class PartStore:
         self.root = os.path.join(out, "parts")
 
     def path(self, cell: dict, rep: int, name: str = RESULTS) -> str:
+        """The part file of a task's frame.
+
+        Parameters
+        ----------
+        cell : dict
+            The task's design values (the folder: :func:`cell_label`).
+        rep : int
+            Its replication.
+        name : str, optional
+            The frame's name.
+
+        Returns
+        -------
+        str
+            ``<root>/<cell>/rep-NNNN.csv`` for ``results``, ``rep-NNNN.<name>.csv`` for
+            another frame.
+        """
         stem = f"rep-{rep:04d}" + ("" if name == RESULTS else f".{name}")
         return os.path.join(self.root, cell_label(cell), stem + ".csv")
 
     def done(self, cell: dict, rep: int) -> bool:
+        """Whether a task is finished (its ``results`` part file exists).
+
+        Parameters
+        ----------
+        cell : dict
+            The task's design values.
+        rep : int
+            Its replication.
+
+        Returns
+        -------
+        bool
+        """
         return os.path.isfile(self.path(cell, rep))
 
     def write(self, cell: dict, rep: int, frames: dict[str, pd.DataFrame]) -> None:
-        """Every frame atomically, ``results`` last (the task's completion mark)."""
+        """Every frame atomically, ``results`` last (the task's completion mark).
+
+        Parameters
+        ----------
+        cell : dict
+            The task's design values.
+        rep : int
+            Its replication.
+        frames : dict of str to pandas.DataFrame
+            The task's frames by name; ``results`` is required.
+        """
         os.makedirs(os.path.dirname(self.path(cell, rep)), exist_ok=True)
         for name, frame in frames.items():
             if name != RESULTS:
@@ -45,6 +94,22 @@ class PartStore:
         atomic_csv(frames[RESULTS], self.path(cell, rep))
 
     def read(self, cell: dict, rep: int, name: str = RESULTS) -> pd.DataFrame | None:
+        """A task's frame as written (the ``site`` and ``client`` columns as text).
+
+        Parameters
+        ----------
+        cell : dict
+            The task's design values.
+        rep : int
+            Its replication.
+        name : str, optional
+            The frame's name.
+
+        Returns
+        -------
+        pandas.DataFrame or None
+            The frame, or ``None`` when there is no such file.
+        """
         path = self.path(cell, rep, name)
         return pd.read_csv(path, dtype=ID_DTYPES) if os.path.isfile(path) else None
 
@@ -64,7 +129,16 @@ class PartStore:
 
 
 def check_fingerprint(out: str, study: Study) -> None:
-    """Write ``study.json`` in a new ``out``; in a used one it must match this study's."""
+    """Write ``study.json`` in a new ``out``; in a used one it must match this study's (else
+    an :class:`InputError` names the top-level tables that differ).
+
+    Parameters
+    ----------
+    out : str
+        The output directory.
+    study : Study
+        The study; its :meth:`Study.fingerprint` is compared.
+    """
     path = os.path.join(out, "study.json")
     mine = json.loads(json.dumps(study.fingerprint(), sort_keys=True, default=str))
     if os.path.isfile(path):
@@ -88,7 +162,16 @@ def check_fingerprint(out: str, study: Study) -> None:
 
 
 def append_rows(path: str, frame: pd.DataFrame) -> None:
-    """Append ``frame`` to the CSV at ``path`` in one write (header if the file is new)."""
+    """Append rows to a CSV file in one write.
+
+    Parameters
+    ----------
+    path : str
+        The CSV file; a new or empty one gets the header.
+    frame : pandas.DataFrame
+        The rows; in an existing file, reordered to its header's columns (a column not in it
+        is dropped, one missing is empty).
+    """
     exists = os.path.isfile(path) and os.path.getsize(path) > 0
     if exists:
         with open(path) as fh:

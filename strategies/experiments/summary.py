@@ -15,8 +15,22 @@ def summarize(results: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str]
     """Mean and SD over replications per cell and method (the papers' tables).
 
     Each replication's value is first averaged over its rows (e.g. sites: the mean AUC over
-    institutions), ignoring missing values; then ``<metric>_mean``, ``<metric>_sd``
-    (ddof 1) and ``n_reps`` per ``keys`` + ``method``, in grid order.
+    institutions), ignoring missing values.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The study's results: the design keys, ``method``, ``rep`` and the metrics.
+    keys : sequence of str
+        The design keys.
+    metrics : sequence of str
+        The columns summarized.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``n_reps``, ``<metric>_mean`` and ``<metric>_sd`` (ddof 1) per ``keys`` +
+        ``method``, in the results' order (grid order: :func:`order_results`).
     """
     if results.empty:
         return pd.DataFrame(columns=[*keys, "method", "n_reps"])
@@ -33,7 +47,23 @@ def summarize(results: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str]
 
 def summary_table(summary: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str]):
     """The papers' layout: one row per cell, one column per metric and method holding
-    ``mean (sd)`` to 4 significant digits."""
+    ``mean (sd)`` to 4 significant digits.
+
+    Parameters
+    ----------
+    summary : pandas.DataFrame
+        :func:`summarize`'s table.
+    keys : sequence of str
+        The design keys.
+    metrics : sequence of str
+        The metrics summarized.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The design keys, then a column per metric and method: named by the method for one
+        metric, ``<metric>:<method>`` for several.
+    """
     if summary.empty:
         return pd.DataFrame(columns=list(keys))
 
@@ -66,7 +96,22 @@ def summary_table(summary: pd.DataFrame, keys: Sequence[str], metrics: Sequence[
 
 
 def order_results(results: pd.DataFrame, cells: list[dict], keys: Sequence[str]) -> pd.DataFrame:
-    """Rows in grid order (cells of this config first, others after), then rep."""
+    """Rows in grid order (cells of this config first, others after), then rep.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The study's results.
+    cells : list of dict
+        The config's cells, in grid order.
+    keys : sequence of str
+        The design keys.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The rows reordered (stable within a cell and rep), with a fresh index.
+    """
     if results.empty:
         return results
     rank = {cell_label(c): k for k, c in enumerate(cells)}
@@ -82,7 +127,20 @@ def order_results(results: pd.DataFrame, cells: list[dict], keys: Sequence[str])
 
 def normalize_types(results: pd.DataFrame, study: Study) -> pd.DataFrame:
     """Design columns as their declared types (CSV round trips turn 50 into 50.0 when a
-    column is empty somewhere)."""
+    column is empty somewhere).
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The study's results; changed in place.
+    study : Study
+        The study (its design keys and their types): ``int`` keys become ``int64``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``results``.
+    """
     for k in study.keys:
         if k in results.columns and study.types[k] is int:
             results[k] = results[k].astype("int64")

@@ -27,7 +27,16 @@ def add_settings(parser: argparse.ArgumentParser, cls) -> None:
     """One option per field of the settings dataclass ``cls`` (``--name-with-dashes``),
     with its help, its choices and its default shown; an option not given keeps the
     dataclass default (read back by :func:`settings_from_args`).  The class's own fields
-    come first, the ones it inherits (Flower's strategies' settings) after them."""
+    come first, the ones it inherits (Flower's strategies' settings) after them.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The parser the options are added to.
+    cls : type
+        A settings dataclass whose fields all have defaults; each field's ``help``,
+        ``choices`` and ``metavar`` metadata go to its option.
+    """
     defaults = cls()
     own = cls.__dict__.get("__annotations__", {})
     ordered = sorted(dataclasses.fields(cls), key=lambda f: f.name not in own)
@@ -79,9 +88,17 @@ def line_to_stderr(line: str) -> None:
 
 
 def add_flags(parser: argparse.ArgumentParser, cls) -> None:
-    """One option per field of ``cls`` that declares a ``flag`` (a data spec, of whose
-    fields only some are ``fit`` options; :func:`strategies.config.setting`), with its
-    help, choices and the declared default."""
+    """One option per field of ``cls`` that declares a ``flag`` (``--<flag>``), with its
+    help, choices and the declared default.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The parser the options are added to.
+    cls : type
+        A dataclass (a data spec, the checkpoint options) of whose fields only some are
+        ``fit`` options: those declaring a ``flag`` (:func:`strategies.config.setting`).
+    """
     defaults = cls()
     for f in dataclasses.fields(cls):
         flag = f.metadata.get("flag")
@@ -96,7 +113,22 @@ def add_flags(parser: argparse.ArgumentParser, cls) -> None:
 
 def from_flags(cls, args: argparse.Namespace, **fixed):
     """``cls`` from its :func:`add_flags` options and the ``fixed`` fields; a value out of
-    range is an error naming the option (``train-fraction: ...``), not the run-config key."""
+    range is an error naming the option (``train-fraction: ...``), not the run-config key.
+
+    Parameters
+    ----------
+    cls : type
+        The dataclass whose flagged fields :func:`add_flags` made options.
+    args : argparse.Namespace
+        The parsed options (each flag's dashes as underscores).
+    **fixed
+        Fields set directly; they override the options' values.
+
+    Returns
+    -------
+    object
+        An instance of ``cls``.
+    """
     from ..config import config_key
 
     flagged = [f for f in dataclasses.fields(cls) if f.metadata.get("flag")]
@@ -113,7 +145,21 @@ def from_flags(cls, args: argparse.Namespace, **fixed):
 
 
 def settings_from_args(cls, args: argparse.Namespace):
-    """``cls`` with the options given on the command line (the rest: its defaults)."""
+    """``cls`` with the options given on the command line (the rest: its defaults).
+
+    Parameters
+    ----------
+    cls : type
+        The settings dataclass whose fields :func:`add_settings` made options.
+    args : argparse.Namespace
+        The parsed options; a field whose attribute is missing or ``None`` (not given)
+        keeps its default.
+
+    Returns
+    -------
+    object
+        An instance of ``cls``.
+    """
     given = {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(cls)
@@ -182,22 +228,64 @@ def guards_run_config(guards) -> dict:
 
 
 def moments_asked(cfg, what: str) -> str:
-    """What a fit at ``cfg`` asks each site second moments for (``what``: the method's
-    name for them), or empty: exact curvature or oracle inference."""
+    """What a fit at ``cfg`` asks each site second moments for, or empty: exact curvature
+    or oracle inference.
+
+    Parameters
+    ----------
+    cfg : GrAUCConfig or RowFedConfig
+        The method's settings (read: ``curvature``, ``inference``).
+    what : str
+        The method's name for the second moments (e.g. ``"X'X"``).
+
+    Returns
+    -------
+    str
+        ``what`` when ``cfg.curvature`` is ``"exact"`` or ``cfg.inference`` is
+        ``"oracle"``, else empty.
+    """
     return what if cfg.curvature == "exact" or cfg.inference == "oracle" else ""
 
 
 def guards_record(guards, refused: dict) -> dict:
     """``metrics.json``'s ``guards``: the floors applied and what the default floors of a
-    federation would have refused (:func:`note_default_floors`)."""
+    federation would have refused.
+
+    Parameters
+    ----------
+    guards : Guards
+        The floors the fit applied (:func:`guards_from_args`).
+    refused : dict
+        ``{site: [refusal, ...]}`` at the default floors (:func:`note_default_floors`).
+
+    Returns
+    -------
+    dict
+        ``{"applied": guards.floors(), "refused_at_default_floors": refused}``.
+    """
     return {"applied": guards.floors(), "refused_at_default_floors": refused}
 
 
 def note_default_floors(sites: list[tuple], moments: str, stream=None) -> dict[str, list[str]]:
     """What a federation's sites at the default floors (:class:`strategies.client.guards.Guards`)
-    would refuse, from ``sites`` as ``(site, rows, {class: rows} or None, features)``
-    (``moments``: what the run asks second moments for, or empty): one note line naming
-    them on ``stream`` (stderr), and ``{site: [refusal, ...]}`` for ``metrics.json``."""
+    would refuse: one note line naming them on ``stream``, and ``{site: [refusal, ...]}``
+    for ``metrics.json``.
+
+    Parameters
+    ----------
+    sites : list of tuple
+        One ``(site, rows, {class: rows} or None, features)`` per site.
+    moments : str
+        What the run asks second moments for (:func:`moments_asked`), or empty.
+    stream : file-like, optional
+        Where the note goes (default: stderr); no note when no site would refuse.
+
+    Returns
+    -------
+    dict of str to list of str
+        Each refusing site's refusals (:meth:`strategies.client.guards.Guards.refusals`),
+        by site; empty when none would refuse.
+    """
     from ..client.guards import Guards
 
     floors = Guards()
@@ -247,7 +335,22 @@ def run_main(parser: argparse.ArgumentParser, dispatch, argv=None) -> int:
     unless the command was given ``--verbose``, run ``dispatch(args)``, and turn whatever
     it raises into one ``error:`` line and exit 2: a bad setting or file as it was worded,
     an operating-system error with its file, a failed Flower run by its first line, and
-    anything else as ``unexpected <type>``, never a traceback."""
+    anything else as ``unexpected <type>``, never a traceback.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The command's parser (:class:`Parser`).
+    dispatch : callable
+        ``dispatch(args)`` runs the parsed command and returns its exit status.
+    argv : list of str, optional
+        The arguments (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit status: ``dispatch``'s, argparse's, or 2 after an ``error:`` line.
+    """
     from strategies import quiet_flower
 
     try:
@@ -341,7 +444,16 @@ def project_dir() -> str:
 
 def warn_grid_edge(metrics: dict, stream=None) -> None:
     """A warning line per tuned setting that sits at an end of its grid (``metrics.json:
-    at_grid_edge``): the best value may lie beyond it."""
+    at_grid_edge``): the best value may lie beyond it.
+
+    Parameters
+    ----------
+    metrics : dict
+        ``metrics.json``'s content (read: ``at_grid_edge``, and the tuned values in
+        ``tuned`` or ``tuning.selected``).
+    stream : file-like, optional
+        Where the warnings go (default: stderr).
+    """
     stream = stream if stream is not None else sys.stderr
     tuned = metrics.get("tuned") or (metrics.get("tuning") or {}).get("selected") or {}
     for name, end in (metrics.get("at_grid_edge") or {}).items():
@@ -363,9 +475,28 @@ def warn_no_intervals(metrics: dict) -> None:
 def finish_outputs(tmp: str, updates: dict, split: dict, write_test, own_files, report) -> dict:
     """The last steps of both ``fit`` commands, in the fit's output directory ``tmp``:
     ``metrics.json`` as the run wrote it, with ``updates`` and the ``split``; with test rows
-    (``split["n_test"]``) ``test.csv`` by ``write_test(metrics)``, which returns
-    ``metrics.json``'s ``test``; the method's own files (``own_files(tmp)``); then
-    ``report.html`` (``report(tmp)``).  Returns the metrics."""
+    ``test.csv``; the method's own files; then ``report.html``.
+
+    Parameters
+    ----------
+    tmp : str
+        The fit's output directory, holding the run's ``metrics.json``.
+    updates : dict
+        Entries added to ``metrics.json`` (over the run's own).
+    split : dict
+        ``metrics.json``'s ``split``; its ``n_test`` says whether there are test rows.
+    write_test : callable
+        ``write_test(metrics)`` writes ``test.csv`` and returns ``metrics.json``'s ``test``.
+    own_files : callable
+        ``own_files(tmp)`` writes the method's own files.
+    report : callable
+        ``report(tmp)`` writes ``report.html``.
+
+    Returns
+    -------
+    dict
+        The metrics, as written to ``metrics.json``.
+    """
     import json
 
     path = os.path.join(tmp, "metrics.json")
@@ -385,7 +516,21 @@ def finish_outputs(tmp: str, updates: dict, split: dict, write_test, own_files, 
 def end_fit(method: str, metrics: dict, levels, scores: str, out: str) -> None:
     """What both ``fit`` commands print at the end: :func:`fit_summary`'s line, and the
     warnings of a fit without its intervals, of a tuned level at its grid's edge and of a
-    fit that stopped at its round limit (a FedAvg-family method runs a fixed count)."""
+    fit that stopped at its round limit (a FedAvg-family method runs a fixed count).
+
+    Parameters
+    ----------
+    method : str
+        The method fitted.
+    metrics : dict
+        ``metrics.json``'s content.
+    levels : sequence of str
+        The settings the method reads (:func:`fit_summary`).
+    scores : str
+        The line's scores (:func:`fit_summary`).
+    out : str
+        The output directory the line names.
+    """
     from ..config import FEDAVG_FAMILY
 
     print(fit_summary(method, metrics, levels, scores, out))
@@ -398,10 +543,29 @@ def end_fit(method: str, metrics: dict, levels, scores: str, out: str) -> None:
 def fit_summary(method: str, metrics: dict, levels, scores: str, out: str) -> str:
     """The one line a fit prints, both methods: how it ended (a FedAvg-family method runs
     a fixed count of rounds; the others converge or stop at the round limit), its objective
-    when it has one, the levels it used (``levels``: the names of the settings the method
-    reads, each method's ``tuning.used_levels``; their values from ``metrics["config"]``; a
-    site weighting of 0 left out), ``scores`` (e.g. ``mean test AUC 0.9185``) and where it
-    wrote."""
+    when it has one, the levels it used (a site weighting of 0 left out), ``scores`` and
+    where it wrote.
+
+    Parameters
+    ----------
+    method : str
+        The method fitted.
+    metrics : dict
+        ``metrics.json``'s content (read: ``rounds``, ``converged``, ``objective``,
+        ``config``).
+    levels : sequence of str
+        The names of the settings the method reads (each method's ``used_levels``); their
+        values come from ``metrics["config"]``.
+    scores : str
+        The scores to show (e.g. ``mean test AUC 0.9185``); empty: none.
+    out : str
+        The output directory (``wrote <out>``).
+
+    Returns
+    -------
+    str
+        The line, its parts joined by ``"; "``.
+    """
     from ..config import FEDAVG_FAMILY
 
     rounds = int(metrics["rounds"])
@@ -427,7 +591,22 @@ def fit_summary(method: str, metrics: dict, levels, scores: str, out: str) -> st
 
 def add_run_parser(sub, methods: tuple[str, ...], default: str, count_key: str, count: int):
     """The ``run`` subcommand of a method's command line (:func:`cmd_run`): the Flower app on
-    Flower's simulation engine, ``count`` SuperNodes (the run-config key ``count_key``)."""
+    Flower's simulation engine.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        The command's subparsers (``parser.add_subparsers()``).
+    methods : tuple of str
+        The methods ``--method``'s help lists.
+    default : str
+        ``--method``'s default (comma-separated).
+    count_key : str
+        The run-config key of the SuperNode count; ``data.num-sites`` makes the option
+        ``--num-sites``, any other key ``--num-clients``.
+    count : int
+        The default SuperNode count.
+    """
     p = sub.add_parser("run", help="the Flower app on Flower's simulation engine")
     p.add_argument(
         "--method",
@@ -455,8 +634,23 @@ _LOG_LINE = re.compile(r"^\s*(DEBUG|INFO|WARNING)\s*:")
 
 def cmd_run(a, task: str, table_starts: str) -> int:
     """``run``: ``flwr run`` of the app with ``task``, ``--method`` and ``--run-config`` on
-    a private simulation SuperLink; prints the run's result table (from the line holding
-    ``table_starts``)."""
+    a private simulation SuperLink; prints the run's result table.
+
+    Parameters
+    ----------
+    a : argparse.Namespace
+        The ``run`` subcommand's options (:func:`add_run_parser`).
+    task : str
+        The run config's ``task`` (``"grauc"`` or ``"rowfed"``).
+    table_starts : str
+        Text on the table's first line: what is printed starts at the line holding it (the
+        output's last 3000 characters when it is not there).
+
+    Returns
+    -------
+    int
+        0 (a failed run raises).
+    """
     import tomllib
 
     from .launch import stream_echo

@@ -33,7 +33,23 @@ def _run(cmd: list[str]) -> None:
 
 
 def make_certificates(out: str, hosts: list[str] | None = None, days: int = 365) -> dict:
-    """CA, SuperLink certificate (SAN: localhost, 127.0.0.1, ``hosts``).  Returns paths."""
+    """CA, SuperLink certificate (SAN: localhost, 127.0.0.1, ``hosts``).
+
+    Parameters
+    ----------
+    out : str
+        The directory the files are written to (created if needed).
+    hosts : list of str, optional
+        More host names or IP addresses the SuperLink's certificate is valid for.
+    days : int, optional
+        How many days both certificates are valid.
+
+    Returns
+    -------
+    dict
+        The paths: ``ca`` (``ca.crt``), ``cert`` (``server.pem``) and ``key``
+        (``server.key``).
+    """
     os.makedirs(out, exist_ok=True)
     ca_key, ca_crt = os.path.join(out, "ca.key"), os.path.join(out, "ca.crt")
     key, csr, pem = (os.path.join(out, n) for n in ("server.key", "server.csr", "server.pem"))
@@ -115,7 +131,21 @@ def make_certificates(out: str, hosts: list[str] | None = None, days: int = 365)
 
 
 def make_node_key(out: str, name: str) -> tuple[str, str]:
-    """An ECDSA P-384 key pair for SuperNode authentication: ``(private, public)`` paths."""
+    """An ECDSA P-384 key pair for SuperNode authentication.
+
+    Parameters
+    ----------
+    out : str
+        The directory of the keys.
+    name : str
+        The private key's file name (and the key's comment); the public key's adds ``.pub``.
+        A pair of that name already there is replaced.
+
+    Returns
+    -------
+    tuple of str
+        ``(private, public)`` paths.
+    """
     path = os.path.join(out, name)
     for p in (path, path + ".pub"):
         if os.path.exists(p):
@@ -129,9 +159,28 @@ def superlink_command(
     host: str, port: int, certs_dir: str | None, database: str, auth: bool = True
 ) -> list[str]:
     """``flower-superlink`` serving Fleet, Control and runtime APIs on ``host:port``: TLS
-    from ``certs_dir`` (``ca.crt``, ``server.pem``, ``server.key``; ``None``: insecure),
-    SuperNode authentication, its state in ``database``, and no dependency installation
-    at run time (the app's dependencies are installed with the project)."""
+    from ``certs_dir``, SuperNode authentication, its state in ``database``, and no
+    dependency installation at run time (the app's dependencies are installed with the
+    project).
+
+    Parameters
+    ----------
+    host : str
+        The address it binds (``--host``).
+    port : int
+        The port it listens on.
+    certs_dir : str or None
+        The directory of ``ca.crt``, ``server.pem`` and ``server.key``; ``None``: insecure.
+    database : str
+        Where its state is kept (``--database``).
+    auth : bool, optional
+        Whether SuperNodes must authenticate (``--enable-supernode-auth``).
+
+    Returns
+    -------
+    list of str
+        The command's words.
+    """
     cmd = ["flower-superlink", "--host", host, "--port", str(port)]
     if certs_dir is None:
         cmd.append("--insecure")
@@ -159,7 +208,26 @@ def supernode_command(
     superlink: str, ca: str | None, private_key: str | None, port: int, node_config: str
 ) -> list[str]:
     """``flower-supernode`` of one site: connected to ``superlink``, its ClientApp served
-    on ``127.0.0.1:port`` (a different port for each SuperNode on one host)."""
+    on ``127.0.0.1:port``.
+
+    Parameters
+    ----------
+    superlink : str
+        The SuperLink's address (``host:port``).
+    ca : str or None
+        The CA certificate (``--root-certificates``); ``None``: insecure.
+    private_key : str or None
+        The node's private key for SuperNode authentication; ``None``: none.
+    port : int
+        The local port (a different port for each SuperNode on one host).
+    node_config : str
+        The node config (``--node-config``), e.g. ``data-path="..." site="..." index=0``.
+
+    Returns
+    -------
+    list of str
+        The command's words.
+    """
     cmd = ["flower-supernode", "--superlink", superlink]
     cmd += ["--insecure"] if ca is None else ["--root-certificates", ca]
     if private_key is not None:
@@ -233,7 +301,20 @@ def toml_text(doc: dict) -> str:
 
 def shell(cmd: list[str], width: int = 88) -> str:
     """``cmd`` quoted for a POSIX shell; when longer than ``width``, one ``--flag value``
-    per continued line."""
+    per continued line.
+
+    Parameters
+    ----------
+    cmd : list of str
+        The command's words; those before its first ``--`` option stay on the first line.
+    width : int, optional
+        The longest command kept on one line.
+
+    Returns
+    -------
+    str
+        The command line.
+    """
     words = [shlex.quote(w) for w in cmd]
     line = " ".join(words)
     if len(line) <= width:
@@ -265,9 +346,44 @@ def make_plan(
     python: str = "python",
     keys_dir: str | None = None,
 ) -> Plan:
-    """The commands of a deployment over ``sites`` with a SuperLink reached at ``address``
-    (``host:port``), TLS from ``certs_dir`` and SuperNode authentication (public keys from
-    ``keys_dir``, by default ``certs_dir``)."""
+    """The commands of a deployment over ``sites`` with a SuperLink reached at ``address``,
+    TLS from ``certs_dir`` and SuperNode authentication.
+
+    Parameters
+    ----------
+    address : str
+        ``host:port`` at which the SuperNodes reach the SuperLink; the SuperLink listens on
+        its port.
+    certs_dir : str
+        The directory of :func:`make_certificates`'s files: the SuperLink's TLS, and
+        ``ca.crt`` for the SuperNodes and the connection.
+    sites : list of PlanSite
+        The institutions, each with its own ``site``.  One without ``key`` gets
+        ``node-K`` in ``keys_dir`` and one without ``port`` gets ``9093 + K`` (the K-th
+        site, from 1).
+    run_config : dict
+        The run's keys (:func:`plan_run_config`); its ``task`` (default ``grauc``) sets the
+        form of the node configs, and ``registration.sites`` is added.
+    connection : str, optional
+        The name of the ``[superlink.NAME]`` connection.
+    superlink_host : str, optional
+        The address the SuperLink binds.
+    database : str, optional
+        Where the SuperLink keeps its state.
+    run_config_path : str, optional
+        The run config's file in the run command.
+    app_dir : str, optional
+        The project directory in the run command.
+    python : str, optional
+        The interpreter of the run command.
+    keys_dir : str, optional
+        The directory of the default keys (and their ``.pub`` to register); default:
+        ``certs_dir``.
+
+    Returns
+    -------
+    Plan
+    """
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise InputError(f"address: expected HOST:PORT, got {address!r}")
@@ -316,10 +432,26 @@ def make_plan(
 def start(
     cmd: list[str], home: str, log_name: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen:
-    """``cmd`` (a plan's command) as a child process in its own session, its output in
-    ``home/log_name``, Flower's scripts from this interpreter, ``env`` added to its
-    environment (a SuperNode's: :attr:`Plan.supernode_env`); stop it by pid
-    (:func:`~strategies.runtime.simulation.stop_process`)."""
+    """``cmd`` as a child process in its own session, its output in ``home/log_name``,
+    Flower's scripts from this interpreter; stop it by pid
+    (:func:`~strategies.runtime.simulation.stop_process`).
+
+    Parameters
+    ----------
+    cmd : list of str
+        A plan's command.
+    home : str
+        Flower's home (``FLWR_HOME``) and the log's directory.
+    log_name : str
+        The log file's name in ``home`` (stdout and stderr).
+    env : dict of str to str, optional
+        Added to its environment (a SuperNode's: :attr:`Plan.supernode_env`).
+
+    Returns
+    -------
+    subprocess.Popen
+        The process; its ``log_path`` is the log file's path.
+    """
     log = open(os.path.join(home, log_name), "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [console_script(cmd[0]), *cmd[1:]],
@@ -354,7 +486,22 @@ def read_plan_sites(path: str) -> list[PlanSite]:
 
 
 def plan_run_config(args, sites: list[PlanSite]) -> dict:
-    """The run config of a planned run (the keys an operator sets; the rest default)."""
+    """The run config of a planned run (the keys an operator sets; the rest default).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The ``plan`` subcommand's options (read: ``task``, ``method``, ``max_rounds``,
+        ``responses``, ``round_timeout``, ``tune``, ``folds``, ``cv_criterion``,
+        ``out_dir``).
+    sites : list of PlanSite
+        The institutions (GrAUC-PFL needs each one's ``lat`` and ``lon``).
+
+    Returns
+    -------
+    dict
+        The run-config keys.
+    """
     rc = {"task": args.task, "method": args.method or args.task}
     if args.task == "grauc":
         missing = [s.site for s in sites if s.lat is None or s.lon is None]

@@ -25,9 +25,25 @@ ROUND_LINE = re.compile(r"([\w-]+) round (\d+)(?:/(\d+))?: (objective .*)$")
 
 
 def round_logger(method: str, every: int = 1, limit: int | None = None):
-    """A ``progress`` callback for strategies: logs round (of at most ``limit``), objective,
-    residuals and elapsed time every ``every`` rounds (and round 1).  The lines have the
-    form ``<method> round <k>/<limit>: objective ...`` (:data:`ROUND_LINE` reads them)."""
+    """A ``progress`` callback for strategies: logs round, objective, residuals and elapsed
+    time every ``every`` rounds (and round 1).  The lines have the form
+    ``<method> round <k>/<limit>: objective ...`` (:data:`ROUND_LINE` reads them).
+
+    Parameters
+    ----------
+    method : str
+        The name that starts each line.
+    every : int, optional
+        The rounds between two lines.
+    limit : int, optional
+        The round limit the lines show (``None``: ``<method> round <k>: ...``).
+
+    Returns
+    -------
+    callable
+        ``progress(round, objective, residuals, elapsed)``, ``residuals`` ``None`` or
+        an object with ``describe()``.
+    """
     of = "" if limit is None else f"/{int(limit)}"
 
     def report(rnd, objective, res, elapsed):
@@ -77,12 +93,26 @@ class InProcessClientProxy(ClientProxy):
 
 
 def run_inprocess(strategy, clients, max_rounds: int) -> int:
-    """Drive ``strategy`` with ``clients`` (``NumPyClient`` objects) through Flower's own
-    :class:`~flwr.server.Server` (one client at a time), for up to ``max_rounds`` rounds,
-    stopping when the strategy has finished.  Returns the number of rounds run.
+    """Drive ``strategy`` with ``clients`` through Flower's own :class:`~flwr.server.Server`
+    (one client at a time), for up to ``max_rounds`` rounds, stopping when the strategy has
+    finished.
 
     Flower's per-round INFO log is silenced here (tests and studies run many fits); the
     strategies' warnings still show.
+
+    Parameters
+    ----------
+    strategy : flwr.server.strategy.Strategy
+        The strategy; it has finished when its ``finished`` is true.
+    clients : sequence of NumPyClient
+        The clients, registered as cids ``"0"``, ``"1"``, ... in their order.
+    max_rounds : int
+        The round limit.
+
+    Returns
+    -------
+    int
+        The number of rounds run.
     """
     manager = SimpleClientManager()
     for k, c in enumerate(clients):

@@ -129,15 +129,57 @@ class FitFlow:
         raise NotImplementedError
 
     def run_inprocess(self, tmp: str, federated: bool, opts, progress) -> None:
-        """The fit in process, its result written into ``tmp``."""
+        """The fit in process, its result written into ``tmp``.
+
+        Parameters
+        ----------
+        tmp : str
+            The fit's output directory (:func:`~strategies.runtime.cli.atomic_output_dir`).
+        federated : bool
+            Whether the fit is tuned (or calibrated) inside the federation
+            (:meth:`federated`).
+        opts : CVOptions or None
+            The cross-validation's options (:meth:`cv_options`).
+        progress : callable or None
+            Where progress goes: a :class:`~strategies.runtime.cli.RoundProgress`, or for
+            a federated fit :func:`~strategies.runtime.cli.line_to_stderr` (``None`` with
+            ``--quiet``).
+        """
         raise NotImplementedError  # pragma: no cover - each method's
 
     def run_config(self, tmp: str, federated: bool, opts) -> dict:
-        """The Flower run config of the fit (``--engine flower``), writing into ``tmp``."""
+        """The Flower run config of the fit (``--engine flower``), writing into ``tmp``.
+
+        Parameters
+        ----------
+        tmp : str
+            The fit's output directory (the run config's ``out-dir``).
+        federated : bool
+            Whether the fit is tuned (or calibrated) inside the federation
+            (:meth:`federated`).
+        opts : CVOptions or None
+            The cross-validation's options (:meth:`cv_options`).
+
+        Returns
+        -------
+        dict
+            The run config.
+        """
         raise NotImplementedError  # pragma: no cover - each method's
 
     def after_run(self, tmp: str, federated: bool, opts) -> None:
-        """What follows the run before ``metrics.json`` is completed (nothing by default)."""
+        """What follows the run before ``metrics.json`` is completed (nothing by default).
+
+        Parameters
+        ----------
+        tmp : str
+            The fit's output directory, holding the run's files.
+        federated : bool
+            Whether the fit was tuned (or calibrated) inside the federation
+            (:meth:`federated`).
+        opts : CVOptions or None
+            The cross-validation's options (:meth:`cv_options`).
+        """
 
     def updates(self, seconds: float) -> dict:  # pragma: no cover - each method's
         """``metrics.json``'s entries besides the run's own (the run's ``seconds``)."""
@@ -148,7 +190,20 @@ class FitFlow:
         raise NotImplementedError
 
     def write_test(self, tmp: str, metrics: dict) -> dict:  # pragma: no cover
-        """``test.csv``; returns ``metrics.json``'s ``test``."""
+        """``test.csv`` in ``tmp``.
+
+        Parameters
+        ----------
+        tmp : str
+            The fit's output directory.
+        metrics : dict
+            ``metrics.json``'s content so far (:func:`~strategies.runtime.cli.finish_outputs`).
+
+        Returns
+        -------
+        dict
+            ``metrics.json``'s ``test``.
+        """
         raise NotImplementedError
 
     def own_files(self, where: str) -> None:

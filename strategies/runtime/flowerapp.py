@@ -46,8 +46,29 @@ def run_methods(
     timeout: float | None,
 ) -> dict:
     """Each method through Flower's server loop on ``grid`` (polled for replies promptly:
-    :class:`~strategies.runtime.grid.PromptGrid`), one after the other; returns
-    ``{method: collect(method, strategy)}``."""
+    :class:`~strategies.runtime.grid.PromptGrid`), one after the other.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The ServerApp's grid (wrapped in a :class:`~strategies.runtime.grid.PromptGrid`
+        unless it is one).
+    methods : list of str
+        The methods, in the order they run.
+    make_strategy : callable
+        ``make_strategy(method)``: the method's strategy.
+    max_rounds_for : callable
+        ``max_rounds_for(method)``: the method's round limit (Flower's ``num_rounds``).
+    collect : callable
+        ``collect(method, strategy)``: what the results keep of a finished method.
+    timeout : float or None
+        Flower's round timeout in seconds (``None``: no limit).
+
+    Returns
+    -------
+    dict
+        ``{method: collect(method, strategy)}``.
+    """
     results = {}
     grid = grid if isinstance(grid, PromptGrid) else PromptGrid(grid)
     for method in methods:

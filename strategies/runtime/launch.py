@@ -45,7 +45,25 @@ def app_error(output: str) -> str | None:
 
 
 def run_status(connection: str, run_id: str, env: dict, timeout: float = 60) -> tuple[str, str]:
-    """``(status, details)`` of run ``run_id`` on ``connection`` (``flwr ls``)."""
+    """``(status, details)`` of run ``run_id`` on ``connection`` (``flwr ls``).
+
+    Parameters
+    ----------
+    connection : str
+        The ``[superlink.NAME]`` connection.
+    run_id : str
+        The run's id.
+    env : dict
+        The environment ``flwr ls`` runs in.
+    timeout : float, optional
+        Seconds ``flwr ls`` may take.
+
+    Returns
+    -------
+    status, details : str
+        The run's status (e.g. ``finished:completed``) and Flower's details of it (empty
+        when it gives none).
+    """
     proc = subprocess.run(
         [console_script("flwr"), "ls", connection, "--run-id", run_id, "--format", "json"],
         env=env,
@@ -63,7 +81,22 @@ def run_status(connection: str, run_id: str, env: dict, timeout: float = 60) -> 
 
 
 def failure_message(status: str, details: str, output: str) -> str:
-    """One line saying why a run with ``status`` did not complete."""
+    """One line saying why a run with ``status`` did not complete.
+
+    Parameters
+    ----------
+    status : str
+        The run's status (:func:`run_status`).
+    details : str
+        Flower's details of the status (empty or ``N/A``: none).
+    output : str
+        The output of ``flwr run``; the ServerApp's last ``error: ...`` line in it, when
+        there is one, is the line (without ``error:``).
+
+    Returns
+    -------
+    str
+    """
     found = app_error(output)
     if found:
         return found.removeprefix("error: ")
@@ -105,8 +138,21 @@ class ProgressLines:
 
 
 def stream_echo(quiet: bool, verbose: bool):
-    """What of ``flwr run``'s stream a person sees: nothing (``quiet``), everything
-    (``verbose``), or the progress (:class:`ProgressLines`)."""
+    """What of ``flwr run``'s stream a person sees: nothing, everything, or the progress
+    (:class:`ProgressLines`).
+
+    Parameters
+    ----------
+    quiet : bool
+        Nothing (over ``verbose``).
+    verbose : bool
+        Everything.
+
+    Returns
+    -------
+    bool or ProgressLines
+        :func:`flwr_run_checked`'s ``echo``.
+    """
     return False if quiet else True if verbose else ProgressLines()
 
 
@@ -119,9 +165,30 @@ def flwr_run_checked(
     timeout: float | None = None,
 ) -> str:
     """``flwr run APP_DIR CONNECTION --stream ARGS``; returns its output when the run's
-    status is ``finished:completed``, else raises :class:`RunFailed` (one line).  With
-    ``echo`` the output is copied to stderr as it comes; with a callable (e.g.
-    :class:`ProgressLines`) what it returns for each line."""
+    status is ``finished:completed``, else raises :class:`RunFailed` (one line).
+
+    Parameters
+    ----------
+    app_dir : str
+        The Flower app's directory.
+    connection : str
+        The ``[superlink.NAME]`` connection the run goes to.
+    env : dict
+        The environment of ``flwr run`` and ``flwr ls``.
+    args : tuple of str, optional
+        More arguments of ``flwr run`` (e.g. ``("--run-config", path)``).
+    echo : bool or callable, optional
+        ``True``: the output is copied to stderr as it comes; a callable (e.g.
+        :class:`ProgressLines`): what it returns for each line.
+    timeout : float, optional
+        Seconds the stream may last, checked at each line (``None``: no limit); past them
+        the run fails.
+
+    Returns
+    -------
+    str
+        The run's output (stdout and stderr).
+    """
     cmd = [console_script("flwr"), "run", app_dir, connection, "--stream", *args]
     proc = subprocess.Popen(
         cmd,

@@ -67,8 +67,26 @@ def _terminate_raises():
 def run_items(
     fn: Callable, items: Sequence, jobs: int = 1, progress: PieceProgress | None = None
 ) -> list:
-    """``[fn(item) for item in items]``, in ``jobs`` processes when ``jobs > 1`` (``fn`` and
-    the items must pickle); results in item order."""
+    """``[fn(item) for item in items]``, in ``jobs`` processes when ``jobs > 1``; results in
+    item order.
+
+    Parameters
+    ----------
+    fn : callable
+        Called on each item; with ``jobs > 1`` it must pickle.
+    items : sequence
+        The pieces of work; with ``jobs > 1`` they must pickle.
+    jobs : int, optional
+        The processes (spawned; Flower's log quiet in each); 1 or fewer, or a single
+        item: in this process.
+    progress : PieceProgress, optional
+        Called with the count of pieces done as each one ends.
+
+    Returns
+    -------
+    list
+        ``fn``'s results, in item order.
+    """
     out: list = [None] * len(items)
     if jobs <= 1 or len(items) <= 1:
         for i, item in enumerate(items):

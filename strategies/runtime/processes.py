@@ -47,6 +47,22 @@ def flower_env(home: str) -> dict:
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Return once ``127.0.0.1:port`` accepts a connection.
+
+    Parameters
+    ----------
+    port : int
+        The port on ``127.0.0.1``.
+    proc : subprocess.Popen
+        The ``flower-superlink`` process that opens the port.
+    timeout : float, optional
+        Seconds to wait.
+
+    Raises
+    ------
+    RuntimeError
+        When ``proc`` exits first, or the port is not open within ``timeout``.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -58,7 +74,15 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> N
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM the process (by pid), wait, then SIGKILL its process group if still alive."""
+    """SIGTERM the process (by pid), wait, then SIGKILL its process group if still alive.
+
+    Parameters
+    ----------
+    proc : subprocess.Popen
+        A process started in its own session (its process group's id is its pid).
+    grace : float, optional
+        Seconds to wait after SIGTERM.
+    """
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)

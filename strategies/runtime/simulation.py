@@ -65,12 +65,29 @@ def simulation_superlink(home: str):
 def flwr_run(
     app_dir: str, run_config: dict, num_supernodes: int, timeout: float = 1800, echo=False
 ) -> str:
-    """``flwr run`` the app in ``app_dir`` on the simulation engine; returns its output.
+    """``flwr run`` the app in ``app_dir`` on the simulation engine.
 
     Raises :class:`~strategies.runtime.launch.RunFailed` (one line: the ServerApp's error,
-    or Flower's status) unless the run's status is ``finished:completed``.  ``echo``: what
-    of the stream to copy to stderr (``True``: all; a filter such as
-    :class:`~strategies.runtime.launch.ProgressLines`).
+    or Flower's status) unless the run's status is ``finished:completed``.
+
+    Parameters
+    ----------
+    app_dir : str
+        The Flower app's directory.
+    run_config : dict
+        The run config (written to a TOML file for ``--run-config``).
+    num_supernodes : int
+        The simulated SuperNodes (one CPU each).
+    timeout : float, optional
+        Seconds the run's stream may last (:func:`~strategies.runtime.launch.flwr_run_checked`).
+    echo : bool or callable, optional
+        What of the stream to copy to stderr (``True``: all; a filter such as
+        :class:`~strategies.runtime.launch.ProgressLines`).
+
+    Returns
+    -------
+    str
+        The run's output.
     """
     from .launch import flwr_run_checked
 

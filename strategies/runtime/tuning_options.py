@@ -8,7 +8,15 @@ import argparse
 
 
 def add_tuning_arguments(parser: argparse.ArgumentParser, tunes: tuple[str, ...]) -> None:
-    """``--tune`` and the cross-validation options both ``fit`` commands share."""
+    """``--tune`` and the cross-validation options both ``fit`` commands share.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The ``fit`` command's parser.
+    tunes : tuple of str
+        ``--tune``'s choices (the method's ways to tune, e.g. ``cv``, ``gic``).
+    """
     from ..stats.tuning import RULES
 
     parser.add_argument(
@@ -67,7 +75,20 @@ def add_tuning_arguments(parser: argparse.ArgumentParser, tunes: tuple[str, ...]
 
 
 def cv_options(args: argparse.Namespace, seed: int):
-    """The :class:`~strategies.stats.tuning.CVOptions` of a ``fit`` command's options."""
+    """The :class:`~strategies.stats.tuning.CVOptions` of a ``fit`` command's options.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The ``fit`` command's options (:func:`add_tuning_arguments`'s, and ``quiet`` when
+        there).
+    seed : int
+        The folds' seed.
+
+    Returns
+    -------
+    CVOptions
+    """
     from ..stats.tuning import CVOptions
 
     return CVOptions(
@@ -83,9 +104,24 @@ def cv_options(args: argparse.Namespace, seed: int):
 
 
 def tune_run_config(by: str, opts, grids: dict) -> dict:
-    """The ``tune.*`` run-config keys of a federated tuning (``--engine flower``): ``by``,
-    the options of ``opts`` and each grid of ``grids`` (``{"lam-grid": values, ...}``) as
-    comma-separated numbers (empty: the default)."""
+    """The ``tune.*`` run-config keys of a federated tuning (``--engine flower``).
+
+    Parameters
+    ----------
+    by : str
+        How the levels are tuned (``tune.by``, e.g. ``cv``, ``gic``).
+    opts : CVOptions
+        The cross-validation's options (read: ``folds``, ``rule``, ``criterion``,
+        ``repeats``, ``seed``, ``tol``, ``max_rounds``, ``max_fits``).
+    grids : dict
+        ``{"lam-grid": values, ...}``: each grid as numbers, written comma-separated
+        (empty: the default), or a word (RowFed's ``auto``), written as it is.
+
+    Returns
+    -------
+    dict
+        The ``tune.*`` keys.
+    """
     out = {
         "tune.by": by,
         "tune.folds": opts.folds,
@@ -106,8 +142,29 @@ def tune_run_config(by: str, opts, grids: dict) -> dict:
 def tuning_metrics(summary, params, score: str, maximize: bool, opts, no_edge=()) -> dict:
     """What ``metrics.json`` records of a cross-validation: the chosen setting, its mean
     validation score and standard error, the best mean of the grid, the grid's size, the
-    folds and rule of ``opts``, and ``at_grid_edge`` (:func:`strategies.stats.tuning.grid_edges`;
-    less the ``(setting, end)`` pairs of ``no_edge``, ends that cannot be passed)."""
+    folds and rule of ``opts``, and ``at_grid_edge`` (:func:`strategies.stats.tuning.grid_edges`).
+
+    Parameters
+    ----------
+    summary : pandas.DataFrame
+        One row per setting, with the columns of ``params``, ``mean``, ``se`` and
+        ``chosen`` (:func:`strategies.stats.tuning.choose`).
+    params : sequence of str
+        The tuned settings.
+    score : str
+        The validation score's name (``cv.score``, e.g. ``val_auc``).
+    maximize : bool
+        Whether higher is better (for the best mean).
+    opts : CVOptions
+        The cross-validation's options (read: ``folds``, ``rule``).
+    no_edge : collection of tuple, optional
+        ``(setting, end)`` pairs left out of ``at_grid_edge``: ends that cannot be passed.
+
+    Returns
+    -------
+    dict
+        ``tuned`` (``{setting: value}``), ``at_grid_edge`` (``{setting: end}``) and ``cv``.
+    """
     from ..stats.tuning import grid_edges
 
     row = summary[summary["chosen"]].iloc[0]

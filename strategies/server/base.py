@@ -83,6 +83,26 @@ class EvaluatedOnce:
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
+        """Keep each site's evaluation metrics by site id (in federation order) and mark the
+        evaluation in.
+
+        Parameters
+        ----------
+        server_round : int
+            Flower's round.
+        results : list of tuple
+            ``(proxy, EvaluateRes)`` per answer; each carries its ``site``.
+        failures : list
+            Flower's failures of the round (logged).
+
+        Returns
+        -------
+        loss : float or None
+            The example-weighted mean loss (``None`` without examples).
+        metrics : dict
+            ``mean_<eval_metric>``: the mean over the sites with a finite value (``nan``
+            when none).
+        """
         self.registry.log_failures(failures, server_round)
         for _, res in results:
             self.evaluation[str(res.metrics["site"])] = dict(res.metrics)

@@ -56,9 +56,24 @@ from .workers import ModelWorkers
 
 
 def pooled_by_site(pooled: dict, i: int, key: str) -> dict[str, float]:
-    """Each site's pooled out-of-fold score of setting ``i`` from :attr:`BatchStrategy.pooled`
-    (groups ``s<i>/r<repeat>``): per repeat of the folds its scores of all K folds
-    together, then the mean over repeats (each row counts once per score)."""
+    """Each site's pooled out-of-fold score of one setting: per repeat of the folds its
+    scores of all K folds together, then the mean over repeats (each row counts once per
+    score).
+
+    Parameters
+    ----------
+    pooled : dict
+        :attr:`BatchStrategy.pooled`: ``{group: {site: pooled metrics}}``.
+    i : int
+        The setting; its groups are ``s<i>/r<repeat>``.
+    key : str
+        The metric read.
+
+    Returns
+    -------
+    dict of str to float
+        Each site's mean over repeats of the finite values (``nan`` when none is).
+    """
     values: dict[str, list[float]] = {}
     for group, per_site in pooled.items():
         if group.startswith(f"s{i}/"):
@@ -511,9 +526,28 @@ class BatchStrategy(Strategy):
 
 
 def tuning_batch(plan, n_sites: int, registry: Registry, opts, timeout=None, progress=None):
-    """The :class:`BatchStrategy` of a federated tuning: ``opts``
-    (:class:`strategies.stats.tuning.CVOptions`) gives its worker processes (``jobs``) and the
-    most fits at once (``max_fits``)."""
+    """The :class:`BatchStrategy` of a federated tuning.
+
+    Parameters
+    ----------
+    plan : callable
+        The tuning's plan (:class:`BatchStrategy`).
+    n_sites : int
+        The sites of the federation.
+    registry : Registry
+        The federation's registry.
+    opts : CVOptions
+        The tuning's options (:class:`strategies.stats.tuning.CVOptions`): its worker
+        processes (``jobs``) and the most fits at once (``max_fits``).
+    timeout : float, optional
+        Seconds registration waits for the sites.
+    progress : callable, optional
+        ``progress(line)``: a line per round.
+
+    Returns
+    -------
+    BatchStrategy
+    """
     return BatchStrategy(
         plan, n_sites, registry, timeout=timeout, progress=progress, workers=opts.jobs,
         max_fits=opts.max_fits,

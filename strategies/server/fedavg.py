@@ -59,8 +59,21 @@ assert tuple(FLOWER_CLASSES) == GLOBAL_METHODS
 
 
 def flower_options(name: str, cfg) -> dict:
-    """The keyword arguments of Flower's class for ``name`` from the settings
-    (:class:`strategies.config.ComparatorSettings`; docs/methods.md 3.7)."""
+    """The keyword arguments of Flower's class for a method from the settings
+    (docs/methods.md 3.7).
+
+    Parameters
+    ----------
+    name : str
+        The method (:data:`FLOWER_CLASSES`).
+    cfg : ComparatorSettings
+        The method's config (:class:`strategies.config.ComparatorSettings`).
+
+    Returns
+    -------
+    dict
+        The options of the method's Flower class (empty for one without options).
+    """
     if name == "fedprox":
         return {"proximal_mu": float(cfg.fedprox_mu)}
     if name == "fedavgm":
@@ -84,9 +97,21 @@ def flower_options(name: str, cfg) -> dict:
 
 
 def round_limit(method: str, cfg) -> int:
-    """A method's own round limit (what a progress line counts against): ``fedavg-rounds``
-    for the FedAvg family (a personalized one adds its personalizing round), ``max-rounds``
-    for the others."""
+    """A method's own round limit (what a progress line counts against).
+
+    Parameters
+    ----------
+    method : str
+        The method's name.
+    cfg : GrAUCConfig or RowFedConfig
+        The run's config.
+
+    Returns
+    -------
+    int
+        ``fedavg-rounds`` for the FedAvg family (a personalized one adds its personalizing
+        round), ``max-rounds`` for the others.
+    """
     if method in FEDAVG_FAMILY:
         return cfg.fedavg_rounds + (method in PERSONAL_METHODS)
     return cfg.max_rounds
@@ -205,7 +230,21 @@ class RegisteringFedAvg(EvaluatedOnce, FedAvg):
     def round_objective(
         self, losses: dict[str, float], n: dict[str, int], previous: np.ndarray | None
     ) -> float:
-        """The objective FedAvg minimizes, at the global model the sites received."""
+        """The objective FedAvg minimizes, at the global model the sites received.
+
+        Parameters
+        ----------
+        losses : dict of str to float
+            Each answering site's ``loss`` metric, by site id.
+        n : dict of str to int
+            Each answering site's number of examples, by site id.
+        previous : ndarray or None
+            The global model the sites received (``None`` before the first aggregation).
+
+        Returns
+        -------
+        float
+        """
         raise NotImplementedError
 
     # -- Flower hooks -----------------------------------------------------------------------
@@ -324,6 +363,23 @@ class PersonalStage:
         return [(p, make(s)) for p, s in self.registry.proxies(client_manager, set(self.sites))]
 
     def configure_fit(self, server_round, parameters, client_manager):
+        """FedAvg's instructions until its rounds are over, then the personalizing round's:
+        the global model to every site with :meth:`personal_config`.
+
+        Parameters
+        ----------
+        server_round : int
+            Flower's round.
+        parameters : flwr.common.Parameters
+            The current global model (FedAvg's rounds).
+        client_manager : ClientManager
+            Flower's client manager.
+
+        Returns
+        -------
+        list of tuple
+            ``(proxy, FitIns)`` per site; empty once the method is done.
+        """
         if not self.global_done:
             return super().configure_fit(server_round, parameters, client_manager)
         if self.done:
@@ -333,6 +389,24 @@ class PersonalStage:
         return self._per_site(client_manager, lambda s: FitIns(params, {**config, "site": s}))
 
     def aggregate_fit(self, server_round, results, failures):
+        """FedAvg's aggregation until its rounds are over (one personalizing round follows);
+        then each site's personal model (a malformed answer counts as none) and, for IFCA,
+        its chosen ``cluster``, after which the method is done.
+
+        Parameters
+        ----------
+        server_round : int
+            Flower's round.
+        results : list of tuple
+            ``(proxy, FitRes)`` per answer.
+        failures : list
+            Flower's failures of the round (logged).
+
+        Returns
+        -------
+        tuple
+            FedAvg's ``(parameters, metrics)``; ``(None, {})`` after the personalizing round.
+        """
         if not self.global_done:
             params, metrics = super().aggregate_fit(server_round, results, failures)
             if self.done:  # FedAvg's rounds are over: one personalizing round follows
@@ -353,6 +427,24 @@ class PersonalStage:
         return None, {}
 
     def configure_evaluate(self, server_round, parameters, client_manager):
+        """Once the method is done, each site's evaluation of its own model
+        (:meth:`coefficients_std`).
+
+        Parameters
+        ----------
+        server_round : int
+            Flower's round.
+        parameters : flwr.common.Parameters
+            Flower's current parameters (not used: each site gets its own model).
+        client_manager : ClientManager
+            Flower's client manager.
+
+        Returns
+        -------
+        list of tuple
+            ``(proxy, EvaluateIns)`` per site; empty before the method is done or once
+            evaluated.
+        """
         if not self.done or self.evaluated:
             return []
         coef = self.coefficients_std()
@@ -410,7 +502,21 @@ class ClusterStage:
         return ndarrays_to_parameters([models])
 
     def round_objective(self, losses, n, previous) -> float:
-        """The sites' losses at the models they chose (RowFed: without the sparsity term)."""
+        """The sites' losses at the models they chose (RowFed: without the sparsity term).
+
+        Parameters
+        ----------
+        losses : dict of str to float
+            Each answering site's ``loss`` metric, by site id.
+        n : dict of str to int
+            Each answering site's number of examples, by site id.
+        previous : ndarray or None
+            Not used: passed on as ``None`` (the sites received ``k`` models, not one).
+
+        Returns
+        -------
+        float
+        """
         return super().round_objective(losses, n, None)
 
     def fallback(self, site: str) -> np.ndarray:
@@ -419,9 +525,26 @@ class ClusterStage:
 
 
 def kmeans(points: np.ndarray, k: int, rng: np.random.Generator, iters: int = 100) -> np.ndarray:
-    """``k`` centres of ``points`` (first axis: the points; any trailing shape): k-means++
-    seeding (Arthur & Vassilvitskii 2007) from ``rng``, then Lloyd's iterations until the
-    assignment no longer changes.  With fewer distinct points than ``k`` a centre repeats."""
+    """k-means centres: k-means++ seeding (Arthur & Vassilvitskii 2007), then Lloyd's
+    iterations until the assignment no longer changes.  With fewer distinct points than
+    ``k`` a centre repeats.
+
+    Parameters
+    ----------
+    points : ndarray
+        The points along the first axis (any trailing shape).
+    k : int
+        The number of centres.
+    rng : numpy.random.Generator
+        Draws the seeding.
+    iters : int, optional
+        At most this many Lloyd iterations.
+
+    Returns
+    -------
+    ndarray, shape (k, *points.shape[1:])
+        The centres.
+    """
     flat = points.reshape(points.shape[0], -1)
     centres = [flat[rng.integers(flat.shape[0])]]
     for _ in range(1, k):

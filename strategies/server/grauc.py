@@ -35,10 +35,25 @@ from .registry import EMPTY, Registry
 
 
 def initial_beta(n_sites: int, p: int, cfg: GrAUCConfig) -> np.ndarray:
-    """``beta_z^0 ~ N(0, I_p)`` per site with the seed (``init = random``, the paper), or
-    zeros (``zeros``, and ``local`` where there is no start round: a resumed fit, which
-    reads its state from the checkpoint, or a fit without edges, which is each site's own
-    fit)."""
+    """The starting coefficients of a GrAUC-PFL fit.
+
+    Parameters
+    ----------
+    n_sites : int
+        The sites ``Z``.
+    p : int
+        The features.
+    cfg : GrAUCConfig
+        Read: ``init`` and ``seed``.
+
+    Returns
+    -------
+    ndarray, shape (Z, p)
+        ``beta_z^0 ~ N(0, I_p)`` per site with the seed (``init = random``, the paper), or
+        zeros (``zeros``, and ``local`` where there is no start round: a resumed fit, which
+        reads its state from the checkpoint, or a fit without edges, which is each site's
+        own fit).
+    """
     if cfg.init == "random":
         return np.random.default_rng(cfg.seed).standard_normal((n_sites, p))
     return np.zeros((n_sites, p))

@@ -33,9 +33,26 @@ COMMON_KEYS = ("site", "n", "index", "features", "sum_x", "sum_x2")
 
 
 def ask_properties(clients, config: dict, timeout: float | None, group_id: int) -> list:
-    """Every client's answer to one properties request (concurrently): ``(proxy,
-    properties)``, ``None`` for a node that did not answer (logged); a site's refusal of its
-    own data or node config ends the run (:func:`strategies.errors.site_input_error`)."""
+    """Every client's answer to one properties request (concurrently); a site's refusal of
+    its own data or node config ends the run (:func:`strategies.errors.site_input_error`).
+
+    Parameters
+    ----------
+    clients : list of ClientProxy
+        The nodes asked.
+    config : dict
+        The request's config (:attr:`Registry.properties_config`).
+    timeout : float or None
+        Seconds each node has to answer (``None``: no limit).
+    group_id : int
+        Flower's group id of the request (the server round).
+
+    Returns
+    -------
+    list of tuple
+        ``(proxy, properties)`` per client, in the order given; ``properties`` is ``None``
+        for a node that did not answer (logged).
+    """
     if not clients:
         return []
     ins = GetPropertiesIns(config=dict(config))
@@ -76,10 +93,21 @@ class SiteInfo:
 
 
 def pooled_scaling(n: int, sum_x: np.ndarray, sum_x2: np.ndarray):
-    """Pooled mean and SD of each feature from ``n`` rows' sums (an SD of 0 becomes 1).
+    """Pooled mean and SD of each feature from the rows' sums (an SD of 0 becomes 1).
 
     ``mean = sum_x / n``, ``sd = sqrt(max(sum_x2 - n mean^2, 0) / (n - 1))``; a feature whose
     SD is below ``1e-12 max(1, |mean|)`` (constant) keeps scale 1.
+
+    Parameters
+    ----------
+    n : int
+        The number of rows.
+    sum_x, sum_x2 : ndarray, shape (p,)
+        Each feature's sum over the rows and the sum of its squares.
+
+    Returns
+    -------
+    mean, sd : ndarray, shape (p,)
     """
     mean = sum_x / n
     var = np.maximum(sum_x2 - n * mean**2, 0.0) / max(n - 1, 1)
@@ -89,12 +117,38 @@ def pooled_scaling(n: int, sum_x: np.ndarray, sum_x2: np.ndarray):
 
 # What each method's sites add to the properties exchange (their ``meta``).
 def grauc_meta(lat: float, lon: float, n_pos: int, n_neg: int) -> dict:
-    """A GrAUC-PFL site's registration ``meta``: its location and class counts."""
+    """A GrAUC-PFL site's registration ``meta``: its location and class counts.
+
+    Parameters
+    ----------
+    lat, lon : float
+        The site's location.
+    n_pos, n_neg : int
+        Its positive and negative training rows.
+
+    Returns
+    -------
+    dict
+        ``lat``, ``lon``, ``n_pos`` and ``n_neg``.
+    """
     return {"lat": float(lat), "lon": float(lon), "n_pos": int(n_pos), "n_neg": int(n_neg)}
 
 
 def rowfed_meta(p: int, q: int, y: np.ndarray) -> dict:
-    """A RowFed client's registration ``meta``: its dimensions and ``sum y`` (packed)."""
+    """A RowFed client's registration ``meta``: its dimensions and ``sum y`` (packed).
+
+    Parameters
+    ----------
+    p, q : int
+        The numbers of features and responses.
+    y : ndarray, shape (n, q)
+        The client's training responses.
+
+    Returns
+    -------
+    dict
+        ``p``, ``q`` and ``sum_y`` (the column sums of ``y``, :func:`strategies.wire.pack`).
+    """
     return {"p": int(p), "q": int(q), "sum_y": pack(np.asarray(y, dtype=float).sum(axis=0))}
 
 
@@ -103,7 +157,26 @@ def registration_properties(
 ) -> dict:
     """A site's answer to the properties exchange (the client side of :class:`Registry`).
 
-    ``meta`` values must be Flower scalars (arrays packed as bytes by the caller).
+    Parameters
+    ----------
+    site : str
+        The site's id.
+    n : int
+        Its training rows.
+    index : int
+        Its position in the federation's list (``-1``: none).
+    x : ndarray, shape (n, p)
+        Its training features; their per-feature sums and sums of squares are sent packed.
+    features : sequence of str, optional
+        The feature names (sent comma-separated when given).
+    **meta
+        The method's properties (:func:`grauc_meta`, :func:`rowfed_meta`); the values must
+        be Flower scalars (arrays packed as bytes by the caller).
+
+    Returns
+    -------
+    dict
+        The properties (module docstring).
     """
     x = np.asarray(x, dtype=float)
     props = {
@@ -148,8 +221,22 @@ class Registry:
     properties_config: dict = field(default_factory=dict)
 
     def register(self, cid: str, props: dict) -> str | None:
-        """Record a site's registration properties from node ``cid``; returns the site id
-        (``None`` for a site that ``registration.sites`` does not expect: refused)."""
+        """Record a site's registration properties; a node that served the site before is
+        forgotten.
+
+        Parameters
+        ----------
+        cid : str
+            The node id that answered.
+        props : dict
+            Its properties (:func:`registration_properties`).
+
+        Returns
+        -------
+        str or None
+            The site id; ``None`` for a site that ``registration.sites`` does not expect
+            (the node is refused).
+        """
         info = self.make_info(props)
         site = info.site
         expected = self.waiting.expected()
@@ -172,9 +259,22 @@ class Registry:
 
     def weight_config(self, power: float, sites=None) -> dict:
         """What a site needs to weight its loss by ``w_z = Z n_z^a / sum_k n_k^a``
-        (:func:`strategies.solvers.local.site_weight`, ``a = power``; over ``sites``, the
-        federation's, by default every registered site, so the weights average 1): nothing
-        when ``a = 0``, else ``a`` and ``Z / sum_k n_k^a``."""
+        (:func:`strategies.solvers.local.site_weight`).
+
+        Parameters
+        ----------
+        power : float
+            The size power ``a``.
+        sites : sequence of str, optional
+            The federation's sites, over which the weights average 1; ``None``: every
+            registered site.
+
+        Returns
+        -------
+        dict
+            Nothing when ``a = 0``, else ``size-power`` (``a``) and ``size-norm``
+            (``Z / sum_k n_k^a``).
+        """
         if power == 0:
             return {}
         sites = self.order() if sites is None else sites
@@ -182,8 +282,21 @@ class Registry:
         return {"size-power": float(power), "size-norm": len(sizes) / float(np.sum(sizes**power))}
 
     def proxies(self, client_manager, sites) -> list[tuple[ClientProxy, str]]:
-        """The connected nodes serving ``sites`` (any container of site ids), with their
-        site, in the order of the nodes' ids (unregistered and other sites' nodes left out)."""
+        """The connected nodes serving some sites, with their site.
+
+        Parameters
+        ----------
+        client_manager : ClientManager
+            Flower's client manager (the connected nodes).
+        sites : container of str
+            The site ids.
+
+        Returns
+        -------
+        list of tuple
+            ``(proxy, site)`` in the order of the nodes' ids (unregistered and other sites'
+            nodes left out).
+        """
         nodes = client_manager.all()
         out = []
         for cid in sorted(nodes):
@@ -215,8 +328,23 @@ class Registry:
         return info
 
     def register_clients(self, clients, timeout: float | None, group_id: int) -> list[str]:
-        """Ask every client not yet known for its properties (concurrently) and register
-        the answers; returns the node ids that did not answer."""
+        """Ask every client not yet known (nor refused) for its properties (concurrently)
+        and register the answers.
+
+        Parameters
+        ----------
+        clients : list of ClientProxy
+            The connected nodes.
+        timeout : float or None
+            Seconds each node has to answer (:func:`ask_properties`).
+        group_id : int
+            Flower's group id of the request (the server round).
+
+        Returns
+        -------
+        list of str
+            The node ids that did not answer.
+        """
         todo = [c for c in clients if c.cid not in self.cid_to_site and c.cid not in self.refused]
         answers = ask_properties(todo, self.properties_config, timeout, group_id)
         for proxy, props in answers:
@@ -227,13 +355,29 @@ class Registry:
     def settle(
         self, client_manager, n_sites: int, ask_timeout: float | None, group_id: int
     ) -> list:
-        """The connected clients (by node id), every one registered.  The first call waits
-        for ``n_sites`` sites (:attr:`waiting`): it registers nodes as they connect, logs
-        the sites still missing every ``registration.log-every`` seconds and at
-        ``registration.timeout`` either goes on with the sites there (at least
-        ``registration.quorum`` of them; the rest are :attr:`absent`) or raises
-        :class:`~strategies.errors.InputError` naming the missing sites.  Later calls only
-        register nodes that (re)connected."""
+        """The connected clients, every one registered.  The first call waits for the
+        sites (:attr:`waiting`): it registers nodes as they connect, logs the sites still
+        missing every ``registration.log-every`` seconds and at ``registration.timeout``
+        either goes on with the sites there (at least ``registration.quorum`` of them; the
+        rest are :attr:`absent`) or raises :class:`~strategies.errors.InputError` naming the
+        missing sites.  Later calls only register nodes that (re)connected.
+
+        Parameters
+        ----------
+        client_manager : ClientManager
+            Flower's client manager.
+        n_sites : int
+            The sites the first call waits for.
+        ask_timeout : float or None
+            Seconds each node has to answer a properties request.
+        group_id : int
+            Flower's group id of the requests (the server round).
+
+        Returns
+        -------
+        list of ClientProxy
+            The connected clients, by node id.
+        """
         if not self.settled:
             self._wait(client_manager, int(n_sites), ask_timeout, group_id)
             self.settled = True
@@ -277,7 +421,19 @@ class Registry:
         return [f"(unnamed {k}: name the sites in registration.sites)"] if k > 0 else []
 
     def waiting_line(self, n_sites: int, elapsed: float) -> str:
-        """``2 of 3 sites after 30 s (H01, H02); waiting for H03``."""
+        """``2 of 3 sites after 30 s (H01, H02); waiting for H03``.
+
+        Parameters
+        ----------
+        n_sites : int
+            The sites waited for.
+        elapsed : float
+            Seconds waited so far.
+
+        Returns
+        -------
+        str
+        """
         have = ", ".join(self.order()) or "none"
         return (
             f"{len(self.sites)} of {n_sites} sites after {elapsed:.0f} s ({have}); "
@@ -337,9 +493,23 @@ class Registry:
         return out
 
     def log_failures(self, failures, server_round: int) -> list[str]:
-        """Log each failure with its site id when known; return the sites that failed.  A
-        site's input error (its data or node config) ends the run: raises
-        :class:`~strategies.errors.SiteInputError` naming the site and the field."""
+        """Log each failure with its site id when known.  A site's input error (its data or
+        node config) ends the run: raises :class:`~strategies.errors.SiteInputError` naming
+        the site and the field.
+
+        Parameters
+        ----------
+        failures : list
+            Flower's failures of a round: ``(proxy, res)`` pairs or exceptions.
+        server_round : int
+            The round, for the log.
+
+        Returns
+        -------
+        list of str
+            The sites that failed (``node <cid>`` for an unregistered node); an exception
+            names no site.
+        """
         failed = []
         for failure in failures:
             bad_input = site_input_error(failure)

@@ -56,7 +56,19 @@ def rowfed_registry(waiting: RegistrationConfig | None = None) -> Registry:
 
 
 def dims(registry: Registry, sites: list[str]) -> tuple[int, int]:
-    """``(p, q)`` shared by ``sites``; :class:`InputError` when they disagree."""
+    """The dimensions the clients share; :class:`InputError` when they disagree.
+
+    Parameters
+    ----------
+    registry : Registry
+        The run's registry (each client's ``p`` and ``q`` in its ``meta``).
+    sites : list of str
+        The clients' site ids.
+
+    Returns
+    -------
+    p, q : int
+    """
     pq = {(int(registry.sites[s].meta["p"]), int(registry.sites[s].meta["q"])) for s in sites}
     if len(pq) != 1:
         raise InputError(f"data: clients report different (p, q): {sorted(pq)}")
@@ -64,7 +76,20 @@ def dims(registry: Registry, sites: list[str]) -> tuple[int, int]:
 
 
 def client_means(registry: Registry, sites: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-client training means of ``x`` ``(M, p)`` and ``y`` ``(M, q)``, input scale."""
+    """Per-client training means of ``x`` and ``y``, input scale, from the registration sums.
+
+    Parameters
+    ----------
+    registry : Registry
+        The run's registry.
+    sites : list of str
+        The clients' site ids, in the rows' order.
+
+    Returns
+    -------
+    x_mean : ndarray, shape (M, p)
+    y_mean : ndarray, shape (M, q)
+    """
     info = [registry.sites[s] for s in sites]
     return (
         np.stack([i.sum_x / i.n for i in info]),

@@ -30,7 +30,20 @@ GROUPINGS = ("entry", "row", "block")
 
 def incidence_matrix(edges: np.ndarray, n_sites: int) -> sp.csr_matrix:
     """Signed incidence matrix ``D`` (``n_edges x n_sites``): row ``e = (u, v)`` has ``+1``
-    at ``u`` and ``-1`` at ``v``.  ``D^T D`` is the graph Laplacian."""
+    at ``u`` and ``-1`` at ``v``.  ``D^T D`` is the graph Laplacian.
+
+    Parameters
+    ----------
+    edges : ndarray, shape (n_edges, 2)
+        The edges ``(u, v)``, as site indices.
+    n_sites : int
+        The number of sites (columns).
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix, shape (n_edges, n_sites)
+        ``D``.
+    """
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     n_edges = edges.shape[0]
     rows = np.repeat(np.arange(n_edges), 2)
@@ -129,6 +142,20 @@ class Split:
         return replace(self, penalty=Penalty("lasso"), lam=weights)
 
     def threshold(self, x: np.ndarray, rho: float) -> np.ndarray:
+        """The split's threshold (:meth:`Penalty.threshold` at its levels and grouping).
+
+        Parameters
+        ----------
+        x : ndarray, shape (n_rows, *block)
+            The threshold's argument.
+        rho : float
+            The ADMM penalty.
+
+        Returns
+        -------
+        ndarray, shape (n_rows, *block)
+            The thresholded ``x``.
+        """
         g, group = self._grouped(x)
         return self.penalty.threshold(g, self._lam(g), rho, group).reshape(x.shape)
 
@@ -214,10 +241,24 @@ class Residuals:
 def init_state(problem: Problem, beta0: np.ndarray, rho: float, threshold: bool) -> AdmmState:
     """Initial state.
 
-    ``threshold=False``: ``delta = A beta0``, ``gamma = 0`` (GrAUC-PFL, docs/methods.md 1.3).
-    ``threshold=True``: ``delta = threshold(A beta0)`` and ``gamma = rho (A beta0 - delta)``,
-    i.e. the server half-step of round 0 (RowFed, docs/methods.md 2.3, where each round starts
-    with the thresholds).
+    Parameters
+    ----------
+    problem : Problem
+        The splits.
+    beta0 : ndarray, shape (n_sites, *block)
+        The start.
+    rho : float
+        The ADMM penalty.
+    threshold : bool
+        ``False``: ``delta = A beta0``, ``gamma = 0`` (GrAUC-PFL, docs/methods.md 1.3).
+        ``True``: ``delta = threshold(A beta0)`` and ``gamma = rho (A beta0 - delta)``,
+        i.e. the server half-step of round 0 (RowFed, docs/methods.md 2.3, where each round
+        starts with the thresholds).
+
+    Returns
+    -------
+    AdmmState
+        The state at round 0.
     """
     beta0 = np.array(beta0, dtype=float)
     a_beta = problem.apply_all(beta0)
@@ -232,7 +273,20 @@ def init_state(problem: Problem, beta0: np.ndarray, rho: float, threshold: bool)
 
 def pull(problem: Problem, state: AdmmState) -> np.ndarray:
     """The graph pull ``sum_k A_k^T (gamma_k + rho (A_k beta - delta_k))``, one row per
-    site.  Row ``z`` needs only the rows of ``A_k`` that touch ``z`` (the edges at ``z``)."""
+    site.  Row ``z`` needs only the rows of ``A_k`` that touch ``z`` (the edges at ``z``).
+
+    Parameters
+    ----------
+    problem : Problem
+        The splits.
+    state : AdmmState
+        The server's state.
+
+    Returns
+    -------
+    ndarray, shape (n_sites, *block)
+        The pull.
+    """
     a_beta = problem.apply_all(state.beta)
     v = tuple(
         g + state.rho * (ab - d) for g, ab, d in zip(state.gamma, a_beta, state.delta, strict=True)
@@ -241,8 +295,22 @@ def pull(problem: Problem, state: AdmmState) -> np.ndarray:
 
 
 def global_component(problem: Problem, state: AdmmState, c: np.ndarray) -> np.ndarray:
-    """``beta_tilde = beta - pull / c`` (:func:`pull`); ``c`` has shape ``(n_sites,)``: each
-    site's curvature."""
+    """``beta_tilde = beta - pull / c`` (:func:`pull`).
+
+    Parameters
+    ----------
+    problem : Problem
+        The splits.
+    state : AdmmState
+        The server's state.
+    c : ndarray, shape (n_sites,)
+        Each site's curvature.
+
+    Returns
+    -------
+    ndarray, shape (n_sites, *block)
+        ``beta_tilde``.
+    """
     c = np.asarray(c, dtype=float).reshape((-1,) + (1,) * (state.beta.ndim - 1))
     return state.beta - pull(problem, state) / c
 
@@ -260,13 +328,35 @@ def server_update(
 
     ``delta_k <- threshold_k(A_k beta + gamma_k / rho)``,
     ``gamma_k <- gamma_k + rho (A_k beta - delta_k)`` -- with partial participation
-    (``took_part``, one bool per site) only on the rows of ``A_k`` that touch a site that
-    took part: a row whose sites all sat out keeps its ``delta`` and ``gamma`` (repeating
-    its update at unchanged ``beta`` only walks ``gamma`` along the residual that no site
-    answers, and the walk ends in the jumps of docs/methods.md 2.3) -- then Boyd's residuals
+    (``took_part``) only on the rows of ``A_k`` that touch a site that took part: a row
+    whose sites all sat out keeps its ``delta`` and ``gamma`` (repeating its update at
+    unchanged ``beta`` only walks ``gamma`` along the residual that no site answers, and the
+    walk ends in the jumps of docs/methods.md 2.3) -- then Boyd's residuals
     ``r = ||A beta - delta||``, ``s = rho ||A^T (delta_new - delta_old)||`` and tolerances
     ``eps_pri = sqrt(n_c) tol_abs + tol_rel max(||A beta||, ||delta||)``,
     ``eps_dual = sqrt(n_beta) tol_abs + tol_rel ||A^T gamma||``.  Finally ``rho <- alpha rho``.
+
+    Parameters
+    ----------
+    problem : Problem
+        The splits.
+    state : AdmmState
+        The state before the round.
+    beta_new : ndarray, shape (n_sites, *block)
+        The sites' coefficients after their local updates.
+    tol_abs, tol_rel : float
+        The absolute and relative tolerances.
+    alpha : float, optional
+        The factor ``rho`` is multiplied by after the round.
+    took_part : ndarray of bool, shape (n_sites,), optional
+        The sites that answered this round; ``None``: all.
+
+    Returns
+    -------
+    state : AdmmState
+        The state after the round (its ``round`` one more).
+    residuals : Residuals
+        The round's residuals and tolerances.
     """
     rho = state.rho
     a_beta = problem.apply_all(beta_new)
@@ -316,8 +406,22 @@ def _keep_idle(split: Split, moved, d_new, d_old, g_new, g_old):
 
 def fused_groups(edges: np.ndarray, delta: np.ndarray, n_sites: int) -> np.ndarray:
     """Cluster labels per coordinate: sites ``u, v`` share a cluster for coordinate ``k``
-    when ``delta[e, k] == 0`` on a path of edges.  Returns ``(n_sites, *block)`` ints
-    (labels numbered by first appearance, in site order)."""
+    when ``delta[e, k] == 0`` on a path of edges.
+
+    Parameters
+    ----------
+    edges : ndarray, shape (n_edges, 2)
+        The edges ``(u, v)``.
+    delta : ndarray, shape (n_edges, *block)
+        Each edge's difference.
+    n_sites : int
+        The number of sites.
+
+    Returns
+    -------
+    ndarray of int, shape (n_sites, *block)
+        The labels, numbered by first appearance, in site order.
+    """
     from scipy.sparse.csgraph import connected_components
 
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
@@ -346,7 +450,22 @@ def split_groups(split: Split, delta: np.ndarray, n_sites: int) -> np.ndarray:
     """Cluster labels per coordinate from a fusion split's ``delta``, by the split's kind:
     ``edges`` (rows ``e_u - e_v``: :func:`fused_groups` along the edges with
     ``delta_e = 0``) or ``mean`` (the sites whose ``delta_z = 0`` equal the mean and form
-    one cluster; the others stand alone)."""
+    one cluster; the others stand alone).
+
+    Parameters
+    ----------
+    split : Split
+        A fusion split, of kind ``edges`` or ``mean``.
+    delta : ndarray, shape (n_rows, *block)
+        The split's ``delta``.
+    n_sites : int
+        The number of sites.
+
+    Returns
+    -------
+    ndarray of int, shape (n_sites, *block)
+        The labels (:func:`fused_groups`).
+    """
     if split.kind == "edges":
         m = split.matrix
         cols = m.indices.reshape(-1, 2)
@@ -370,7 +489,17 @@ class History:
 
 
 def save_state(path, state: AdmmState, **extra: np.ndarray) -> None:
-    """Write the state (and extra arrays) to an ``.npz`` file atomically."""
+    """Write the state (and extra arrays) to an ``.npz`` file atomically.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+    state : AdmmState
+        The state: ``beta``, ``rho``, ``round`` and split ``k``'s ``delta_k``, ``gamma_k``.
+    **extra : ndarray
+        Further arrays, saved under their names.
+    """
     import os
     import tempfile
 

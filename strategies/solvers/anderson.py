@@ -44,6 +44,23 @@ class Anderson:
         self.given_flat: np.ndarray | None = None
 
     def step(self, point: tuple, image: tuple) -> tuple:
+        """The next point of the iteration from a point and its image.
+
+        Parameters
+        ----------
+        point : tuple of tuple of ndarray
+            The point ``z`` (groups of arrays); the point last returned may be passed as
+            the same objects, whose flat form is then kept.
+        image : tuple of tuple of ndarray
+            Its image ``T(z)``, shaped as ``point``.
+
+        Returns
+        -------
+        tuple of tuple of ndarray
+            The combined point; ``image`` itself for the plain iteration (``memory = 0``,
+            no difference held yet, or a failed combination), or the plain image of the
+            point before when the safeguard undoes an extrapolation.
+        """
         if self.memory == 0:
             return image
         g = _flat(image)
@@ -100,7 +117,24 @@ def splitting_step(accel: Anderson, point: tuple, image: tuple, proxes: tuple) -
     u`` alone, so the iteration is a fixed-point map of the ``xi`` (Douglas-Rachford's
     governing sequence): Anderson combines them, half the numbers of the pairs, and the
     pairs of a combined point are read back through ``proxes`` (one per split: ``xi ->
-    delta``); docs/methods.md 1.4 step 3 and docs/performance.md have its measurements."""
+    delta``); docs/methods.md 1.4 step 3 and docs/performance.md have its measurements.
+
+    Parameters
+    ----------
+    accel : Anderson
+        The acceleration, whose memory the step updates.
+    point, image : tuple of tuple
+        A point and its image under the ADMM's iteration: one ``(delta, u)`` pair per
+        split.
+    proxes : tuple of callable or None
+        Per split, ``xi -> delta``; ``None`` where ``delta`` is ``None``.
+
+    Returns
+    -------
+    tuple of tuple
+        The next point, one ``(delta, u)`` pair per split: ``image`` itself for a plain
+        step.
+    """
     xi_point = tuple(u if d is None else d + u for d, u in point)
     xi_image = (tuple(u if d is None else d + u for d, u in image),)
     nxt = accel.step((xi_point,), xi_image)

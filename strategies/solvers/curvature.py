@@ -18,7 +18,22 @@ def bfgs_update(hess: np.ndarray, s: np.ndarray, y: np.ndarray, first: bool) -> 
     algorithms", Management Sci. 20(5); the ``min(1, .)`` form of Nocedal & Yuan 1993,
     "Analysis of a self-scaling quasi-Newton method", Math. Program. 61): a model that
     overstates the curvature along the last step is shrunk, where plain BFGS corrects one
-    direction per pair."""
+    direction per pair.
+
+    Parameters
+    ----------
+    hess : ndarray, shape (p, p)
+        The model ``B``.
+    s, y : ndarray, shape (p,)
+        The step and the change of the gradient along it.
+    first : bool
+        The first pair: ``B`` is rescaled to ``(y^T y / s^T y) I`` before the update.
+
+    Returns
+    -------
+    ndarray, shape (p, p)
+        The updated model; ``hess`` itself when the update is skipped.
+    """
     new = bfgs_update_many(hess[None], s[None], y[None], np.array([first]))
     return hess if np.array_equal(new[0], hess) else new[0]
 
@@ -26,8 +41,22 @@ def bfgs_update(hess: np.ndarray, s: np.ndarray, y: np.ndarray, first: bool) -> 
 def bfgs_update_many(
     hess: np.ndarray, s: np.ndarray, y: np.ndarray, first: np.ndarray
 ) -> np.ndarray:
-    """:func:`bfgs_update` for a stack of sites at once (``hess`` of shape ``(Z, p, p)``,
-    ``s`` and ``y`` of shape ``(Z, p)``, ``first`` of shape ``(Z,)``); a new array."""
+    """:func:`bfgs_update` for a stack of sites at once; a new array.
+
+    Parameters
+    ----------
+    hess : ndarray, shape (Z, p, p)
+        Each site's model ``B``.
+    s, y : ndarray, shape (Z, p)
+        Each site's step and change of the gradient along it.
+    first : ndarray of bool, shape (Z,)
+        The sites whose pair is their first (their ``B`` rescaled before the update).
+
+    Returns
+    -------
+    ndarray, shape (Z, p, p)
+        The updated models (a site whose ``s^T y`` is not safely positive keeps its own).
+    """
     hess = np.array(hess, dtype=float, copy=True)
     sy = np.einsum("zi,zi->z", s, y)
     norms = np.linalg.norm(s, axis=1) * np.linalg.norm(y, axis=1)
@@ -59,7 +88,22 @@ def secant_model(ss: np.ndarray, ys: np.ndarray, curvature: float) -> np.ndarray
     server knows ``S P = ys ss^+`` on the span ``P`` of the steps.  The model is
     ``B = S P + P S - P S P + c (I - P)``: exactly ``S`` once the steps span ``R^p`` (after one
     round when ``q >= p``), and ``B >= S`` whenever ``c`` bounds ``S``'s largest eigenvalue
-    (then every model step decreases ``F``)."""
+    (then every model step decreases ``F``).
+
+    Parameters
+    ----------
+    ss : ndarray, shape (p, p)
+        ``sum D D^T`` over the steps ``D``.
+    ys : ndarray, shape (p, p)
+        ``sum Y D^T`` over the steps and their gradient differences ``Y``.
+    curvature : float
+        ``c``, the model's curvature off the span of the steps.
+
+    Returns
+    -------
+    ndarray, shape (p, p)
+        The symmetric model ``B``.
+    """
     p = ss.shape[0]
     w, v = np.linalg.eigh(ss)
     keep = w > 1e-10 * max(float(w.max(initial=0.0)), 1e-300)

@@ -56,7 +56,21 @@ PLAIN_SIZE = 2_000_000
 
 def eligible(problem: Problem, x: np.ndarray) -> bool:
     """True for one all-pairs row-grouped lasso fusion split and one identity split, over
-    matrix blocks (RowFed's model problem)."""
+    matrix blocks (RowFed's model problem).
+
+    Parameters
+    ----------
+    problem : Problem
+        The model problem's splits; whether the fusion's matrix is the all-pairs incidence
+        is cached on the split.
+    x : ndarray
+        The point; matrix blocks are of shape ``(M, p, q)``.
+
+    Returns
+    -------
+    bool
+        Whether :func:`solve_rows` applies (at least 3 sites).
+    """
     if x.ndim != 3 or len(problem.splits) != 2:
         return False
     fusion, sparsity = problem.splits
@@ -246,14 +260,51 @@ def solve_rows(
     rebalance,
 ):
     """:func:`strategies.solvers.modelsolve.solve_model`'s ADMM for an :func:`eligible` problem with
-    the fused rows held compactly.  ``linear = B x - g``, ``factor`` the model's linear
-    solver (:func:`strategies.solvers.modelsolve.linear_solver`), ``accel`` an empty
-    :class:`strategies.solvers.anderson.Anderson`, ``solution`` the
-    :class:`strategies.solvers.modelsolve.ModelSolution` class, ``rebalance`` its residual balancing
-    rule (:func:`strategies.solvers.modelsolve.rebalance`, split by split: ``rho`` is the fusion's,
-    the sparsity's ``rho * w``); the rest as there.  Returns the same
-    solution (full ``delta`` and ``u``); ``trace``, when given, gets ``(iteration, rows held
-    compactly)`` at every event."""
+    the fused rows held compactly.
+
+    Parameters
+    ----------
+    problem : Problem
+        The model problem's splits: the fusion, then the sparsity.
+    x : ndarray, shape (M, p, q)
+        The point.
+    hess : ndarray, shape (M, p, p)
+        Each site's curvature model ``B``.
+    linear : ndarray, shape (M, p, q)
+        ``B x - g``.
+    factor : callable
+        The model's linear solver (:func:`strategies.solvers.modelsolve.linear_solver`).
+    frozen : ndarray of bool, shape (M,)
+        The sites held at ``x``.
+    warm : ModelSolution or None
+        A previous solution to start from; ``None``: a fused start (every row held
+        compactly, at zero dual).
+    tol : float
+        The residuals' tolerance, relative to ``scale``.
+    max_iter : int
+        The iteration limit.
+    min_rho : float
+        No split's penalty goes below it.
+    scale : float
+        The scale the tolerance is relative to
+        (:func:`strategies.solvers.modelsolve.model_scale`).
+    accel : Anderson
+        An empty :class:`strategies.solvers.anderson.Anderson`.
+    relax : float
+        The over-relaxation.
+    solution : type
+        The :class:`strategies.solvers.modelsolve.ModelSolution` class.
+    trace : list, optional
+        When given, gets ``(iteration, rows held compactly)`` at every event.
+    rebalance : callable
+        The residual balancing rule (:func:`strategies.solvers.modelsolve.rebalance`, split
+        by split: ``rho`` is the fusion's, the sparsity's ``rho * w``).
+
+    Returns
+    -------
+    ModelSolution
+        The same solution as ``solve_model``'s (full ``delta`` and ``u``).
+    """
     n, p, q = x.shape
     fusion, sparsity = problem.splits
     rows = _Rows(fusion, n, p, q)

@@ -35,13 +35,43 @@ class Datafit(Protocol):
 
     def lipschitz(self) -> float: ...
 
-    def prox(self, center: np.ndarray, c: float, x0: np.ndarray | None = None) -> np.ndarray: ...
+    def prox(self, center: np.ndarray, c: float, x0: np.ndarray | None = None) -> np.ndarray:
+        """``argmin_b f(b) + (c/2) ||b - center||^2``, exactly or to machine precision.
+
+        Parameters
+        ----------
+        center : ndarray
+            The proximal term's center.
+        c : float
+            The proximal term's curvature.
+        x0 : ndarray, optional
+            A start for iterative solvers.
+
+        Returns
+        -------
+        ndarray
+            The minimizer, shaped as ``center``.
+        """
+        ...
 
 
 def site_weight(config, n: int) -> float:
     """The weight of a site's whole loss in the fused objective, ``n^a * norm`` with the
     ``size-power`` ``a`` and ``size-norm`` the server sent
-    (:meth:`strategies.server.registry.Registry.weight_config`), else 1 (docs/methods.md 3.11)."""
+    (:meth:`strategies.server.registry.Registry.weight_config`), else 1 (docs/methods.md 3.11).
+
+    Parameters
+    ----------
+    config : dict
+        The server's config: ``size-power`` and ``size-norm``, when it weighs sites by size.
+    n : int
+        The site's rows.
+
+    Returns
+    -------
+    float
+        The weight; 1.0 without ``size-power``.
+    """
     power = config.get("size-power")
     if power is None:
         return 1.0
@@ -81,9 +111,26 @@ def local_step(
 ) -> np.ndarray:
     """A site's new coefficients from the server's ``tilde``.
 
-    ``prox``: ``argmin_b f(b) + (c/2) ||b - tilde||^2``; ``linearized``:
-    ``tilde - grad f(previous) / c`` (the same problem with ``f`` linearized at
-    ``previous``).
+    Parameters
+    ----------
+    f : Datafit
+        The site's loss.
+    tilde : ndarray
+        The server's global component for the site.
+    previous : ndarray
+        The site's coefficients before the step: where ``linearized`` takes the gradient,
+        and the start of an iterative ``prox``.
+    c : float
+        The step's curvature (:func:`curvature`).
+    solver : {"prox", "linearized"}
+        ``prox``: ``argmin_b f(b) + (c/2) ||b - tilde||^2``; ``linearized``:
+        ``tilde - grad f(previous) / c`` (the same problem with ``f`` linearized at
+        ``previous``).
+
+    Returns
+    -------
+    ndarray
+        The new coefficients.
     """
     if solver == "linearized":
         return tilde - f.grad(previous) / c
@@ -98,9 +145,26 @@ def admm_update(
     """What a site does with an ADMM instruction ``[beta_z, pull_z]``.
 
     It forms its global component ``tilde = beta_z - pull_z / c_z`` with its own curvature
-    ``c_z`` (:func:`curvature`, from its own ``L_z``) and takes the local step.  The pull
-    ``[Omega^T (gamma + rho (Omega beta - delta))]_z`` comes from the server
-    (:meth:`strategies.server.fused.FusedSiteStrategy.pull`).
+    ``c_z`` (:func:`curvature`, from its own ``L_z``) and takes the local step.
+
+    Parameters
+    ----------
+    f : Datafit
+        The site's loss.
+    beta : ndarray
+        The site's current coefficients ``beta_z``.
+    pull : ndarray
+        The server's pull ``[Omega^T (gamma + rho (Omega beta - delta))]_z``
+        (:meth:`strategies.server.fused.FusedSiteStrategy.pull`), shaped as ``beta``.
+    rho_sigma : float
+        ``rho sigma_max`` (:func:`curvature`).
+    solver : {"prox", "linearized"}
+        The local solver (:func:`local_step`).
+
+    Returns
+    -------
+    ndarray
+        The site's new coefficients.
     """
     c = float(curvature(solver, f.lipschitz(), rho_sigma))
     return local_step(f, beta - pull / c, beta, c, solver)
@@ -110,7 +174,22 @@ def newton_answer(f, b: np.ndarray) -> tuple[np.ndarray, float]:
     """A site's answer to a ``newton`` instruction at ``b``: its gradient and Hessian side by
     side, ``[grad | H]`` of shape ``(p, k + p)`` (``k = 1`` for a vector ``b``, ``q`` for a
     ``(p, q)`` block), and its loss.  The pqn server with exact curvature and GrAUC-PFL's
-    oracle refit read it with :func:`split_newton`."""
+    oracle refit read it with :func:`split_newton`.
+
+    Parameters
+    ----------
+    f : datafit
+        The site's loss, with ``hessian`` (and ``value_and_grad``, used when it has one).
+    b : ndarray, shape (p,) or (p, q)
+        The coefficients.
+
+    Returns
+    -------
+    answer : ndarray, shape (p, k + p)
+        ``[grad | H]``.
+    loss : float
+        ``f(b)``.
+    """
     b = np.asarray(b, dtype=float)
     if hasattr(f, "value_and_grad"):  # one pass over the data
         value, grad = f.value_and_grad(b)
@@ -123,7 +202,22 @@ def newton_answer(f, b: np.ndarray) -> tuple[np.ndarray, float]:
 
 def split_newton(answer: np.ndarray, block_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """``(gradient of shape block_shape, p x p Hessian)`` of a :func:`newton_answer` array (or a
-    stack of them, sites first)."""
+    stack of them, sites first).
+
+    Parameters
+    ----------
+    answer : ndarray, shape (..., p, k + p)
+        A :func:`newton_answer` array, or a stack of them.
+    block_shape : tuple of int
+        The shape of one site's coefficients, ``(p,)`` or ``(p, q)``.
+
+    Returns
+    -------
+    grad : ndarray, shape (..., *block_shape)
+        The gradient(s).
+    hess : ndarray, shape (..., p, p)
+        The Hessian(s).
+    """
     answer = np.asarray(answer, dtype=float)
     p = block_shape[0]
     lead = answer.shape[:-2]
@@ -149,12 +243,32 @@ def local_descent(
     """``steps`` (proximal-)gradient steps from ``start`` on ``f(b) + (mu/2) ||b - start||^2``:
     the local work of FedAvg (``mu = 0``) and of FedProx (Li et al. 2020, ``mu > 0``).
 
-    ``b <- prox(b - (grad f(b) + mu (b - start)) / r, r)`` with ``r = 1 / lr``, or
-    ``r = L + mu`` when ``lr = 0`` (the step that decreases the objective for any smooth
-    ``f`` with curvature at most ``L``).  ``prox(v, r)`` is the proximal map of a
-    non-smooth term at curvature ``r`` (identity when ``None``); ``admissible(r)``, when
-    given, says whether ``r`` is a curvature at which ``prox`` is defined (MCP/SCAD need it
-    large enough): ``r`` is doubled until it is.  docs/methods.md 3.7.
+    ``b <- prox(b - (grad f(b) + mu (b - start)) / r, r)`` (docs/methods.md 3.7).
+
+    Parameters
+    ----------
+    f : Datafit
+        The site's loss.
+    start : ndarray
+        The model the steps start from, and the center of FedProx's term.
+    steps : int
+        The number of steps.
+    lr : float, optional
+        The step size: ``r = 1 / lr``; 0: ``r = L + mu`` (the step that decreases the
+        objective for any smooth ``f`` with curvature at most ``L``).
+    proximal_mu : float, optional
+        FedProx's ``mu`` (0: FedAvg).
+    prox : callable, optional
+        ``prox(v, r)``, the proximal map of a non-smooth term at curvature ``r``; ``None``:
+        the identity.
+    admissible : callable, optional
+        ``admissible(r)``: whether ``r`` is a curvature at which ``prox`` is defined
+        (MCP/SCAD need it large enough); ``r`` is doubled until it is.
+
+    Returns
+    -------
+    ndarray
+        The coefficients after the steps.
     """
     r = 1.0 / lr if lr > 0 else max(f.lipschitz() + proximal_mu, 1e-12)
     while admissible is not None and not admissible(r):
@@ -173,7 +287,22 @@ def local_descent(
 
 def best_model(f: Datafit, models: np.ndarray) -> tuple[int, float]:
     """IFCA's choice: the index of the model (along the first axis of ``models``) with the
-    least loss ``f`` on the site's own data, and that loss (the first of equal ones)."""
+    least loss ``f`` on the site's own data, and that loss (the first of equal ones).
+
+    Parameters
+    ----------
+    f : Datafit
+        The site's loss.
+    models : ndarray, shape (k, *block)
+        The candidate models.
+
+    Returns
+    -------
+    index : int
+        The chosen model's index.
+    loss : float
+        Its loss.
+    """
     losses = [float(f.value(m)) for m in models]
     j = int(np.argmin(losses))
     return j, losses[j]

@@ -62,7 +62,20 @@ class _Worker:
 
 def call(single: Callable[[Any], Any], request: Any) -> Any:
     """``single(request)``, or, inside :func:`run`, the answer of the batch function to this
-    request among the others waiting."""
+    request among the others waiting.
+
+    Parameters
+    ----------
+    single : callable
+        The function that answers one request outside :func:`run`.
+    request : object
+        The request.
+
+    Returns
+    -------
+    object
+        Its answer.
+    """
     worker = getattr(_LOCAL, "worker", None)
     if worker is None:
         return single(request)
@@ -70,9 +83,22 @@ def call(single: Callable[[Any], Any], request: Any) -> Any:
 
 
 def run(calls: Sequence[Callable[[], Any]], batch: Callable[[list], list]) -> list:
-    """Run ``calls`` in lockstep (module docstring); ``batch(requests)`` answers the deferred
-    requests of one step, in order.  Returns the calls' results; the first call that raised
-    re-raises here once every call has finished."""
+    """Run ``calls`` in lockstep (module docstring); the first call that raised re-raises
+    here once every call has finished.
+
+    Parameters
+    ----------
+    calls : sequence of callable
+        The calls, each without arguments.
+    batch : callable
+        ``batch(requests)`` answers the deferred requests of one step, in order (a list of
+        answers).
+
+    Returns
+    -------
+    list
+        The calls' results, in order.
+    """
     if not calls:
         return []
     yielded = threading.Semaphore(0)

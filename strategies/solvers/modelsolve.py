@@ -41,7 +41,20 @@ ANDERSON_MEMORY = 5  # the inner ADMM's Anderson acceleration: iterates it combi
 
 
 def model_scale(x: np.ndarray, grad: np.ndarray) -> float:
-    """The scale the model problem's tolerance is relative to: ``max(1, max|x|, max|g|)``."""
+    """The scale the model problem's tolerance is relative to: ``max(1, max|x|, max|g|)``.
+
+    Parameters
+    ----------
+    x : ndarray
+        The point of the model problem.
+    grad : ndarray
+        The gradient at ``x``.
+
+    Returns
+    -------
+    float
+        ``max(1, max|x|, max|g|)``.
+    """
     return max(1.0, float(np.max(np.abs(x))), float(np.max(np.abs(grad))))
 
 
@@ -239,10 +252,29 @@ def linear_solver(
 ) -> Callable[..., tuple[Callable, np.ndarray | float]]:
     """``factor(rho, weights=None) -> (solve, rhs_fixed)`` for the model problem's linear
     system ``(blockdiag(B_z) + rho (G kron I_p)) b = r``, ``G = sum_k w_k A_k^T A_k``
-    (:func:`site_gram`), over the live sites' rows of ``b`` (``x_flat``: ``x`` as ``(Z p,
-    k)``; a frozen site's rows stay at ``x`` and enter the right-hand side as
-    ``rhs_fixed``): per-site solves for all pairs, block elimination on a forest, dense
-    Cholesky when small, sparse LU otherwise."""
+    (:func:`site_gram`), over the live sites' rows of ``b``: per-site solves for all pairs,
+    block elimination on a forest, dense Cholesky when small, sparse LU otherwise.
+
+    Parameters
+    ----------
+    problem : Problem
+        The splits, whose weighted Gram matrix is ``G``.
+    hess : ndarray, shape (Z, p, p)
+        Each site's model ``B_z``.
+    frozen : ndarray of bool, shape (Z,)
+        The sites held at ``x``: their rows are left out of the system.
+    x_flat : ndarray, shape (Z p, k)
+        ``x`` flattened; a frozen site's rows stay at ``x`` and enter the right-hand side
+        as ``rhs_fixed``.
+
+    Returns
+    -------
+    callable
+        ``factor(rho, weights=None)``, returning ``solve`` (the live rows of ``b`` from
+        those of ``r``) and ``rhs_fixed`` (the frozen sites' share of the right-hand side,
+        to subtract; ``0.0`` with none frozen).  The graph's kind is worked out once per
+        weighting.
+    """
     p = hess.shape[1]
     free = np.repeat(~frozen, p)
     live = ~frozen
@@ -295,18 +327,44 @@ def solve_model(
 ) -> ModelSolution:
     """Minimize ``sum_z <g_z, b_z - x_z> + (1/2) <b_z - x_z, B_z (b_z - x_z)> + sum_k
     P_k(A_k b)`` over ``b`` (``frozen`` sites held at ``x_z``) by ADMM with exact solves and
-    residual balancing (Boyd et al. 2011 §3.4.1); stops when the primal and dual residuals
-    are at most ``tol`` relative to the problem's scale.
-
-    Blocks are vectors (``x`` of shape ``(Z, p)``) or matrices (``(Z, p, q)``: ``B_z`` acts on
-    each of the ``q`` columns, so one factorization serves them all).  ``min_rho`` keeps the
-    inner penalty above a nonconvex threshold's bound (MCP, SCAD).
+    residual balancing (Boyd et al. 2011 §3.4.1).
 
     With one entrywise lasso split on a forest (GrAUC-PFL's tree, ``l1``) and no frozen site,
     the answer is made exact by :func:`strategies.solvers.polish.polish`: first from the warm
     start's pattern (or, with no warm start, from the fusions of ``x`` itself, if it has any), then
     from ADMM's after 10, 20, 40, ... iterations; the first verified pattern is returned (the
-    minimizer to rounding error, typically after one linear solve).
+    minimizer to rounding error, typically after one linear solve).  RowFed's problem
+    (:func:`strategies.solvers.fusedrows.eligible`) is solved with its fused rows held
+    compactly (:func:`strategies.solvers.fusedrows.solve_rows`).
+
+    Parameters
+    ----------
+    problem : Problem
+        The penalty side: the splits ``A_k`` and their penalties ``P_k``.
+    x : ndarray, shape (Z, p) or (Z, p, q)
+        The point; blocks are vectors or matrices (``B_z`` acts on each of the ``q``
+        columns, so one factorization serves them all).
+    grad : ndarray, shape of ``x``
+        Each site's gradient ``g_z`` at ``x``.
+    hess : ndarray, shape (Z, p, p)
+        Each site's curvature model ``B_z``.
+    frozen : ndarray of bool, shape (Z,), optional
+        The sites held at ``x_z``; ``None``: none.
+    warm : ModelSolution, optional
+        A previous solution whose ``delta``, ``u``, ``rho`` and weights start the ADMM (and
+        whose pattern is polished first); ``None``: ``delta = A x``, ``u = 0``.
+    tol : float, optional
+        The ADMM stops when the primal and dual residuals are at most ``tol`` relative to
+        the problem's scale (:func:`model_scale`).
+    max_iter : int, optional
+        The inner ADMM's iteration limit.
+    min_rho : float, optional
+        Keeps the inner penalty above a nonconvex threshold's bound (MCP, SCAD).
+
+    Returns
+    -------
+    ModelSolution
+        The minimizer ``b`` and the inner ADMM state, a warm start for the next call.
     """
     n_sites, p = x.shape[:2]
     frozen = np.zeros(n_sites, bool) if frozen is None else np.asarray(frozen, bool)

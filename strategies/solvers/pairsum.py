@@ -102,7 +102,20 @@ def _lagrange(y: np.ndarray, q: int) -> np.ndarray:
 def compressed(scores: np.ndarray, gap: float = GAP) -> np.ndarray:
     """The scores with every gap between sorted neighbours wider than ``gap`` shortened to
     ``gap``.  Differences below ``gap`` are kept exactly; those at or above it stay at or
-    above it, where every kernel is flat."""
+    above it, where every kernel is flat.
+
+    Parameters
+    ----------
+    scores : ndarray, shape (N,)
+        The scores.
+    gap : float, optional
+        The widest gap kept.
+
+    Returns
+    -------
+    ndarray, shape (N,)
+        The shortened scores, in the order of ``scores``; the smallest is at 0.
+    """
     order = np.argsort(scores, kind="stable")
     sorted_ = scores[order]
     steps = np.minimum(np.diff(sorted_), gap)
@@ -117,7 +130,18 @@ class GridTooLarge(ValueError):
 
 def score_grid(s_pos: np.ndarray, s_neg: np.ndarray) -> ScoreGrid | None:
     """The :class:`ScoreGrid` of these scores at the default spacing and nodes, or None when
-    it would exceed :data:`GRID_MAX` nodes (then sum the pairs)."""
+    it would exceed :data:`GRID_MAX` nodes (then sum the pairs).
+
+    Parameters
+    ----------
+    s_pos, s_neg : ndarray
+        The scores of the positives and of the negatives.
+
+    Returns
+    -------
+    ScoreGrid or None
+        The grid; ``None`` also when a score is not finite.
+    """
     if not (np.all(np.isfinite(s_pos)) and np.all(np.isfinite(s_neg))):
         return None  # the pair loop carries a non-finite score through as it is
     try:
@@ -233,19 +257,59 @@ class ScoreGrid:
 
     # -- the sums ------------------------------------------------------------------------
     def at_pos(self, kernel: str, w_neg: np.ndarray | None = None) -> np.ndarray:
-        """``sum_j K(s+_i - s-_j) w_j`` for each positive ``i`` (``w = 1`` by default;
-        ``w_neg`` of shape ``(m,)`` or ``(m, k)``)."""
+        """``sum_j K(s+_i - s-_j) w_j`` for each positive ``i``.
+
+        Parameters
+        ----------
+        kernel : {"sigmoid", "curvature", "value"}
+            The kernel ``K`` (:data:`KERNELS`).
+        w_neg : ndarray, shape (m,) or (m, k), optional
+            The negatives' weights; ``None``: ``w = 1``.
+
+        Returns
+        -------
+        ndarray, shape (n,) or (n, k)
+            The sum at each positive.
+        """
         return self._pos @ self._convolve(kernel, self._mass("neg", w_neg))
 
     def at_neg(self, kernel: str, w_pos: np.ndarray | None = None) -> np.ndarray:
-        """``sum_i K(s+_i - s-_j) w_i`` for each negative ``j``."""
+        """``sum_i K(s+_i - s-_j) w_i`` for each negative ``j``.
+
+        Parameters
+        ----------
+        kernel : {"sigmoid", "curvature", "value"}
+            The kernel ``K`` (:data:`KERNELS`).
+        w_pos : ndarray, shape (n,) or (n, k), optional
+            The positives' weights; ``None``: ``w = 1``.
+
+        Returns
+        -------
+        ndarray, shape (m,) or (m, k)
+            The sum at each negative.
+        """
         return self._neg @ self._convolve(kernel, self._mass("pos", w_pos), reverse=True)
 
     def total(
         self, kernel: str, u_pos: np.ndarray | None = None, v_neg: np.ndarray | None = None
     ) -> np.ndarray | float:
-        """``sum_ij K(t_ij) u_i v_j^T``: a number for scalar (default unit) weights, a
-        ``k x l`` matrix for ``(n, k)`` and ``(m, l)`` weights."""
+        """``sum_ij K(t_ij) u_i v_j^T`` over all pairs.
+
+        Parameters
+        ----------
+        kernel : {"sigmoid", "curvature", "value"}
+            The kernel ``K`` (:data:`KERNELS`).
+        u_pos : ndarray, shape (n,) or (n, k), optional
+            The positives' weights; ``None``: unit weights.
+        v_neg : ndarray, shape (m,) or (m, l), optional
+            The negatives' weights; ``None``: unit weights.
+
+        Returns
+        -------
+        float or ndarray, shape (k, l)
+            A number for scalar weights, a ``k x l`` matrix for ``(n, k)`` and ``(m, l)``
+            weights.
+        """
         left = self._mass("pos", u_pos)
         right = self._mass("neg", v_neg)
         out = left.T @ self._convolve(kernel, right)

@@ -20,12 +20,38 @@ DEFAULT_CONCAVITY = {"lasso": np.inf, "mcp": 3.0, "scad": 3.7}
 
 
 def soft_threshold(x: np.ndarray, a: np.ndarray | float) -> np.ndarray:
-    """Elementwise soft-threshold ``S(x, a) = sign(x) (|x| - a)_+``."""
+    """Elementwise soft-threshold ``S(x, a) = sign(x) (|x| - a)_+``.
+
+    Parameters
+    ----------
+    x : ndarray
+        The values.
+    a : ndarray or float
+        The threshold, broadcast against ``x``.
+
+    Returns
+    -------
+    ndarray
+        ``S(x, a)``.
+    """
     return np.sign(x) * np.maximum(np.abs(x) - a, 0.0)
 
 
 def group_norms(x: np.ndarray, group: bool) -> np.ndarray:
-    """``|x|`` entrywise, or the norm of each group along the last axis (kept as size 1)."""
+    """``|x|`` entrywise, or the norm of each group along the last axis (kept as size 1).
+
+    Parameters
+    ----------
+    x : ndarray
+        The values.
+    group : bool
+        Norms of groups along the last axis rather than entrywise.
+
+    Returns
+    -------
+    ndarray
+        Shaped as ``x``, or with the last axis of size 1 for groups.
+    """
     return np.sqrt(np.sum(x * x, axis=-1, keepdims=True)) if group else np.abs(x)
 
 
@@ -101,7 +127,20 @@ class Penalty:
 
     # -- scalar rules on norms ------------------------------------------------------------
     def value_of_norm(self, r: np.ndarray, lam: np.ndarray | float) -> np.ndarray:
-        """Penalty ``P_lam(r)`` for norms ``r >= 0`` (broadcasts over ``lam``)."""
+        """Penalty ``P_lam(r)`` for norms ``r >= 0``.
+
+        Parameters
+        ----------
+        r : ndarray
+            The norms.
+        lam : ndarray or float
+            The level, broadcast against ``r``.
+
+        Returns
+        -------
+        ndarray
+            ``P_lam(r)``.
+        """
         r = np.asarray(r, dtype=float)
         lam = np.asarray(lam, dtype=float)
         iota = float(self.concavity)
@@ -120,6 +159,18 @@ class Penalty:
             lasso  lam
             MCP    max(lam - r / iota, 0)
             SCAD   lam for r <= lam;  (iota lam - r) / (iota - 1) for lam < r <= iota lam;  0
+
+        Parameters
+        ----------
+        r : ndarray
+            The norms.
+        lam : ndarray or float
+            The level, broadcast against ``r``.
+
+        Returns
+        -------
+        ndarray
+            ``P_lam'(r)``, of the broadcast shape.
         """
         r = np.asarray(r, dtype=float)
         lam = np.asarray(lam, dtype=float)
@@ -131,7 +182,22 @@ class Penalty:
         return np.where(r <= lam, lam, np.maximum(iota * lam - r, 0.0) / (iota - 1.0))
 
     def threshold_norm(self, r: np.ndarray, lam: np.ndarray | float, rho: float) -> np.ndarray:
-        """The new norm ``argmin_{s>=0} (rho/2)(s - r)^2 + P_lam(s)`` for norms ``r``."""
+        """The new norm ``argmin_{s>=0} (rho/2)(s - r)^2 + P_lam(s)`` for norms ``r``.
+
+        Parameters
+        ----------
+        r : ndarray
+            The norms.
+        lam : ndarray or float
+            The level, broadcast against ``r``.
+        rho : float
+            The ADMM penalty.
+
+        Returns
+        -------
+        ndarray
+            The thresholded norms.
+        """
         r = np.asarray(r, dtype=float)
         lam = np.asarray(lam, dtype=float)
         iota = float(self.concavity)
@@ -149,14 +215,43 @@ class Penalty:
     def value(self, x: np.ndarray, lam: np.ndarray | float, group: bool) -> float:
         """``sum P_lam(|x|)`` (entrywise) or ``sum over groups P_lam(||x_g||)``.
 
-        ``lam`` broadcasts against the group norms, e.g. shape ``(n_groups, 1)`` for a
-        per-group weight (``x`` of shape ``(n_groups, k)``).
+        Parameters
+        ----------
+        x : ndarray
+            The values.
+        lam : ndarray or float
+            The level; broadcasts against the group norms, e.g. shape ``(n_groups, 1)`` for
+            a per-group weight (``x`` of shape ``(n_groups, k)``).
+        group : bool
+            Groups along the last axis rather than entrywise.
+
+        Returns
+        -------
+        float
+            The penalty.
         """
         return float(np.sum(self.value_of_norm(group_norms(x, group), lam)))
 
     def threshold(
         self, x: np.ndarray, lam: np.ndarray | float, rho: float, group: bool
     ) -> np.ndarray:
-        """Proximal map of ``(1/rho) P_lam`` applied entrywise or per group (last axis)."""
+        """Proximal map of ``(1/rho) P_lam`` applied entrywise or per group (last axis).
+
+        Parameters
+        ----------
+        x : ndarray
+            The values.
+        lam : ndarray or float
+            The level, broadcast against the group norms.
+        rho : float
+            The ADMM penalty.
+        group : bool
+            Groups along the last axis rather than entrywise.
+
+        Returns
+        -------
+        ndarray
+            The thresholded values, shaped as ``x``; 0 where the norm is 0.
+        """
         norm = group_norms(x, group)
         return _apply_rule(x, self.threshold_norm(norm, lam, rho), norm)

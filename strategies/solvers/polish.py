@@ -81,7 +81,23 @@ class Forest:
     def assemble(self, cluster, n_clusters, hess) -> sp.csc_matrix:
         """``sum_z E_z^T B_z E_z`` over the clusters (``E_z`` maps site ``z``'s coordinates to
         their clusters).  The last few patterns' sparsity structures are kept: the pattern
-        seldom changes between late rounds, and then assembly is one weighted bincount."""
+        seldom changes between late rounds, and then assembly is one weighted bincount.
+
+        Parameters
+        ----------
+        cluster : ndarray of int, shape (Z p,)
+            Each coordinate's cluster (:meth:`clusters`).
+        n_clusters : int
+            The number of clusters.
+        hess : ndarray, shape (Z, p, p)
+            The blocks ``B_z``.
+
+        Returns
+        -------
+        scipy.sparse.csc_matrix, shape (n_clusters, n_clusters)
+            The assembled matrix; for a kept pattern, the kept matrix with its entries
+            overwritten.
+        """
         rows, cols = self.block_index(hess.shape[1])
         data = hess.ravel()
         for pat in self.patterns:
@@ -158,7 +174,22 @@ def forest(matrix: sp.spmatrix) -> Forest | None:
 def rooted(adj: sp.csr_matrix, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each site's parent (-1 at roots) and depth in the forest ``adj`` (symmetric, its
     components labelled ``label``), each tree rooted at a centre of its longest path, so
-    that sweeps over the levels take as few steps as possible."""
+    that sweeps over the levels take as few steps as possible.
+
+    Parameters
+    ----------
+    adj : scipy.sparse.csr_matrix, shape (Z, Z)
+        The forest's symmetric adjacency.
+    label : ndarray of int, shape (Z,)
+        Each site's component (one tree each).
+
+    Returns
+    -------
+    parent : ndarray of int, shape (Z,)
+        Each site's parent, -1 at roots.
+    depth : ndarray of int, shape (Z,)
+        Each site's depth below its root.
+    """
     n_sites = adj.shape[0]
     parent = np.full(n_sites, -1)
     depth = np.zeros(n_sites, int)
@@ -198,7 +229,26 @@ def cluster_solve(
     site eliminates its own coordinates with one ``p x p`` Cholesky, leaving a dense system
     in the shared clusters only (few where fusion is strong: ``p`` when every coordinate is
     fused over the whole tree).  Otherwise, or with more than ``SCHUR_MAX`` shared clusters,
-    by a sparse LU of the assembled matrix."""
+    by a sparse LU of the assembled matrix.
+
+    Parameters
+    ----------
+    tree : Forest
+        The forest (which assembles the matrix, :meth:`Forest.assemble`).
+    cluster : ndarray of int, shape (Z p,)
+        Each coordinate's cluster.
+    n_clusters : int
+        The number of clusters.
+    hess : ndarray, shape (Z, p, p)
+        The blocks ``B_z``.
+    rhs : ndarray, shape (n_clusters,)
+        The right-hand side.
+
+    Returns
+    -------
+    ndarray, shape (n_clusters,) or None
+        ``y``, one value per cluster.
+    """
     n_sites, p = hess.shape[:2]
     shared = np.bincount(cluster, minlength=n_clusters) > 1
     n_shared = int(shared.sum())
@@ -249,8 +299,31 @@ def polish(
     max_iter: int = 30,
 ) -> Polished | None:
     """Solve ``min (1/2) sum b_z^T B_z b_z - c_z^T b_z + sum_e lam_e |(D b)_e|_1`` exactly,
-    starting from the pattern of ``delta`` (an approximation of ``D b``: exact zeros are
-    fused entries); ``None`` if no pattern is verified within ``max_iter`` linear solves."""
+    starting from the pattern of ``delta``.
+
+    Parameters
+    ----------
+    tree : Forest
+        The forest incidence ``D``.
+    lam : ndarray, shape (E,)
+        Each edge's level ``lam_e``.
+    c : ndarray, shape (Z, p)
+        The linear terms ``c_z``.
+    hess : ndarray, shape (Z, p, p)
+        The blocks ``B_z``.
+    delta : ndarray, shape (E, p)
+        An approximation of ``D b``: exact zeros are fused entries, the signs of the others
+        their signs.
+    max_iter : int, optional
+        The most linear solves tried.
+
+    Returns
+    -------
+    Polished or None
+        The minimizer, ``D b`` and the multipliers; ``None`` if no pattern is verified
+        within ``max_iter`` linear solves, the active-set steps stall or a system is not
+        positive definite.
+    """
     n_sites, p = c.shape
     lam = np.asarray(lam, float)[:, None]
     fused = delta == 0.0

@@ -259,17 +259,35 @@ def qn_round(
     tol: float,
     lla: Linearization | None = None,
 ) -> tuple[QuasiNewtonState, Step]:
-    """Take the sites' answers ``{z: (f_z(trial_z), grad f_z(trial_z))}`` (with the
-    ``exact`` model ``(f_z, grad f_z, hess f_z)``) for the current trial point and advance:
-    accept or shorten the step, update the curvature models, find the next direction.
-    Returns the new state (the next point to send is ``state.trial``).
+    """Take the sites' answers for the current trial point and advance: accept or shorten
+    the step, update the curvature models, find the next direction.
 
-    ``lla``, when given, is a nonconvex penalty's :class:`Linearization`: ``problem`` is its
-    approximation at the accepted point; the objective the line search reads is the
-    target's; a newly accepted point gets a new approximation (in the incremental form the
-    estimate the sites were sent, every round), and each model step runs the
-    approximations to their fixed point on the models (:func:`_lla_direction`).  The
-    strategy reads the last approximation from ``lla.at``'s calls."""
+    Parameters
+    ----------
+    problem : Problem
+        The penalty side; with ``lla``, its approximation at the accepted point.
+    st : QuasiNewtonState
+        The state before the round (copied, not changed).
+    answered : dict of int to tuple
+        ``{z: (f_z(trial_z), grad f_z(trial_z))}`` (with the ``exact`` model
+        ``(f_z, grad f_z, hess f_z)``), for the sites that answered.
+    tol : float
+        The stopping rule's relative objective gap.
+    lla : Linearization, optional
+        A nonconvex penalty's local linear approximations: the objective the line search
+        reads is the target's; a newly accepted point gets a new approximation (in the
+        incremental form the estimate the sites were sent, every round), and each model
+        step runs the approximations to their fixed point on the models
+        (:func:`_lla_direction`).  The strategy reads the last approximation from
+        ``lla.at``'s calls.
+
+    Returns
+    -------
+    state : QuasiNewtonState
+        The new state (the next point to send is ``state.trial``).
+    step : Step
+        What the round did, with its time in seconds.
+    """
     t0 = time.perf_counter()
     advance = _advance_incremental if st.incremental else _advance
     st, step = advance(problem, st.copy(), answered, tol, lla)
@@ -358,8 +376,21 @@ def _advance(
 
 
 def learn(st: QuasiNewtonState, z: int, s: np.ndarray, y: np.ndarray) -> None:
-    """Site ``z``'s curvature model learns from one step pair (BFGS or secant): a step ``s``
-    and the change ``y`` of the site's gradient along it."""
+    """Site ``z``'s curvature model learns from one step pair (BFGS or secant); changes
+    ``st`` in place.
+
+    Parameters
+    ----------
+    st : QuasiNewtonState
+        The state, whose ``hess[z]`` (and for the secant model ``ss[z]``, ``ys[z]``) and
+        ``paired[z]`` are updated.
+    z : int
+        The site.
+    s : ndarray
+        A step of the site's block.
+    y : ndarray
+        The change of the site's gradient along it.
+    """
     if st.model == "secant":
         s_z = s.reshape(s.shape[0], -1)
         y_z = y.reshape(s_z.shape)
@@ -458,7 +489,20 @@ def estimate_objective(problem: Problem, st: QuasiNewtonState) -> float:
     """``F`` at :func:`estimate`: at the accepted point its value; in the incremental form the
     model's value there, ``sum_z [f_z(x_z) + g_z^T d_z + (1/2) d_z^T (B_z + mu_z I) d_z] +
     P(b)``: a prediction (exact only where ``d_z = 0``), which the sites' answers at ``b``
-    check in the next rounds."""
+    check in the next rounds.
+
+    Parameters
+    ----------
+    problem : Problem
+        The penalty side (for a nonconvex penalty, the target problem).
+    st : QuasiNewtonState
+        The state.
+
+    Returns
+    -------
+    float
+        The objective.
+    """
     if not st.incremental:
         return float(st.value.sum() + problem.penalty_value(st.x))
     smooth = st.value.sum() + np.sum(st.grad * st.direction) + 0.5 * _curvature_terms(st).sum()

@@ -47,8 +47,23 @@ def grauc_problem(graph, n_sites: int, cfg: GrAUCConfig, fusion: str = "graph") 
     ``fusion = "mean"`` instead ``delta = (I - J/Z) beta`` at level ``lam`` for every site,
     the same penalty toward the federation's mean (the ``mean-fusion`` comparator).
 
-    ``graph`` has ``edges`` ``(n_edges, 2)`` and ``weights(w_dist, q)`` (the geographic
-    graph of :mod:`grauc_flower.graph`, handed in by the app).
+    Parameters
+    ----------
+    graph : object
+        Has ``edges`` ``(n_edges, 2)`` and ``weights(w_dist, q)`` (the geographic graph of
+        :mod:`grauc_flower.graph`, handed in by the app); not read for ``fusion = "mean"``.
+    n_sites : int
+        The number of sites.
+    cfg : GrAUCConfig
+        Its ``lam``, ``w_dist``, ``q`` and ``penalty`` (``group``: one group per block,
+        else entrywise).
+    fusion : {"graph", "mean"}, optional
+        Fusion along the graph's edges or toward the mean.
+
+    Returns
+    -------
+    Problem
+        One lasso split.
     """
     grouping = "block" if cfg.penalty == "group" else "entry"
     if fusion == "mean":
@@ -147,8 +162,28 @@ def rowfed_problem(
     fusion_grouping: str = "row",
     fusion: str = "graph",
 ) -> Problem:
-    """:func:`build_problem` with the settings of ``cfg`` (``weights`` multiply ``lam1``
-    per edge)."""
+    """:func:`build_problem` with the settings of ``cfg``.
+
+    Parameters
+    ----------
+    cfg : RowFedConfig
+        Its penalty, ``lam1``, ``lam2`` and ``sparsity``.
+    n_sites : int
+        Number of clients ``M``.
+    edges : ndarray, shape (n_edges, 2), optional
+        Fusion graph; all pairs by default.
+    weights : ndarray, shape (n_edges,), optional
+        Multiply ``lam1`` per edge.
+    fusion_grouping : {"row", "block"}, optional
+        Row-wise or matrix-wise fusion.
+    fusion : {"graph", "mean"}, optional
+        Fusion along the graph or toward the clients' mean rows.
+
+    Returns
+    -------
+    Problem
+        ``splits[FUSION]`` and ``splits[SPARSITY]``.
+    """
     lam1 = cfg.lam1 if weights is None else cfg.lam1 * np.asarray(weights, dtype=float)
     return build_problem(
         n_sites,
@@ -178,6 +213,20 @@ def fitted_structure(problem: Problem, state: AdmmState) -> tuple[np.ndarray, np
 
     Clusters come from the fusion split's ``delta`` (exact zeros, docs/methods.md 2.3); the
     support from the sparsity split's ``delta`` (``eta``, exactly sparse) **[choice]**.
+
+    Parameters
+    ----------
+    problem : Problem
+        RowFed's problem (:func:`rowfed_problem`).
+    state : AdmmState
+        The fit's state.
+
+    Returns
+    -------
+    labels : ndarray of int, shape (M, p)
+        Cluster labels per row (:func:`strategies.solvers.admm.split_groups`).
+    support : ndarray of bool, shape (M, p, q)
+        Non-zero pattern of the sparsity split's ``delta``.
     """
     delta = np.asarray(state.delta[FUSION], dtype=float)
     row_norm = np.sqrt(np.sum(delta * delta, axis=-1))  # (n_rows, p); 0 iff whole row is 0
@@ -237,12 +286,30 @@ def degrees_of_freedom(labels: np.ndarray, support: np.ndarray) -> int:
 def gic(rss, n_total: int, p: int, q: int, n_sites: int, df, per: str = "n"):
     """Generalized information criterion (docs/methods.md 2.5; Fan & Tang 2013).
 
+    Parameters
+    ----------
+    rss : float or ndarray
+        ``RSS = sum_m ||Y_m - X_m Theta_hat_m||_F^2`` (each client uploads its own).
+    n_total : int
+        ``N = sum_m n_m``; more than 1.
+    p, q : int
+        The numbers of features and responses.
+    n_sites : int
+        Number of clients ``M``.
+    df : int or ndarray
+        Degrees of freedom (:func:`degrees_of_freedom`).
+    per : {"n", "nq"}, optional
+        ``n``: the df term divided by ``N`` (the paper's); ``nq``: by ``N q``, the number
+        of residuals the RSS sums (the same at ``q = 1``).
+
+    Returns
+    -------
+    float or ndarray
+        The GIC, an array when ``rss`` or ``df`` is one.
+
     Notes
     -----
-    ``GIC = log(RSS / (N q)) + log(log N) log(p q M) df / N`` with ``RSS = sum_m
-    ||Y_m - X_m Theta_hat_m||_F^2`` (each client uploads its own) and ``N = sum_m n_m``:
-    the paper's (``per = "n"``).  ``per = "nq"`` divides the df term by ``N q``, the number
-    of residuals the RSS sums (the same at ``q = 1``).  ``rss`` and ``df`` may be arrays.
+    ``GIC = log(RSS / (N q)) + log(log N) log(p q M) df / N``.
     """
     if not n_total > 1:
         raise ValueError(f"n_total: GIC needs N > 1 (log log N), got {n_total}")

@@ -111,12 +111,32 @@ def init_qn(
     incremental: bool = False,
     first_damping: float = 0.0,
 ) -> QuasiNewtonState:
-    """Start at ``x0`` (``(Z, p)``, or ``(Z, p, q)`` for the ``secant`` model);
-    ``B_z = curvature_z I`` until the first step pair (default 1; see :func:`set_curvature`).
-    ``incremental``: the per-site form (module docstring); with the exact model a site's
-    first model is damped by ``first_damping`` times its mean curvature (Levenberg-Marquardt's
-    start ``mu_0 = tau * scale``, Madsen, Nielsen & Tingleff 2004, "Methods for non-linear
-    least squares problems", §3.2, with ``tau = first_damping``)."""
+    """Start at ``x0``.
+
+    Parameters
+    ----------
+    x0 : ndarray, shape (Z, p) or (Z, p, q)
+        The start (matrix blocks for the ``secant`` model).
+    curvature : ndarray, shape (Z,), optional
+        ``B_z = curvature_z I`` until the first step pair (default 1; see
+        :func:`set_curvature`).
+    model : {"bfgs", "secant", "exact"}, optional
+        The curvature model (:data:`MODELS`).
+    min_rho : float, optional
+        The model problem's least inner penalty (MCP, SCAD).
+    incremental : bool, optional
+        The per-site form (:mod:`strategies.solvers.pqn`'s module docstring).
+    first_damping : float, optional
+        With the exact model (in the per-site form), a site's first model is damped by this
+        times its mean curvature (Levenberg-Marquardt's start ``mu_0 = tau * scale``, Madsen,
+        Nielsen & Tingleff 2004, "Methods for non-linear least squares problems", §3.2,
+        with ``tau = first_damping``).
+
+    Returns
+    -------
+    QuasiNewtonState
+        The state before the first answers.
+    """
     if model not in MODELS:
         raise ValueError(f"model: must be one of {', '.join(MODELS)}, got {model!r}")
     x0 = np.array(x0, dtype=float)
@@ -159,7 +179,17 @@ class Step:
 
 
 def set_curvature(st: QuasiNewtonState, z: int, c: float) -> None:
-    """``B_z = c I`` (and the secant model's bound ``c``) before site ``z``'s first pair."""
+    """``B_z = c I`` (and the secant model's bound ``c``) before site ``z``'s first pair.
+
+    Parameters
+    ----------
+    st : QuasiNewtonState
+        The state, changed in place.
+    z : int
+        The site.
+    c : float
+        The curvature, floored at 1e-8.
+    """
     c = max(float(c), 1e-8)
     st.curvature[z] = c
     st.hess[z] = c * np.eye(st.x.shape[1])

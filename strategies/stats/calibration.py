@@ -39,7 +39,23 @@ def _design(score: np.ndarray) -> np.ndarray:
 
 
 def firth_loglik(theta: np.ndarray, score: np.ndarray, y: np.ndarray) -> float:
-    """Firth's penalized log-likelihood ``l(theta) + (1/2) log det I(theta)``."""
+    """Firth's penalized log-likelihood ``l(theta) + (1/2) log det I(theta)``.
+
+    Parameters
+    ----------
+    theta : ndarray, shape (2,)
+        Intercept and slope.
+    score : ndarray, shape (n,)
+        The scores.
+    y : ndarray, shape (n,)
+        The outcomes (0/1).
+
+    Returns
+    -------
+    float
+        The penalized log-likelihood; ``-inf`` when the information is not positive
+        definite.
+    """
     x = _design(score)
     eta = x @ theta
     loglik = float(np.sum(y * eta - np.logaddexp(0.0, eta)))
@@ -50,10 +66,23 @@ def firth_loglik(theta: np.ndarray, score: np.ndarray, y: np.ndarray) -> float:
 
 
 def recalibrate(score, y) -> dict:
-    """``a``, ``b`` (``P(y=1) = expit(a + b s)``), their covariance ``cov`` (2 x 2), the
-    counts ``n_pos``, ``n_neg`` and ``converged``, from one site's scores ``score`` and
-    outcomes ``y`` (0/1), by Firth-penalized logistic regression (module docstring).  With
-    no row of one class there is nothing to calibrate: ``a``, ``b`` and ``cov`` are NaN."""
+    """One site's recalibration ``P(y=1) = expit(a + b s)``, by Firth-penalized logistic
+    regression (module docstring).
+
+    Parameters
+    ----------
+    score : array_like, shape (n,)
+        The site's scores.
+    y : array_like, shape (n,)
+        Its outcomes (0/1).
+
+    Returns
+    -------
+    dict
+        ``a``, ``b``, their covariance ``cov`` (2 x 2), the counts ``n_pos``, ``n_neg`` and
+        ``converged``.  With no row of one class (or scores all equal) there is nothing to
+        calibrate: ``a``, ``b`` and ``cov`` are NaN.
+    """
     score = np.asarray(score, dtype=float).ravel()
     y = np.asarray(y, dtype=float).ravel()
     n_pos, n_neg = int(np.sum(y == 1)), int(np.sum(y == 0))
@@ -91,10 +120,24 @@ def recalibrate(score, y) -> dict:
 
 
 def shrink(estimates: np.ndarray, variances: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """Random-effects shrinkage of one coefficient over sites: ``estimates`` and their
-    ``variances`` (NaN: a site without an estimate, which gets the mean).  Returns the
-    shrunken estimates, the precision-weighted mean ``mu`` and the between-site variance
-    ``tau^2`` (DerSimonian-Laird, at least 0)."""
+    """Random-effects shrinkage of one coefficient over sites.
+
+    Parameters
+    ----------
+    estimates : ndarray, shape (Z,)
+        Each site's estimate (NaN: a site without an estimate, which gets the mean).
+    variances : ndarray, shape (Z,)
+        Their variances (NaN or not positive: a site without an estimate).
+
+    Returns
+    -------
+    shrunk : ndarray, shape (Z,)
+        The shrunken estimates; all NaN when no site has an estimate.
+    mu : float
+        The precision-weighted mean.
+    tau2 : float
+        The between-site variance ``tau^2`` (DerSimonian-Laird, at least 0).
+    """
     est = np.asarray(estimates, dtype=float)
     var = np.asarray(variances, dtype=float)
     ok = np.isfinite(est) & np.isfinite(var) & (var > 0)
@@ -123,10 +166,27 @@ def calibration_mean(frame) -> tuple[float, float]:
 
 def calibration_frame(sites, n_pos, n_neg, a, b, var_a, var_b):
     """``calibration.csv``'s table: per site its counts, its own recalibration
-    (``site_intercept``, ``site_slope`` and their standard errors, from the variances
-    ``var_a``, ``var_b``; NaN for a site without one) and the estimates shrunk toward the
-    sites' mean by :func:`shrink` (``intercept``, ``slope``: what ``predict --probability``
-    uses); ``attrs["tau2"]``: the between-site variances of intercept and slope."""
+    (``site_intercept``, ``site_slope`` and their standard errors; NaN for a site without
+    one) and the estimates shrunk toward the sites' mean by :func:`shrink` (``intercept``,
+    ``slope``: what ``predict --probability`` uses).
+
+    Parameters
+    ----------
+    sites : iterable of str
+        The sites.
+    n_pos, n_neg : array_like, shape (Z,)
+        Each site's counts of positives and negatives.
+    a, b : array_like, shape (Z,)
+        Each site's own intercept and slope.
+    var_a, var_b : array_like, shape (Z,)
+        Their variances.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per site; ``attrs["tau2"]``: the between-site variances of intercept and
+        slope.
+    """
     import pandas as pd
 
     frame = pd.DataFrame(
@@ -148,10 +208,24 @@ def calibration_frame(sites, n_pos, n_neg, a, b, var_a, var_b):
 
 
 def calibration_metrics(prob, y, bins: int = ECE_BINS) -> dict:
-    """Brier score, expected calibration error (``bins`` equal-count bins: the mean over
-    rows of ``|mean outcome - mean probability|`` of the row's bin) and the calibration
-    intercept and slope (logistic regression of ``y`` on ``logit(prob)``; 0 and 1 when the
-    probabilities are calibrated)."""
+    """Brier score, expected calibration error and the calibration intercept and slope.
+
+    Parameters
+    ----------
+    prob : array_like, shape (n,)
+        Predicted probabilities (clipped to ``[1e-12, 1 - 1e-12]``).
+    y : array_like, shape (n,)
+        Outcomes (0/1).
+    bins : int, optional
+        The expected calibration error's equal-count bins.
+
+    Returns
+    -------
+    dict
+        ``brier``; ``ece``, the mean over rows of ``|mean outcome - mean probability|`` of
+        the row's bin; ``cal_intercept`` and ``cal_slope``, the logistic regression of
+        ``y`` on ``logit(prob)`` (0 and 1 when the probabilities are calibrated).
+    """
     prob = np.clip(np.asarray(prob, dtype=float).ravel(), 1e-12, 1 - 1e-12)
     y = np.asarray(y, dtype=float).ravel()
     brier = float(np.mean((prob - y) ** 2))
@@ -174,8 +248,25 @@ def reliability_bins(prob, y, floor: int, bands: int = RELIABILITY_BANDS) -> lis
     """A site's reliability diagram: its rows grouped by predicted probability into
     ``bands`` equal bands of ``[0, 1]``, each band with fewer than ``floor`` rows (at least
     :data:`BAND_ROWS`) merged into the next (the last into the one before), so that no band
-    sent describes fewer rows than the site's floor.  Each band: ``[lower, upper, rows,
-    mean probability, observed rate]``; empty bands are left out."""
+    sent describes fewer rows than the site's floor.
+
+    Parameters
+    ----------
+    prob : array_like, shape (n,)
+        Predicted probabilities.
+    y : array_like, shape (n,)
+        Outcomes (0/1).
+    floor : int
+        The fewest rows a band describes (raised to :data:`BAND_ROWS`).
+    bands : int, optional
+        The equal bands before merging.
+
+    Returns
+    -------
+    list of list of float
+        Each band: ``[lower, upper, rows, mean probability, observed rate]``; empty bands
+        are left out, and with fewer rows than the floor there is none.
+    """
     prob = np.asarray(prob, dtype=float).ravel()
     y = np.asarray(y, dtype=float).ravel()
     floor = max(int(floor), BAND_ROWS)
@@ -201,9 +292,26 @@ def reliability_bins(prob, y, floor: int, bands: int = RELIABILITY_BANDS) -> lis
 
 def calibrated_evaluation(score, y, a: float, b: float, floor: int) -> dict:
     """What a site reports of its calibrated risks ``expit(a + b score)`` on its test
-    rows: :func:`calibration_metrics` (``brier``, ``ece``, ``cal_intercept``,
-    ``cal_slope``; NaN without rows) and ``reliability``, its :func:`reliability_bins` as
-    a JSON string (a metric is a scalar)."""
+    rows.
+
+    Parameters
+    ----------
+    score : array_like, shape (n,)
+        The test rows' scores.
+    y : array_like, shape (n,)
+        Their outcomes (0/1).
+    a, b : float
+        The site's calibration intercept and slope.
+    floor : int
+        The site's floor of rows, for :func:`reliability_bins`.
+
+    Returns
+    -------
+    dict
+        :func:`calibration_metrics` (``brier``, ``ece``, ``cal_intercept``, ``cal_slope``;
+        NaN without rows) and ``reliability``, its :func:`reliability_bins` as a JSON
+        string (a metric is a scalar).
+    """
     import json
 
     score = np.asarray(score, dtype=float).ravel()

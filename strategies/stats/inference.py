@@ -34,10 +34,24 @@ REFIT_ROUNDS = 50
 
 def parameter_map(labels: np.ndarray, support: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """The refit's parameters: one per (predictor ``j``, group of ``labels[:, j]``) with
-    ``support`` true at some member (default: every group).  Returns ``(cols, n_par)``:
-    ``cols[z, j]`` is the parameter of site ``z``'s coefficient ``j``, or ``-1`` when that
-    coefficient is not a parameter (held where it is).  Parameters are numbered predictor
-    by predictor, groups in order of first appearance."""
+    ``support`` true at some member.  Parameters are numbered predictor by predictor,
+    groups in order of first appearance.
+
+    Parameters
+    ----------
+    labels : ndarray, shape (Z, p)
+        Each site's group per predictor.
+    support : ndarray of bool, shape (Z, p), optional
+        The coefficients that are not held at zero; default: every group is a parameter.
+
+    Returns
+    -------
+    cols : ndarray of int, shape (Z, p)
+        ``cols[z, j]`` is the parameter of site ``z``'s coefficient ``j``, or ``-1`` when
+        that coefficient is not a parameter (held where it is).
+    n_par : int
+        The number of parameters.
+    """
     labels = np.asarray(labels)
     m, p = labels.shape
     support = np.ones((m, p), dtype=bool) if support is None else np.asarray(support, dtype=bool)
@@ -59,8 +73,22 @@ def group_sizes(labels: np.ndarray) -> np.ndarray:
 
 
 def lift(cols: np.ndarray, theta: np.ndarray, fixed: np.ndarray | None = None) -> np.ndarray:
-    """``(A_z theta)_z`` as ``(Z, p)``; coefficients that are not parameters take ``fixed``
-    (default 0)."""
+    """``(A_z theta)_z`` as ``(Z, p)``.
+
+    Parameters
+    ----------
+    cols : ndarray of int, shape (Z, p)
+        The parameter map (:func:`parameter_map`).
+    theta : ndarray, shape (n_par,)
+        The parameters.
+    fixed : ndarray, shape (Z, p), optional
+        What the coefficients that are not parameters take (default 0).
+
+    Returns
+    -------
+    ndarray, shape (Z, p)
+        Each site's coefficients.
+    """
     out = np.zeros(cols.shape) if fixed is None else np.array(fixed, dtype=float)
     on = cols >= 0
     out[on] = np.asarray(theta, dtype=float)[cols[on]]
@@ -68,13 +96,43 @@ def lift(cols: np.ndarray, theta: np.ndarray, fixed: np.ndarray | None = None) -
 
 
 def gather(cols: np.ndarray, vectors: np.ndarray, n_par: int) -> np.ndarray:
-    """``sum_z A_z^T v_z`` for ``vectors`` ``(Z, p)``."""
+    """``sum_z A_z^T v_z``.
+
+    Parameters
+    ----------
+    cols : ndarray of int, shape (Z, p)
+        The parameter map (:func:`parameter_map`).
+    vectors : ndarray, shape (Z, p)
+        The ``v_z``.
+    n_par : int
+        The number of parameters.
+
+    Returns
+    -------
+    ndarray, shape (n_par,)
+        The sum.
+    """
     on = cols >= 0
     return np.bincount(cols[on], weights=np.asarray(vectors, dtype=float)[on], minlength=n_par)
 
 
 def gather_matrix(cols: np.ndarray, mats, n_par: int) -> np.ndarray:
-    """``sum_z A_z^T M_z A_z`` for ``mats`` ``(Z, p, p)``."""
+    """``sum_z A_z^T M_z A_z``.
+
+    Parameters
+    ----------
+    cols : ndarray of int, shape (Z, p)
+        The parameter map (:func:`parameter_map`).
+    mats : ndarray, shape (Z, p, p)
+        The ``M_z``.
+    n_par : int
+        The number of parameters.
+
+    Returns
+    -------
+    ndarray, shape (n_par, n_par)
+        The sum.
+    """
     out = np.zeros((n_par, n_par))
     for c, mat in zip(cols, mats, strict=True):
         on = np.flatnonzero(c >= 0)
@@ -84,7 +142,23 @@ def gather_matrix(cols: np.ndarray, mats, n_par: int) -> np.ndarray:
 
 
 def sandwich(bread: np.ndarray, meat: np.ndarray, max_condition: float = 1e12) -> np.ndarray | None:
-    """``H^-1 S H^-1`` (``None`` when ``H`` is singular to ``max_condition``)."""
+    """``H^-1 S H^-1``.
+
+    Parameters
+    ----------
+    bread : ndarray, shape (k, k)
+        ``H``.
+    meat : ndarray, shape (k, k)
+        ``S``.
+    max_condition : float, optional
+        ``H``'s largest condition number.
+
+    Returns
+    -------
+    ndarray, shape (k, k) or None
+        The symmetric covariance; ``None`` when ``H`` is not finite or its condition number
+        exceeds ``max_condition``.
+    """
     if bread.size == 0:
         return np.zeros((0, 0))
     if not np.isfinite(bread).all() or np.linalg.cond(bread) > max_condition:
@@ -95,8 +169,22 @@ def sandwich(bread: np.ndarray, meat: np.ndarray, max_condition: float = 1e12) -
 
 
 def half_width(se, level: float, df=None):
-    """Half the interval width: ``z_{(1+level)/2} se`` (``df`` ``None``: the normal quantile)
-    or ``t_{df,(1+level)/2} se``."""
+    """Half the interval width: ``z_{(1+level)/2} se`` or ``t_{df,(1+level)/2} se``.
+
+    Parameters
+    ----------
+    se : float or array_like
+        The standard errors.
+    level : float
+        The interval's coverage, e.g. 0.95.
+    df : float or array_like, optional
+        Degrees of freedom of Student's t; ``None``: the normal quantile.
+
+    Returns
+    -------
+    ndarray
+        The half widths, shaped as ``se``.
+    """
     from scipy.stats import norm, t
 
     q = norm.ppf(0.5 + level / 2) if df is None else t.ppf(0.5 + level / 2, df)
@@ -143,8 +231,23 @@ class NewtonRefit:
 
 
 def start_refit(labels: np.ndarray, beta: np.ndarray, support: np.ndarray | None = None):
-    """A refit on the structure ``labels`` from the fit ``beta`` ``(Z, p)``: each parameter
-    starts at its group's mean coefficient; coefficients outside ``support`` stay as fitted."""
+    """A refit on the structure ``labels`` from the fit ``beta``: each parameter starts at
+    its group's mean coefficient.
+
+    Parameters
+    ----------
+    labels : ndarray, shape (Z, p)
+        Each site's group per predictor.
+    beta : ndarray, shape (Z, p)
+        The fit's coefficients.
+    support : ndarray of bool, shape (Z, p), optional
+        The coefficients refitted; those outside it stay as fitted (default: all).
+
+    Returns
+    -------
+    NewtonRefit
+        The refit's state, its ``trial`` the start (done at once with no parameter).
+    """
     beta = np.asarray(beta, dtype=float)
     cols, n_par = parameter_map(labels, support)
     counts = gather(cols, np.ones_like(beta), n_par)
@@ -161,10 +264,30 @@ def newton_round(
     xtol: float = 1e-10,
     armijo: float = 1e-4,
 ) -> NewtonRefit:
-    """One round: every site's loss, gradient ``(Z, p)`` and Hessian ``(Z, p, p)`` at
-    ``state.point()``.  Accepts the trial when it decreases ``F`` enough (Armijo; the first
-    point always), then takes the Newton direction ``-H^-1 g`` with step 1; otherwise halves
-    the step.  Done when the Newton step is below ``xtol (1 + |theta|_inf)``."""
+    """One round: accepts the trial when it decreases ``F`` enough (Armijo; the first point
+    always), then takes the Newton direction ``-H^-1 g`` with step 1; otherwise halves the
+    step.
+
+    Parameters
+    ----------
+    state : NewtonRefit
+        The refit's state, changed in place.
+    loss : ndarray, shape (Z,)
+        Every site's loss at ``state.point()``.
+    grads : ndarray, shape (Z, p)
+        Their gradients there.
+    hessians : ndarray, shape (Z, p, p)
+        Their Hessians there.
+    xtol : float, optional
+        Done when the Newton step is below ``xtol (1 + |theta|_inf)``.
+    armijo : float, optional
+        The sufficient-decrease constant.
+
+    Returns
+    -------
+    NewtonRefit
+        ``state``.
+    """
     value = float(np.sum(loss))
     rel = 1e-13 * max(1.0, abs(state.value)) if np.isfinite(state.value) else 0.0
     state.rounds += 1
@@ -217,9 +340,35 @@ def interval_frame(
     responses=None,
 ) -> pd.DataFrame:
     """``inference.csv``: ``<entity>, feature, [response,] kind, group_size, estimate, se,
-    lower, upper``.  ``estimate``, ``se``, ``kind`` are ``(Z, p)`` or, with ``responses``,
-    ``(Z, p, q)`` (``df`` then one per response; ``None``: normal intervals).  A row without a
-    finite ``se`` has no interval."""
+    lower, upper``.  A row without a finite ``se`` has no interval.
+
+    Parameters
+    ----------
+    entity : str
+        The name of the first column (the sites' kind, e.g. ``site``).
+    entities : iterable of str
+        The sites, in the order of the arrays' first axis.
+    features : iterable of str
+        The predictors.
+    estimate, se : ndarray, shape (Z, p), or (Z, p, q) with ``responses``
+        The estimates and their standard errors.
+    kind : ndarray of str, shape of ``estimate``
+        What each coefficient is (e.g. ``fused``, ``unique``).
+    group_size : ndarray of int, shape (Z, p)
+        How many sites share the coefficient.
+    level : float
+        The intervals' coverage.
+    df : float or sequence of float, optional
+        Degrees of freedom of Student's t (with ``responses``, one per response); ``None``:
+        normal intervals.
+    responses : sequence of str, optional
+        The responses; ``None``: one response and no ``response`` column.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per site, predictor (and response).
+    """
     estimate = np.asarray(estimate, dtype=float)
     if responses is None:
         estimate, se, kind = (

@@ -54,8 +54,20 @@ class FittedModel:
     new_sites: tuple[str, ...] = ()  # sites outside the federation, appended (extrapolated)
 
     def with_new_sites(self, sites: Sequence[str], coef: np.ndarray) -> FittedModel:
-        """This model with ``sites`` (not fitted) appended, their coefficients ``coef``
-        (``(n, p)``: a single output, no intercept)."""
+        """This model with ``sites`` (not fitted) appended.
+
+        Parameters
+        ----------
+        sites : sequence of str
+            The sites outside the federation.
+        coef : ndarray, shape (n, p)
+            Their coefficients: a single output, no intercept.
+
+        Returns
+        -------
+        FittedModel
+            A new model, the sites also in its ``new_sites``.
+        """
         coef = np.asarray(coef, dtype=float).reshape(len(sites), len(self.features), 1)
         return FittedModel(
             self.site_column,
@@ -80,9 +92,22 @@ class Borrowed:
 
 
 def weighted_median(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Column-wise minimizer of ``sum_u w_u |b - values[u]|`` (``values`` ``(N, d)``,
-    ``weights > 0``): the weighted median; where the minimizers form an interval (the
-    weight below a value is exactly half), its midpoint."""
+    """Column-wise minimizer of ``sum_u w_u |b - values[u]|``: the weighted median; where
+    the minimizers form an interval (the weight below a value is exactly half), its
+    midpoint.
+
+    Parameters
+    ----------
+    values : ndarray, shape (N, d)
+        The values.
+    weights : ndarray, shape (N,)
+        Their weights, positive.
+
+    Returns
+    -------
+    ndarray, shape (d,)
+        The weighted median of each column.
+    """
     values = np.asarray(values, dtype=float)
     w = np.asarray(weights, dtype=float)
     order = np.argsort(values, axis=0, kind="stable")
@@ -103,7 +128,24 @@ def geometric_median(
 ) -> np.ndarray:
     """Minimizer of ``sum_u w_u ||b - values[u]||_2`` (Weiszfeld's iteration, with the
     optimality test at a data point: ``values[j]`` is the answer when the weighted unit
-    vectors toward the others sum to at most ``w_j``)."""
+    vectors toward the others sum to at most ``w_j``).
+
+    Parameters
+    ----------
+    values : ndarray, shape (N, d)
+        The points.
+    weights : ndarray, shape (N,)
+        Their weights, positive.
+    tol : float, optional
+        The iteration stops when a step is at most ``tol max(1, max|values|)``.
+    max_iter : int, optional
+        The most iterations.
+
+    Returns
+    -------
+    ndarray, shape (d,)
+        The geometric median (the last iterate after ``max_iter``).
+    """
     values = np.asarray(values, dtype=float)
     w = np.asarray(weights, dtype=float)
     for j in range(len(values)):  # a data point is optimal when the pull of the rest is weak
@@ -127,8 +169,23 @@ def geometric_median(
 
 def fused_center(values: np.ndarray, weights: np.ndarray, penalty: str = "l1") -> np.ndarray:
     """``argmin_b sum_u w_u ||b - values[u]||`` (the fused penalty's answer for a site with
-    no rows joined to the sites ``u``): ``l1``, :func:`weighted_median` coordinate by
-    coordinate; ``group``, the :func:`geometric_median` of whole vectors."""
+    no rows joined to the sites ``u``).
+
+    Parameters
+    ----------
+    values : ndarray, shape (N, d)
+        The sites' coefficients.
+    weights : ndarray, shape (N,)
+        Their weights, positive.
+    penalty : {"l1", "group"}, optional
+        ``group``: the :func:`geometric_median` of whole vectors; otherwise the
+        :func:`weighted_median` coordinate by coordinate.
+
+    Returns
+    -------
+    ndarray, shape (d,)
+        The minimizer.
+    """
     if penalty == "group":
         return geometric_median(values, weights)
     return weighted_median(values, weights)
@@ -137,10 +194,27 @@ def fused_center(values: np.ndarray, weights: np.ndarray, penalty: str = "l1") -
 def combine(
     values: np.ndarray, weights: np.ndarray, rule: str, penalty: str = "l1", scale=None
 ) -> np.ndarray:
-    """A new site's coefficients from its neighbours' ``values`` (``(N, p)``) and the
-    rule's ``weights``: ``graph``, :func:`fused_center` (on the fit's working scale
-    ``values * scale`` where the penalty is not coordinate-wise); otherwise the weighted
-    mean."""
+    """A new site's coefficients from its neighbours' coefficients and the rule's weights.
+
+    Parameters
+    ----------
+    values : ndarray, shape (N, p)
+        The neighbours' coefficients.
+    weights : ndarray, shape (N,)
+        The rule's weights.
+    rule : {"nearest", "graph", "inverse-distance"}
+        ``graph``: :func:`fused_center`; otherwise the weighted mean.
+    penalty : {"l1", "group"}, optional
+        The fit's penalty, for ``graph``.
+    scale : ndarray, shape (p,), optional
+        For ``graph``: the center is taken of ``values * scale`` (the fit's working scale,
+        where the penalty is not coordinate-wise) and divided back; default 1.
+
+    Returns
+    -------
+    ndarray, shape (p,)
+        The new site's coefficients.
+    """
     if rule not in NEW_SITE_RULES:
         raise InputError(f"new-site-rule: must be one of {', '.join(NEW_SITE_RULES)}, got {rule!r}")
     values = np.asarray(values, dtype=float)
@@ -201,11 +275,25 @@ def read_rowfed_model(model_dir: str) -> FittedModel:
 
 
 def predict(model: FittedModel, data_path: str, ignore: tuple[str, ...] = (), every_row: str = ""):
-    """The outputs for every row of the CSV ``data_path`` (a ``model.site_column`` column
-    and the model's features, in any order; columns in ``ignore`` are skipped when there,
-    e.g. an outcome; without the site column, every row is ``every_row``'s when given).
-    Returns a ``pandas.DataFrame``: ``row``, the site, the outputs, and ``extrapolated``
-    when the model has sites outside the federation."""
+    """The outputs for every row of a CSV.
+
+    Parameters
+    ----------
+    model : FittedModel
+        The model.
+    data_path : str
+        The CSV: a ``model.site_column`` column and the model's features, in any order.
+    ignore : tuple of str, optional
+        Columns skipped when there, e.g. an outcome.
+    every_row : str, optional
+        Without the site column, every row is this site's (when given).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``row``, the site, the outputs, and ``extrapolated`` when the model has sites
+        outside the federation.
+    """
     import pandas as pd
 
     col = model.site_column
@@ -247,14 +335,38 @@ def predict(model: FittedModel, data_path: str, ignore: tuple[str, ...] = (), ev
 
 
 def write_csv_atomic(frame, out_path: str) -> str:
-    """``frame`` to ``out_path`` through a temporary file beside it (no half-written file);
-    returns the absolute path."""
+    """``frame`` to ``out_path`` through a temporary file beside it (no half-written file).
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        The table, written without its index.
+    out_path : str
+        The file.
+
+    Returns
+    -------
+    str
+        The absolute path.
+    """
     return write_bytes_atomic(frame.to_csv(index=False).encode(), out_path)
 
 
 def write_bytes_atomic(content: bytes, out_path: str) -> str:
-    """``content`` to the file ``out_path`` through a temporary file beside it; returns
-    the absolute path."""
+    """``content`` to the file ``out_path`` through a temporary file beside it.
+
+    Parameters
+    ----------
+    content : bytes
+        What to write.
+    out_path : str
+        The file; its directory must exist.
+
+    Returns
+    -------
+    str
+        The absolute path.
+    """
     out_path = os.path.abspath(out_path)
     parent = os.path.dirname(out_path)
     if not os.path.isdir(parent):
@@ -274,8 +386,21 @@ def write_bytes_atomic(content: bytes, out_path: str) -> str:
 
 def read_calibration(model_dir: str, sites: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Each of ``sites``' calibration (``intercept``, ``slope``) from the fit's
-    ``calibration.csv`` (a tuned GrAUC-PFL fit writes it); a site the file does not list (a
-    site outside the federation) takes the sites' random-effects mean."""
+    ``calibration.csv`` (a tuned GrAUC-PFL fit writes it).
+
+    Parameters
+    ----------
+    model_dir : str
+        The fit's output directory.
+    sites : sequence of str
+        The sites; one the file does not list (a site outside the federation) takes the
+        sites' random-effects mean.
+
+    Returns
+    -------
+    intercept, slope : ndarray, shape (len(sites),)
+        Each site's calibration.
+    """
     import pandas as pd
 
     from .calibration import calibration_mean
@@ -303,9 +428,19 @@ def read_calibration(model_dir: str, sites: Sequence[str]) -> tuple[np.ndarray, 
 
 
 def add_predict_parser(sub, what: str, new_sites: bool = False, probability: bool = False) -> None:
-    """The ``predict`` subcommand of a method's command line (:func:`cmd_predict`); with
-    ``new_sites`` the options that place sites outside the federation, with
-    ``probability`` the option that writes calibrated risks."""
+    """The ``predict`` subcommand of a method's command line (:func:`cmd_predict`).
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        The command line's subparsers, which get ``predict``.
+    what : str
+        What the method predicts, for the help (e.g. ``risk scores``).
+    new_sites : bool, optional
+        Add the options that place sites outside the federation.
+    probability : bool, optional
+        Add the option that writes calibrated risks.
+    """
     p = sub.add_parser("predict", help=f"{what} for new rows from a fitted model")
     p.add_argument("--model", required=True, help="the fit's output directory")
     p.add_argument("--data", required=True, help="CSV: the site column and the features")
@@ -342,10 +477,30 @@ def add_predict_parser(sub, what: str, new_sites: bool = False, probability: boo
 
 
 def predicted_rows(args, read_model, ignore_outputs: bool, extend=None):
-    """``predict``'s table for ``args`` (``model``, ``data`` and, where the method has
-    them, ``probability`` and the new-site options): returns the table, the model and what
-    each site outside the federation borrowed (:class:`Borrowed`).  ``extend(args, model)``
-    returns the model with the new sites of ``args`` and what each borrowed."""
+    """``predict``'s table for ``args``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``model``, ``data`` and, where the method has them, ``probability`` and the
+        new-site options.
+    read_model : callable
+        ``read_model(model_dir)``: the method's :class:`FittedModel`.
+    ignore_outputs : bool
+        Skip the model's output columns in the data when there; otherwise only ``y``.
+    extend : callable, optional
+        ``extend(args, model)`` returns the model with the new sites of ``args`` and what
+        each borrowed.
+
+    Returns
+    -------
+    table : pandas.DataFrame
+        The predictions (:func:`predict`), with ``probability`` after ``score`` when asked.
+    model : FittedModel
+        The model, with any new sites.
+    borrowed : list of Borrowed
+        What each site outside the federation borrowed.
+    """
     model = read_model(args.model)
     borrowed: list[Borrowed] = []
     if extend is not None:
@@ -367,7 +522,25 @@ def predicted_rows(args, read_model, ignore_outputs: bool, extend=None):
 def cmd_predict(args, read_model, ignore_outputs: bool, extend=None) -> int:
     """``predict``: read the model, score the data (:func:`predicted_rows`), write
     ``--out``; prints one line (and one per site outside the federation, said to be an
-    extrapolation)."""
+    extrapolation).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed command line (:func:`add_predict_parser`).
+    read_model : callable
+        ``read_model(model_dir)``: the method's :class:`FittedModel`.
+    ignore_outputs : bool
+        Skip the model's output columns in the data when there; otherwise only ``y``.
+    extend : callable, optional
+        ``extend(args, model)`` returns the model with the new sites of ``args`` and what
+        each borrowed.
+
+    Returns
+    -------
+    int
+        The exit status, 0.
+    """
     result, model, borrowed = predicted_rows(args, read_model, ignore_outputs, extend)
     path = write_csv_atomic(result, args.out)
     for b in borrowed:

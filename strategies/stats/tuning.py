@@ -79,9 +79,23 @@ KNOBS = {
 
 
 def knob_values(method: str, cfg, given=None) -> tuple:
-    """The values of ``method``'s knob to try (``given``: ``--knob-grid``'s text or a
-    sequence; else the default grid), each checked against the setting's own range; ``()``
-    for a method without a knob."""
+    """The values of ``method``'s knob to try, each checked against the setting's own range.
+
+    Parameters
+    ----------
+    method : str
+        The comparator (a key of :data:`KNOBS`).
+    cfg : object
+        The method's settings; ``cfg.replace(**{knob: value})`` checks a value.
+    given : str or sequence of float, optional
+        ``--knob-grid``'s text or a sequence; ``None``: the knob's default grid.
+
+    Returns
+    -------
+    tuple
+        The values (integers for an integer knob, repeats dropped); ``()`` for a method
+        without a knob.
+    """
     knob = KNOBS.get(method)
     if knob is None:
         if given is not None:
@@ -157,13 +171,38 @@ class CVOptions:
 # Folds
 # ---------------------------------------------------------------------------------------
 def site_rng(seed: int, site: str) -> np.random.Generator:
-    """A site's own random stream: its draws do not depend on which other sites take part."""
+    """A site's own random stream: its draws do not depend on which other sites take part.
+
+    Parameters
+    ----------
+    seed : int
+        The seed.
+    site : str
+        The site's name.
+
+    Returns
+    -------
+    numpy.random.Generator
+        The stream of ``(seed, site)``.
+    """
     return np.random.default_rng([int(seed), zlib.crc32(str(site).encode())])
 
 
 def warn_small_folds(small: Sequence[str], entity: str, rows: str, score: str) -> None:
-    """The one warning naming the sites (``entity``: site or client) with fewer than
-    :data:`SMALL_FOLD` validation ``rows`` per fold, whose fold ``score`` is noisy."""
+    """The one warning naming the sites with fewer than :data:`SMALL_FOLD` validation rows
+    per fold, whose fold scores are noisy; none when there are no such sites.
+
+    Parameters
+    ----------
+    small : sequence of str
+        The sites.
+    entity : str
+        What a site is called (``site`` or ``client``).
+    rows : str
+        What is counted (e.g. ``rows of a class``).
+    score : str
+        What a fold's scores are called, plural (e.g. ``AUCs``).
+    """
     if not small:
         return
     from ..datasets.tables import named, warn
@@ -176,9 +215,22 @@ def warn_small_folds(small: Sequence[str], entity: str, rows: str, score: str) -
 
 
 def note_partial_folds(partial: dict, k: int, entity: str, rows: str, score: str) -> None:
-    """The one note naming the sites (``entity``) with fewer ``rows`` than the ``k`` folds
-    (``partial``: ``{site: folds it scores}``): they train in every fold and are scored
-    only in the folds that hold what their ``score`` needs."""
+    """The one note naming the sites with fewer rows than the folds: they train in every
+    fold and are scored only in the folds that hold what their score needs.
+
+    Parameters
+    ----------
+    partial : dict of str to int
+        ``{site: folds it scores}``; empty: no note.
+    k : int
+        The number of folds.
+    entity : str
+        What a site is called (``site`` or ``client``).
+    rows : str
+        What is counted (e.g. ``rows of a class``).
+    score : str
+        What a fold's score is called (e.g. ``AUC``).
+    """
     if not partial:
         return
     from ..datasets.tables import named, warn
@@ -192,9 +244,25 @@ def note_partial_folds(partial: dict, k: int, entity: str, rows: str, score: str
 
 
 def holdout_mask(y: np.ndarray | None, n: int, fraction: float, rng) -> np.ndarray:
-    """Rows held out for testing: ``fraction`` of each class (binary ``y``) or of all rows
-    (``y`` is None), rounded half up and leaving at least one row of each class (or row)
-    for training when there are two or more."""
+    """Rows held out for testing, rounded half up and leaving at least one row of each class
+    (or row) for training when there are two or more.
+
+    Parameters
+    ----------
+    y : ndarray, shape (n,), or None
+        A binary outcome: ``fraction`` of each class is held out; ``None``: of all rows.
+    n : int
+        The number of rows.
+    fraction : float
+        The share held out.
+    rng : numpy.random.Generator
+        The stream the rows are drawn from.
+
+    Returns
+    -------
+    ndarray of bool, shape (n,)
+        True for a held-out row.
+    """
     mask = np.zeros(n, dtype=bool)
     groups = [np.arange(n)] if y is None else [np.flatnonzero(y == c) for c in (1, 0)]
     for idx in groups:
@@ -209,7 +277,22 @@ def holdout_mask(y: np.ndarray | None, n: int, fraction: float, rng) -> np.ndarr
 # ---------------------------------------------------------------------------------------
 def components(edges: np.ndarray, weights: np.ndarray, n_sites: int) -> np.ndarray:
     """Component label per site of the graph's positive-weight edges (a zero-weight edge
-    carries no penalty, so it cannot fuse its ends)."""
+    carries no penalty, so it cannot fuse its ends).
+
+    Parameters
+    ----------
+    edges : ndarray, shape (n_edges, 2)
+        The graph's edges.
+    weights : ndarray, shape (n_edges,)
+        Their weights.
+    n_sites : int
+        The number of sites.
+
+    Returns
+    -------
+    ndarray of int, shape (n_sites,)
+        Each site's component.
+    """
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     keep = np.asarray(weights, dtype=float) > 0
     e = edges[keep]
@@ -224,9 +307,29 @@ def common_fit(
     gtol: float = 1e-10,
     max_rounds: int = 500,
 ) -> tuple[np.ndarray, int]:
-    """``argmin_b sum_z f_z(b)`` by L-BFGS, where ``oracle(b)`` returns the sites' summed
-    loss and gradient at ``b`` (one gradient round per call).  Returns the minimizer and the
-    number of rounds.  ``gtol`` bounds the summed gradient's largest entry at the end."""
+    """``argmin_b sum_z f_z(b)`` by L-BFGS.
+
+    Parameters
+    ----------
+    oracle : callable
+        ``oracle(b)`` returns the sites' summed loss and gradient at ``b`` (one gradient
+        round per call).
+    p : int
+        The number of coefficients.
+    start : ndarray, shape (p,), optional
+        The start; default zero.
+    gtol : float, optional
+        Bounds the summed gradient's largest entry at the end.
+    max_rounds : int, optional
+        L-BFGS's iteration limit.
+
+    Returns
+    -------
+    b : ndarray, shape (p,)
+        The minimizer.
+    rounds : int
+        The number of calls of ``oracle``.
+    """
     calls = [0]
 
     def fun(b):
@@ -254,21 +357,39 @@ def lam_max(
 ) -> tuple[float, bool]:
     """The smallest fusion level at which fused coefficients solve the fused problem.
 
-    ``grads`` ``(Z, p)``: each site's gradient of its own loss at its component's common fit
-    (:func:`common_fit`).  Fused coefficients are optimal at level ``lam`` when edge vectors
-    ``u_e`` exist with ``D' U = -G`` (``D`` the signed incidence matrix) and
-    ``||u_e|| <= lam w_e`` (the max-norm per coordinate for the L1 penalty, the Euclidean
-    norm for the group penalty).  So the level is ``min over U of max_e ||u_e|| / w_e``.
+    Fused coefficients are optimal at level ``lam`` when edge vectors ``u_e`` exist with
+    ``D' U = -G`` (``D`` the signed incidence matrix) and ``||u_e|| <= lam w_e`` (the
+    max-norm per coordinate for the L1 penalty, the Euclidean norm for the group penalty).
+    So the level is ``min over U of max_e ||u_e|| / w_e``.
 
     On a tree (each component) ``U`` is unique, the subtree sums of the gradients, and the
     level is exact.  With cycles the L1 level is a linear program per coordinate (exact);
     the group level is bounded above by the ``1/w_e²``-weighted least-norm ``U`` (fused at
     it, possibly already below).  A zero-weight edge carries no penalty, so it splits the
-    graph: the level is the largest over the components, each fused on its own (``grads``
-    then come from each component's own common fit).  With ``group_size`` (grouped only)
-    the columns of ``grads`` are consecutive groups of that many, each fused on its own (a
-    RowFed row of q responses): the level is the largest over the groups, from one solve
-    for all of them.  Returns ``(level, exact)``.
+    graph: the level is the largest over the components, each fused on its own.
+
+    Parameters
+    ----------
+    edges : ndarray, shape (n_edges, 2)
+        The graph's edges.
+    weights : ndarray, shape (n_edges,)
+        Their weights ``w_e``; zero-weight edges are dropped.
+    grads : ndarray, shape (Z, p)
+        Each site's gradient of its own loss at its component's common fit
+        (:func:`common_fit`, each component's own).
+    grouped : bool, optional
+        The group penalty rather than the L1 penalty.
+    group_size : int, optional
+        Grouped only: the columns of ``grads`` are consecutive groups of that many, each
+        fused on its own (a RowFed row of q responses): the level is the largest over the
+        groups, from one solve for all of them.  0: one group of all columns.
+
+    Returns
+    -------
+    level : float
+        The level.
+    exact : bool
+        False where it is the group penalty's upper bound on a graph with cycles.
     """
 
     def norms(u: np.ndarray) -> np.ndarray:  # (E,) or (E, groups)
@@ -311,12 +432,27 @@ def lam_max(
 
 def lam_max_mean(grads: np.ndarray, group: bool = False) -> tuple[float, bool]:
     """``lam_max`` of the fusion toward the mean (``lam sum_z ||b_z - mean(b)||``, the
-    ``mean-fusion`` comparator) from the sites' gradients ``(Z, p)`` at the common fit, and
-    whether it is exact.  The common point is optimal iff some ``s_z`` in the dual-norm unit
-    ball has ``s_z - mean(s) = -g_z / lam``; as the ``g_z`` sum to zero, ``s_z = c - g_z/lam``
-    for any ``c``: with L1, ``lam_max = max_k (max_z g_zk - min_z g_zk) / 2`` (exact); with
-    the group norm the radius of the smallest ball holding the ``g_z``, bounded here by the
-    ball around their centre of range, ``max_z ||g_z - c||`` (an upper bound)."""
+    ``mean-fusion`` comparator), and whether it is exact.  The common point is optimal iff
+    some ``s_z`` in the dual-norm unit ball has ``s_z - mean(s) = -g_z / lam``; as the
+    ``g_z`` sum to zero, ``s_z = c - g_z/lam`` for any ``c``: with L1, ``lam_max = max_k
+    (max_z g_zk - min_z g_zk) / 2`` (exact); with the group norm the radius of the smallest
+    ball holding the ``g_z``, bounded here by the ball around their centre of range,
+    ``max_z ||g_z - c||`` (an upper bound).
+
+    Parameters
+    ----------
+    grads : ndarray, shape (Z, p)
+        The sites' gradients at the common fit.
+    group : bool, optional
+        The group norm rather than L1.
+
+    Returns
+    -------
+    level : float
+        ``lam_max``; 0 with fewer than two sites.
+    exact : bool
+        False for the group norm's upper bound.
+    """
     grads = np.asarray(grads, dtype=float)
     if grads.shape[0] < 2:
         return 0.0, True
@@ -344,7 +480,24 @@ def _l1_level(dt: np.ndarray, w: np.ndarray, g: np.ndarray) -> float:
 
 
 def log_path(top: float, num: int = 12, ratio: float = 1e-3, zero: bool = True) -> tuple:
-    """``num`` levels log-spaced from ``top`` down to ``top * ratio`` (descending), and 0."""
+    """``num`` levels log-spaced from ``top`` down to ``top * ratio`` (descending), and 0.
+
+    Parameters
+    ----------
+    top : float
+        The largest level; not finite or not positive: no level but 0.
+    num : int, optional
+        The number of positive levels (1: ``top`` alone).
+    ratio : float, optional
+        The smallest level relative to ``top``.
+    zero : bool, optional
+        Append 0.
+
+    Returns
+    -------
+    tuple of float
+        The levels, descending.
+    """
     if not (math.isfinite(top) and top > 0):
         return (0.0,) if zero else ()
     grid = [float(v) for v in np.geomspace(top, top * ratio, num)] if num > 1 else [top]
@@ -355,8 +508,23 @@ def log_path(top: float, num: int = 12, ratio: float = 1e-3, zero: bool = True) 
 # Choosing
 # ---------------------------------------------------------------------------------------
 def summarize(table: pd.DataFrame, params: Sequence[str], score: str) -> pd.DataFrame:
-    """Mean and standard error of ``score`` over folds per setting (grid order kept):
-    columns ``params..., mean, se, folds`` (folds with a finite score)."""
+    """Mean and standard error of ``score`` over folds per setting (grid order kept).
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        One row per setting and fold.
+    params : sequence of str
+        The columns that make a setting.
+    score : str
+        The column of the validation score.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``params..., mean, se, folds`` (folds with a finite score), one row per
+        setting.
+    """
     rows = []
     for key, grp in table.groupby(list(params), sort=False):
         vals = grp[score].to_numpy(dtype=float)
@@ -380,7 +548,22 @@ def grid_edges(table: pd.DataFrame, params: Sequence[str], chosen: dict) -> dict
     there left out) that is also an end of that setting's whole grid: a choice there may
     have its optimum beyond it, and only a wider grid can tell.  (Where one setting's
     values depend on another's -- GrAUC-PFL's lam path on w_dist -- the values tried at the
-    chosen others may be fewer than the grid: a choice inside the grid is no edge.)"""
+    chosen others may be fewer than the grid: a choice inside the grid is no edge.)
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        The settings tried, a column per setting.
+    params : sequence of str
+        The settings.
+    chosen : dict
+        The chosen value of each setting.
+
+    Returns
+    -------
+    dict of str to str
+        ``"smallest"`` or ``"largest"`` for each setting chosen at an end.
+    """
     out = {}
     for p in params:
         mask = np.ones(len(table), bool)
@@ -407,14 +590,33 @@ def choose(
     rule: str = "best",
     simplest: Sequence[str] = (),
 ) -> tuple[dict, pd.DataFrame]:
-    """The chosen setting (a dict of ``params``) and the summary (:func:`summarize`, with a
-    ``chosen`` column).
+    """The chosen setting and the summary.
 
-    ``best``: the highest (``maximize``) or lowest mean score; ties go to the earlier
-    setting in grid order.  ``1se``: among the settings whose mean is within one standard
-    error (of the best setting) of the best mean, the most regularized: the largest values
-    of ``simplest`` (in that order of priority; ``-name``: the smallest values of ``name``),
-    then the best mean.
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        One row per setting and fold.
+    params : sequence of str
+        The columns that make a setting.
+    score : str
+        The column of the validation score.
+    maximize : bool
+        Higher scores are better.
+    rule : {"best", "1se"}, optional
+        ``best``: the highest (``maximize``) or lowest mean score; ties go to the earlier
+        setting in grid order.  ``1se``: among the settings whose mean is within one
+        standard error (of the best setting) of the best mean, the most regularized (by
+        ``simplest``), then the best mean.
+    simplest : sequence of str, optional
+        For ``1se``: the settings whose largest values are the most regularized, in that
+        order of priority; ``-name``: the smallest values of ``name``.
+
+    Returns
+    -------
+    chosen : dict
+        The chosen value of each of ``params``.
+    summary : pandas.DataFrame
+        :func:`summarize`'s, with a ``chosen`` column.
     """
     if rule not in RULES:
         raise InputError(f"cv-rule: must be one of {', '.join(RULES)}, got {rule!r}")
@@ -449,10 +651,25 @@ SIZE_POWER_GRID = (0.0, 1.0)
 
 
 def size_powers(sizes: Sequence[int], cfg, given=None) -> tuple[float, ...]:
-    """The ``size-power`` values a fused method's cross-validation tries: ``given``
-    (``--size-power-grid``'s text or a sequence; each checked as the setting), else
-    :data:`SIZE_POWER_GRID` when the sites' training ``sizes`` differ, else ``cfg``'s value
-    alone (equal sizes make every weighting the same fit)."""
+    """The ``size-power`` values a fused method's cross-validation tries.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        The sites' training rows.
+    cfg : object
+        The method's settings: its ``size_power``, and ``cfg.replace(size_power=v)`` checks
+        a value.
+    given : str or sequence of float, optional
+        ``--size-power-grid``'s text or a sequence, each checked as the setting; ``None``
+        or empty: :data:`SIZE_POWER_GRID` when ``sizes`` differ, else ``cfg``'s value alone
+        (equal sizes make every weighting the same fit).
+
+    Returns
+    -------
+    tuple of float
+        The values.
+    """
     if given is None or len(given) == 0:
         return SIZE_POWER_GRID if len(set(sizes)) > 1 else (float(cfg.size_power),)
     values = parse_grid(given, "size-power-grid")
@@ -465,7 +682,22 @@ def size_powers(sizes: Sequence[int], cfg, given=None) -> tuple[float, ...]:
 
 
 def parse_grid(text: str | Sequence[float], key: str, minimum: float = 0.0) -> tuple:
-    """Comma-separated numbers (or a sequence), each finite and ``>= minimum``."""
+    """Comma-separated numbers (or a sequence), each finite and ``>= minimum``.
+
+    Parameters
+    ----------
+    text : str or sequence of float
+        The numbers.
+    key : str
+        The option's name, as an error names it.
+    minimum : float, optional
+        The least value allowed.
+
+    Returns
+    -------
+    tuple of float
+        The values, repeats dropped, in order.
+    """
     if isinstance(text, str):
         try:
             values = [float(v) for v in text.split(",") if v.strip()]

@@ -34,6 +34,20 @@ def pack(a: np.ndarray) -> bytes:
 
 
 def unpack(b: bytes | None, size: int | None = None) -> np.ndarray | None:
+    """The float vector of :func:`pack`'s bytes.
+
+    Parameters
+    ----------
+    b : bytes or None
+        Little-endian float64 bytes.
+    size : int, optional
+        The number of values expected; a different count is a ``ValueError``.
+
+    Returns
+    -------
+    ndarray or None
+        A writable copy; ``None`` for ``None`` or empty bytes.
+    """
     if b is None or len(b) == 0:
         return None
     a = np.frombuffer(b, dtype="<f8").copy()

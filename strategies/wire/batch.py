@@ -79,7 +79,20 @@ def data_view(view: dict) -> dict:
 
 
 def split_properties(props: dict, n_views: int) -> list[dict]:
-    """The per-view properties of a combined answer (:func:`answer_properties`)."""
+    """The per-view properties of a combined answer (:func:`answer_properties`).
+
+    Parameters
+    ----------
+    props : dict
+        The combined answer, each key prefixed with its view's place (``"2:n"``).
+    n_views : int
+        The number of views.
+
+    Returns
+    -------
+    list of dict
+        Each view's properties, the prefixes removed.
+    """
     out: list[dict] = [{} for _ in range(n_views)]
     for key, value in props.items():
         at, _, name = key.partition(":")
