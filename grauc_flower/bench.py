@@ -166,6 +166,23 @@ def graph_table(zs) -> list[dict]:
 
 
 def server_step_table(zs, p: int = 20) -> list[dict]:
+    """The server step's time versus the number of sites: ADMM's (the global component and
+    the server update, averaged over 20 repeats on a random graph) and proximal
+    quasi-Newton's per round over a whole default fit of a simulated problem.
+
+    Parameters
+    ----------
+    zs : iterable of int
+        The numbers of sites ``Z``.
+    p : int, optional
+        The number of features.
+
+    Returns
+    -------
+    list of dict
+        Two rows per ``Z`` (``admm``, ``pqn``): the seconds per step (pqn: the median over
+        rounds, with the last five rounds' mean, the largest, the total and the rounds).
+    """
     from strategies.solvers.problems import grauc_problem
 
     rows = []
@@ -273,12 +290,31 @@ def _test_auc(sites, coef: np.ndarray) -> float:
 
 def criteria_table(seeds=3, quick: bool = False, designs=None, repeats=(1, 3)) -> list[dict]:
     """The cross-validation criteria of the federated tuning (docs/methods.md 3.12) compared
-    on held-out test AUC: per design of :data:`CRITERIA_DESIGNS` and data split, one batched
-    tuning of GrAUC-PFL (the criteria ``folds``, ``pooled``, ``loss`` read from the same
-    fits, each by the ``best`` and the ``1se`` rule: each one's choice refitted on all
-    rows), one with the folds drawn 3 times (``repeats``), and
-    FedAvg and individual fits tuned by their own cross-validation; the mean test AUC over
-    sites of each.  Grids: :data:`CRITERIA_DESIGNS`."""
+    on held-out test AUC: per design and data split, one batched tuning of GrAUC-PFL (the
+    criteria ``folds``, ``pooled``, ``loss`` read from the same fits, each by the ``best``
+    and the ``1se`` rule: each one's choice refitted on all rows), one with the folds drawn
+    3 times (``repeats``), and FedAvg and individual fits tuned by their own
+    cross-validation; the mean test AUC over sites of each.
+
+    Parameters
+    ----------
+    seeds : int or iterable of int, optional
+        The data splits: an int ``n`` for the seeds ``0 .. n - 1``, else the seeds.
+    quick : bool, optional
+        Without ``designs``, the first two of :data:`CRITERIA_DESIGNS` only.
+    designs : sequence of tuple, optional
+        The designs, each ``(name, DataSpec fields, folds, standardize, (w_dist, ridge)
+        grids)``; default :data:`CRITERIA_DESIGNS`.
+    repeats : iterable of int, optional
+        How many times the folds are drawn, a tuning each; with more than one, only the
+        ``folds`` criterion is compared.
+
+    Returns
+    -------
+    list of dict
+        A row per design, split, method and criterion (and rule): its mean test AUC and the
+        seconds (GrAUC-PFL's also its choice and the tuning's rounds).
+    """
     from strategies.runtime.engine import run_inprocess
     from strategies.server.registry import Registry
     from strategies.stats.tuning import RULES, CVOptions, choose
@@ -311,7 +347,7 @@ def criteria_table(seeds=3, quick: bool = False, designs=None, repeats=(1, 3)) -
                     "pooled": ("pooled_auc", True),
                     "loss": ("val_loss", False),
                 }
-                site_table = tuning._federated_tables(
+                site_table = federated_tuning.federated_tables(
                     [j for j in batch.jobs.values() if j.key.startswith("cv/")],
                     batch.pooled,
                     _settings(batch),
@@ -341,25 +377,36 @@ def criteria_table(seeds=3, quick: bool = False, designs=None, repeats=(1, 3)) -
                             "seconds": time.perf_counter() - t0,
                         }
                     )
-            for method in ("fedavg", "individual"):
-                t0 = time.perf_counter()
-                base = tuning.Grid(ridge=grid.ridge)
-                tuned, _, _ = tuning.tune(
-                    sites, cfg, method, base, CVOptions(folds=folds, quiet=True, seed=seed)
-                )
-                res = fed.run_methods_inprocess(tuned, sites, [method])[method]
-                rows.append(
-                    {
-                        "what": "criteria",
-                        "design": name,
-                        "seed": seed,
-                        "method": method,
-                        "criterion": "folds (in process)",
-                        "test_auc": _test_auc(sites, res.coefficients),
-                        "seconds": time.perf_counter() - t0,
-                    }
-                )
+            rows += _comparator_criteria(sites, cfg, grid, folds, seed, name)
             print(pd.DataFrame(rows[-6:]).to_string(index=False), flush=True)
+    return rows
+
+
+def _comparator_criteria(sites, cfg, grid, folds: int, seed: int, design: str) -> list[dict]:
+    """:func:`criteria_table`'s rows of FedAvg and the individual fits, each tuned by its own
+    in-process cross-validation over ``grid``'s ridge values and refitted on all rows."""
+    from strategies.stats.tuning import CVOptions
+
+    from . import tuning
+
+    rows = []
+    for method in ("fedavg", "individual"):
+        t0 = time.perf_counter()
+        base = tuning.Grid(ridge=grid.ridge)
+        opts = CVOptions(folds=folds, quiet=True, seed=seed)
+        tuned, _, _ = tuning.tune(sites, cfg, method, base, opts)
+        res = fed.run_methods_inprocess(tuned, sites, [method])[method]
+        rows.append(
+            {
+                "what": "criteria",
+                "design": design,
+                "seed": seed,
+                "method": method,
+                "criterion": "folds (in process)",
+                "test_auc": _test_auc(sites, res.coefficients),
+                "seconds": time.perf_counter() - t0,
+            }
+        )
     return rows
 
 
@@ -372,14 +419,29 @@ NEW_SITE_DESIGNS = (
 
 
 def new_site_table(seeds=3, designs=None, rules=None) -> list[dict]:
-    """Sites outside the federation (``predict --site``, docs/methods.md 3.13): per design
-    of :data:`NEW_SITE_DESIGNS` and data split, GrAUC-PFL is tuned inside the whole
-    federation and FedAvg by its own cross-validation; then each site in turn is left out,
-    both are refitted on the other sites at those settings, and the left-out site's test
-    rows are scored by each rule of :data:`strategies.stats.predict.NEW_SITE_RULES` (GrAUC-PFL's
-    coefficients of the sites near it) and by FedAvg's global model; for scale, the site's
-    own coefficients of the whole federation's fit (``in the federation``).  A row per
-    design, split, left-out site and scorer: its test AUC."""
+    """Sites outside the federation (``predict --site``, docs/methods.md 3.13): per design and
+    data split, GrAUC-PFL is tuned inside the whole federation and FedAvg by its own
+    cross-validation; then each site in turn is left out, both are refitted on the other
+    sites at those settings, and the left-out site's test rows are scored by each rule
+    (GrAUC-PFL's coefficients of the sites near it) and by FedAvg's global model; for scale,
+    the site's own coefficients of the whole federation's fit (``in the federation``).
+
+    Parameters
+    ----------
+    seeds : int or iterable of int, optional
+        The data splits: an int ``n`` for the seeds ``0 .. n - 1``, else the seeds.
+    designs : sequence of tuple, optional
+        The designs, each ``(name, DataSpec fields, folds, (w_dist, ridge) grids)``; default
+        :data:`NEW_SITE_DESIGNS`.
+    rules : sequence of str, optional
+        The new-site rules; by default :data:`strategies.stats.predict.NEW_SITE_RULES`.
+
+    Returns
+    -------
+    list of dict
+        A row per design, split, left-out site (with test rows of both classes) and scorer:
+        its test AUC.
+    """
     from strategies.stats.predict import NEW_SITE_RULES, combine
     from strategies.stats.tuning import CVOptions
 
@@ -442,6 +504,20 @@ def new_site_table(seeds=3, designs=None, rules=None) -> list[dict]:
 
 
 def new_site_run(out: str, seeds: int) -> pd.DataFrame:
+    """``bench --new-site``: :func:`new_site_table` written to ``out``, then summarized.
+
+    Parameters
+    ----------
+    out : str
+        The directory ``bench.csv`` goes into (checked first; empty: nothing written).
+    seeds : int
+        The number of data splits.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The mean and count of the test AUC per machine, design and scorer.
+    """
     check_out(out)
     df = finish(new_site_table(seeds), out)
     keys = ["machine", "what", "design", "scorer"]
@@ -465,7 +541,26 @@ def out_of_fold_calibration(sites, cfg: GrAUCConfig, method: str, folds: int, se
     gets its own: each site's rows in the folds a federated tuning draws
     (:func:`strategies.client.folds.site_folds`), ``method`` fitted at ``cfg`` on the other
     folds' rows of every site, each held-out row scored by its site's coefficients of that
-    fit, and each site's out-of-fold scores recalibrated (Firth) and shrunk."""
+    fit, and each site's out-of-fold scores recalibrated (Firth) and shrunk.
+
+    Parameters
+    ----------
+    sites : sequence of SiteData
+        The sites' data.
+    cfg : GrAUCConfig
+        The setting ``method`` is fitted at.
+    method : str
+        The comparator.
+    folds : int
+        The number of folds.
+    seed : int
+        The folds' seed.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The calibration table, a row per site.
+    """
     from dataclasses import replace
 
     from strategies.client.folds import site_folds
@@ -490,15 +585,30 @@ def out_of_fold_calibration(sites, cfg: GrAUCConfig, method: str, folds: int, se
 
 
 def calibration_table(seeds=3, designs=None, methods=CALIBRATED_METHODS) -> list[dict]:
-    """Calibrated risks on held-out test rows: per design of :data:`NEW_SITE_DESIGNS` and
-    data split, each of ``methods`` (:data:`CALIBRATED_METHODS`) fitted to every site's
-    training rows with its calibration from out-of-fold scores (GrAUC-PFL's calibration.csv
-    from its federated tuning; the others' from :func:`out_of_fold_calibration` at the
-    setting their own cross-validation chose), each site's test rows scored by its
-    coefficients and mapped to probabilities by each of :data:`CALIBRATIONS`; a row per
-    design, split, method, site and calibration: Brier score, expected calibration error,
-    and the calibration intercept and slope on the site's test rows, with the site's
-    training counts."""
+    """Calibrated risks on held-out test rows: per design and data split, each of ``methods``
+    fitted to every site's training rows with its calibration from out-of-fold scores
+    (GrAUC-PFL's calibration.csv from its federated tuning; the others' from
+    :func:`out_of_fold_calibration` at the setting their own cross-validation chose), each
+    site's test rows scored by its coefficients and mapped to probabilities by each of
+    :data:`CALIBRATIONS`.
+
+    Parameters
+    ----------
+    seeds : int or iterable of int, optional
+        The data splits: an int ``n`` for the seeds ``0 .. n - 1``, else the seeds.
+    designs : sequence of tuple, optional
+        The designs, each ``(name, DataSpec fields, folds, (w_dist, ridge) grids)``; default
+        :data:`NEW_SITE_DESIGNS`.
+    methods : sequence of str, optional
+        The methods, among :data:`CALIBRATED_METHODS` (the default).
+
+    Returns
+    -------
+    list of dict
+        A row per design, split, method, site (with test rows of both classes) and
+        calibration: Brier score, expected calibration error, and the calibration intercept
+        and slope on the site's test rows, with the site's training and test counts.
+    """
     from scipy.special import expit
 
     from strategies.stats.calibration import calibration_mean, calibration_metrics
@@ -555,6 +665,22 @@ def calibration_table(seeds=3, designs=None, methods=CALIBRATED_METHODS) -> list
 
 
 def calibration_run(out: str, seeds: int) -> pd.DataFrame:
+    """``bench --calibration``: :func:`calibration_table` written to ``out``, then summarized.
+
+    Parameters
+    ----------
+    out : str
+        The directory ``bench.csv`` goes into (checked first; empty: nothing written).
+    seeds : int
+        The number of data splits.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The mean Brier score, calibration error and slope per machine, design, method,
+        calibration and the sites' size (the smaller or larger half of a design's sites by
+        training rows, or all when they have one size).
+    """
     check_out(out)
     df = finish(calibration_table(seeds), out)
     small = df.groupby("design")["n_train"].transform(lambda n: n <= n.median())
@@ -575,11 +701,45 @@ def _settings(batch) -> list[dict]:
 
 
 def criteria_run(out: str, seeds: int, quick: bool = False) -> pd.DataFrame:
+    """``bench --criteria``: :func:`criteria_table` written to ``out``.
+
+    Parameters
+    ----------
+    out : str
+        The directory ``bench.csv`` goes into (checked first; empty: nothing written).
+    seeds : int
+        The number of data splits.
+    quick : bool, optional
+        Fewer designs (:func:`criteria_table`).
+
+    Returns
+    -------
+    pandas.DataFrame
+        The table's rows, with the machine.
+    """
     check_out(out)
     return finish(criteria_table(seeds, quick), out)
 
 
 def run(out: str, quick: bool = False, flower: bool = True) -> pd.DataFrame:
+    """``bench``: the rounds, ``flwr run``, gradient, graph, server-step and tuning
+    measurements written to ``out``.
+
+    Parameters
+    ----------
+    out : str
+        The directory ``bench.csv`` goes into (checked first; empty: nothing written).
+    quick : bool, optional
+        Smaller measurements: a lower round limit, fewer gradient and graph sizes, and the
+        tuning's grid at one ``w_dist`` and one ``ridge``.
+    flower : bool, optional
+        Whether to time a fit through ``flwr run``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        A row per measurement, with the machine.
+    """
     check_out(out)
     rows = rounds_table(quick)
     if flower:

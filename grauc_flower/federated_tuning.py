@@ -28,11 +28,28 @@ COMMON_LAM = 1e12
 def check_folds(registry: Registry, k: int, borrow: bool = False) -> tuple[list, dict]:
     """The sites with fewer than :data:`strategies.stats.tuning.SMALL_FOLD` validation rows of a
     class per fold, and ``{site: folds it scores}`` for the sites with fewer rows of a class
-    than ``k``: such a site trains in every fold
-    and has a validation AUC in the folds that hold both its classes (its smaller class is
-    dealt one row a fold), its other folds adding nothing to the criterion.  With ``borrow``
-    (``missing-class = borrow``) a site without a class takes part without an AUC of its
-    own."""
+    than ``k``: such a site trains in every fold and has a validation AUC in the folds that
+    hold both its classes (its smaller class is dealt one row a fold), its other folds adding
+    nothing to the criterion.
+
+    Parameters
+    ----------
+    registry : Registry
+        The registered sites (their class counts ``n_pos``, ``n_neg``).
+    k : int
+        The number of folds; an error when no site has ``k`` rows of each class.
+    borrow : bool, optional
+        ``missing-class = borrow``: a site without a class takes part without an AUC of its
+        own (in neither result).
+
+    Returns
+    -------
+    small : list of str
+        The sites with small folds.
+    partial : dict of str to int
+        The sites with fewer than ``k`` rows of a class, each with its smaller class's
+        count (the folds it scores).
+    """
     small, partial, most = [], {}, 0
     for site in registry.order():
         meta = registry.sites[site].meta
@@ -70,8 +87,28 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
        the result is the all-rows fit at the chosen setting.
 
     Fits start as a plain fit does (``cfg.init``); the refit therefore equals a plain fit at
-    the chosen setting.  The plan leaves ``batch.outputs``: ``table`` (``cv.csv``),
-    ``summary``, ``tuned``, ``small_sites``."""
+    the chosen setting.
+
+    Parameters
+    ----------
+    cfg : GrAUCConfig
+        The settings the grid does not vary.
+    method : str
+        ``"grauc"`` or ``"mean-fusion"`` (which has one ``w_dist``: ``cfg``'s).
+    grid : Grid
+        The values tuned (an empty ``lam``: each path from its ``lam_max``; an empty
+        ``size_power``: from the sites' sizes).
+    opts : CVOptions
+        The folds, their repeats and seed, the criterion and rule, the fits' tolerance and
+        round limit.
+
+    Returns
+    -------
+    callable
+        ``plan(batch)``, a generator of the stages; it leaves ``batch.outputs`` (``table``
+        (``cv.csv``), ``summary``, ``tuned``, ``small_sites``, ``calibration``, ...) and
+        returns the refit's job key.
+    """
     from .graph import build_graph
 
     if method not in GRAUC_FUSED_METHODS:
@@ -139,7 +176,7 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
                 )
         yield Stage(cv_jobs, evaluate=True, name="cross-validation", also=list(full.values()))
         # 3. the choice
-        table, site_table = _federated_tables(cv_jobs, batch.pooled, settings, params, order)
+        table, site_table = federated_tables(cv_jobs, batch.pooled, settings, params, order)
         score, maximize, frame = {
             "folds": ("val_auc", True, table),
             "loss": ("val_loss", False, table),
@@ -255,7 +292,34 @@ def tuning_waves(tune) -> int:
 
 def federated_strategy(cfg, method, opts, grid, n_sites, registry, timeout=None, progress=None):
     """The :class:`strategies.server.batch.BatchStrategy` of :func:`federated_plan`: tuning and
-    refit of ``method`` as one Flower run, on either engine."""
+    refit of ``method`` as one Flower run, on either engine.
+
+    Parameters
+    ----------
+    cfg : GrAUCConfig
+        The settings the grid does not vary (each grid value of ``ridge`` and ``w_dist`` is
+        checked against them).
+    method : str
+        ``"grauc"`` or ``"mean-fusion"``.
+    opts : CVOptions
+        The cross-validation's options (also the batch's worker processes and most fits at
+        once).
+    grid : Grid
+        The values tuned.
+    n_sites : int
+        The number of sites the run waits for.
+    registry : Registry
+        The sites' registry.
+    timeout : float, optional
+        Seconds registration and each round wait for the sites.
+    progress : callable, optional
+        ``progress(line)``: a line per round.
+
+    Returns
+    -------
+    BatchStrategy
+        The batched run.
+    """
     from strategies.server.batch import tuning_batch
 
     for value in grid.ridge:
@@ -267,8 +331,31 @@ def federated_strategy(cfg, method, opts, grid, n_sites, registry, timeout=None,
 
 
 def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=None):
-    """``method`` tuned inside the federation and refitted, as one batched run (``tune``:
-    ``(CVOptions, Grid)``); its result adds :func:`federated_outputs`."""
+    """``method`` tuned inside the federation and refitted, as one batched run; its result adds
+    :func:`federated_outputs`.
+
+    Parameters
+    ----------
+    method : str
+        A fused method (``"grauc"``, ``"mean-fusion"``); another is an error.
+    cfg : GrAUCConfig
+        The settings the grid does not vary.
+    n_sites : int
+        The number of sites the run waits for.
+    registry : Registry
+        The sites' registry.
+    tune : tuple
+        ``(CVOptions, Grid)``.
+    progress : callable, optional
+        ``progress(line)``: a line per round.
+    timeout : float, optional
+        Seconds registration and each round wait for the sites.
+
+    Returns
+    -------
+    BatchStrategy
+        The batched run, its ``describe()`` giving :func:`federated_outputs`.
+    """
     opts, grid = tune
     if method not in GRAUC_FUSED_METHODS:
         raise InputError(
@@ -284,9 +371,30 @@ def tuned_strategy(method, cfg, n_sites, registry, tune, progress=None, timeout=
 def run_tuned_inprocess(
     cfg: GrAUCConfig, sites, method: str, tune, progress=None, guards=None
 ):  # fmt: skip
-    """``method`` tuned inside the federation (``tune``: ``(CVOptions, Grid)``, as
-    ``tune.by = "cv"`` does) and refitted, through the in-process engine: its
-    :class:`~grauc_flower.federation.MethodResult` (``guards``: the sites' floors)."""
+    """``method`` tuned inside the federation (as ``tune.by = "cv"`` does) and refitted,
+    through the in-process engine.
+
+    Parameters
+    ----------
+    cfg : GrAUCConfig
+        The settings the grid does not vary.
+    sites : sequence of SiteData
+        The sites' data.
+    method : str
+        A fused method (``"grauc"``, ``"mean-fusion"``).
+    tune : tuple
+        ``(CVOptions, Grid)``.
+    progress : callable, optional
+        ``progress(line)``: a line per round.
+    guards : Guards, optional
+        The sites' floors.
+
+    Returns
+    -------
+    MethodResult
+        The refit, the tuning's outputs in ``extra``
+        (:class:`~grauc_flower.federation.MethodResult`).
+    """
     from strategies.runtime.engine import run_inprocess
 
     from .federation import collect, max_rounds_for
@@ -298,10 +406,25 @@ def run_tuned_inprocess(
 
 
 def federated_outputs(batch, method: str, opts: tuning.CVOptions) -> dict:
-    """What a finished federated tuning adds to its fit's outputs, by RowFed's keys:
-    ``tuning_table`` (``("cv.csv", table)``), ``tuning_metrics`` (``tuned``, ``cv`` with the
-    criterion, ``tuning`` with the rounds and fits it took), ``calibration`` and the chosen
-    ``config``."""
+    """What a finished federated tuning adds to its fit's outputs, by RowFed's keys.
+
+    Parameters
+    ----------
+    batch : BatchStrategy
+        The finished run (its ``outputs``, rounds, fits and refit).
+    method : str
+        The tuned method.
+    opts : CVOptions
+        The cross-validation's options.
+
+    Returns
+    -------
+    dict
+        ``tuning_table`` (``("cv.csv", table)``), ``tuning_metrics`` (``tuned``, ``cv`` with
+        the criterion, ``tuning`` with the rounds and fits it took, ``tuning_time``,
+        ``calibration``),
+        ``calibration`` (the table) and the chosen ``config``.
+    """
     from strategies.runtime.tuning_options import tuning_metrics
 
     out = batch.outputs
@@ -333,7 +456,22 @@ def calibration_table(pooled: dict, i: int, order) -> pd.DataFrame:
     """``calibration.csv``: each site's logistic recalibration of its pooled out-of-fold
     scores at setting ``i`` (the mean over repeats of the folds), its standard errors, and
     the estimates shrunk toward the sites' mean (``intercept``, ``slope``: what ``predict
-    --probability`` uses; strategies/stats/calibration.py, docs/methods.md 3.14)."""
+    --probability`` uses; strategies/stats/calibration.py, docs/methods.md 3.14).
+
+    Parameters
+    ----------
+    pooled : dict
+        The batch's pooled out-of-fold results (:attr:`BatchStrategy.pooled`).
+    i : int
+        The setting's index.
+    order : sequence of str
+        The sites, in the table's order (a site without results gets NaN).
+
+    Returns
+    -------
+    pandas.DataFrame
+        The table, a row per site.
+    """
     from strategies.stats.calibration import calibration_frame
 
     cols = ("cal_a", "cal_b", "cal_vaa", "cal_vbb", "n_pos", "n_neg")
@@ -344,10 +482,32 @@ def calibration_table(pooled: dict, i: int, order) -> pd.DataFrame:
                              column["cal_b"], column["cal_vaa"], column["cal_vbb"])  # fmt: skip
 
 
-def _federated_tables(cv_jobs, pooled, settings, params, order):
+def federated_tables(cv_jobs, pooled, settings, params, order):
     """``cv.csv`` (a row per fold and setting: the sites' mean validation AUC and surrogate
     loss, the setting's mean pooled out-of-fold AUC, rounds, converged) and the per-site
-    table of the pooled AUC (the ``pooled`` criterion's)."""
+    table of the pooled AUC (the ``pooled`` criterion's).
+
+    Parameters
+    ----------
+    cv_jobs : list of strategies.server.batch.Job
+        The cross-validation's finished jobs (a fold at a setting each), evaluated.
+    pooled : dict
+        The batch's pooled out-of-fold scores (``BatchStrategy.pooled``): by the jobs'
+        group, each site's scores.
+    settings : list of dict
+        The settings of the grid, in the order of the groups (:func:`pooled_by_site`).
+    params : sequence of str
+        The tuned parameters (the settings' keys the tables carry).
+    order : sequence of str
+        The sites in federation order.
+
+    Returns
+    -------
+    table : pandas.DataFrame
+        ``cv.csv``'s rows, by fold (and repeat) then setting.
+    site_table : pandas.DataFrame
+        A row per site and setting: its pooled out-of-fold AUC.
+    """
     rows = []
     for job in cv_jobs:
         ev = job.strategy.evaluation
@@ -384,6 +544,7 @@ __all__ = [
     "federated_outputs",
     "federated_plan",
     "federated_strategy",
+    "federated_tables",
     "run_tuned_inprocess",
     "tuned_strategy",
     "tuning_waves",

@@ -107,6 +107,47 @@ def test_no_private_name_imported_across_modules():
     assert private == []
 
 
+def _module_aliases(mod: str, path: str, known) -> dict[str, str]:
+    """The local names that ``path`` binds to project modules (``from . import tuning``,
+    ``import strategies.x as y``), anywhere in the file."""
+    package = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
+    out = {}
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in known and a.asname:
+                    out[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for a in node.names:
+                if f"{target}.{a.name}" in known:
+                    out[a.asname or a.name] = f"{target}.{a.name}"
+    return out
+
+
+def test_no_private_name_read_from_another_module():
+    """No ``module._name`` across modules either (a private helper that moves leaves such a
+    reader broken where no import shows it)."""
+    mods = _modules()
+    found = []
+    for m, path in mods.items():
+        aliases = _module_aliases(m, path, mods)
+        for node in ast.walk(ast.parse(open(path).read())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                found.append(f"{m}:{node.lineno} reads {aliases[node.value.id]}.{node.attr}")
+    assert found == []
+
+
 def test_strategies_imports_no_method_package_but_in_its_app():
     _, edges = _graph()
     upward = [
