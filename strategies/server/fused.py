@@ -451,8 +451,11 @@ class FusedSiteStrategy(SiteStrategy):
                 )
         for z, (s, y) in (pairs or {}).items():  # after the bound: the start's pairs
             pqn.learn(self.qn, z, s, y)
-        lla = pqn.Linearization(self.target, self._relinearize) if self.lla else None
+        taken: list = []  # the approximations the round takes, in order
+        lla = pqn.Linearization(self.target, self._approximation(taken)) if self.lla else None
         self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol, lla)
+        if taken:  # the next round starts from the round's last approximation
+            self.problem = taken[-1]
         if self.lla and np.isfinite(step.objective):  # record the target's objective
             step = replace(step, objective=pqn.estimate_objective(self.target, self.qn))
             if not self.qn.incremental and step.decrease <= 0.0:
@@ -470,14 +473,29 @@ class FusedSiteStrategy(SiteStrategy):
         self._after_round(self.qn.round, step.objective, step)
         return {"objective": step.objective, "decrease": step.decrease}
 
-    def _relinearize(self, x: np.ndarray):
-        """MCP/SCAD by pqn: the penalty's local linear approximation (a weighted lasso) at a
-        newly accepted point (in the incremental form: each round at the estimate the sites
-        were sent), used from there on.  Each accepted step lowers the nonconvex
-        objective (the approximation majorizes it and touches it at the point: Zou & Li
-        2008); a fixed point is a stationary point of it."""
-        self.problem = self.target.linearized(x)
-        return self.problem
+    def _approximation(self, taken: list):
+        """MCP/SCAD by pqn: ``x -> `` the penalty's local linear approximation (a weighted
+        lasso) at ``x``, each one appended to ``taken``; the round's last becomes the next
+        round's :attr:`problem` once the round is over (nothing changes while it runs).  Each
+        accepted step lowers the nonconvex objective (the approximation majorizes it and
+        touches it at the point: Zou & Li 2008); a fixed point is a stationary point of it.
+
+        Parameters
+        ----------
+        taken : list
+            Where the approximations are recorded, in the order they are taken.
+
+        Returns
+        -------
+        callable
+            ``x -> Problem``, for :class:`strategies.solvers.pqn.Linearization`.
+        """
+
+        def at(x: np.ndarray):
+            taken.append(self.target.linearized(x))
+            return taken[-1]
+
+        return at
 
     def _qn_row(self, objective: float, answered: int, decrease: float, step: float) -> None:
         """The history row of a pqn round (the ADMM columns empty)."""
