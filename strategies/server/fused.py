@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from logging import INFO
 
 import numpy as np
@@ -41,11 +41,15 @@ from .base import SiteStrategy
 from .registry import EMPTY
 
 
-class FusedSiteStrategy(SiteStrategy):
-    """A per-site strategy for a fused penalty, solved by ADMM or by pqn.
+@dataclass(frozen=True)
+class FusedSettings:
+    """What :class:`FusedSiteStrategy` reads of a method's settings, as one frozen record
+    (both methods' configs name them alike: :meth:`of`).
 
-    Parameters (keyword, besides :class:`~strategies.server.base.SiteStrategy`'s)
-    ----------------------------------------------------------------------
+    Parameters
+    ----------
+    algorithm : str
+        ``"pqn"`` or ``"admm"``.
     rho, alpha : float
         ADMM penalty and its growth ``rho <- alpha rho`` per round.
     tol : float
@@ -56,11 +60,54 @@ class FusedSiteStrategy(SiteStrategy):
     participation : float
         Each site takes part in a round with this probability (seeded by ``seed``); below 1
         pqn runs its incremental form (:mod:`strategies.solvers.pqn`).
+    seed : int
+        The seed of the participation draws.
     local_solver : {"prox", "linearized"}
         The sites' ADMM local step.
+    curvature : {"learned", "exact"}
+        pqn's curvature models: learned from the sites' gradients, or the sites' Hessians.
     size_power : float
         Each site's loss is weighted by its rows to this power (0: equal; sent with every
         instruction: :meth:`work_config`).
+    """
+
+    algorithm: str = "pqn"
+    rho: float = 1.0
+    alpha: float = 1.0
+    tol: float = 1e-6
+    max_rounds: int = 300
+    participation: float = 1.0
+    seed: int = 0
+    local_solver: str = "prox"
+    curvature: str = "learned"
+    size_power: float = 0.0
+
+    @classmethod
+    def of(cls, cfg, **given) -> FusedSettings:
+        """The record of a method's settings.
+
+        Parameters
+        ----------
+        cfg : GrAUCConfig or RowFedConfig
+            The method's settings; a field it lacks keeps the record's default.
+        **given
+            Fields taken as given instead of from ``cfg``.
+
+        Returns
+        -------
+        FusedSettings
+        """
+        read = {f.name: getattr(cfg, f.name) for f in fields(cls) if hasattr(cfg, f.name)}
+        return cls(**{**read, **given})
+
+
+class FusedSiteStrategy(SiteStrategy):
+    """A per-site strategy for a fused penalty, solved by ADMM or by pqn.
+
+    Parameters (keyword, besides :class:`~strategies.server.base.SiteStrategy`'s)
+    ----------------------------------------------------------------------
+    settings : FusedSettings
+        The algorithm and its settings.
     progress : callable, optional
         ``progress(round, objective, residuals_or_step, elapsed)``.
     checkpoint, checkpoint_every, resume : str, int, str
@@ -96,33 +143,25 @@ class FusedSiteStrategy(SiteStrategy):
         standardize: str = "none",
         min_fit_fraction: float = 1.0,
         timeout: float | None = None,
-        algorithm: str = "pqn",
-        rho: float = 1.0,
-        alpha: float = 1.0,
-        tol: float = 1e-6,
-        max_rounds: int = 300,
-        participation: float = 1.0,
-        seed: int = 0,
-        local_solver: str = "prox",
-        curvature: str = "learned",
+        settings: FusedSettings = FusedSettings(),
         progress=None,
         checkpoint: str = "",
         checkpoint_every: int = 10,
         resume: str = "",
-        size_power: float = 0.0,
     ) -> None:
         super().__init__(n_sites, registry, standardize, min_fit_fraction, timeout)
-        self.size_power = float(size_power)
-        self.algorithm = algorithm
-        self.rho = float(rho)
-        self.alpha = float(alpha)
-        self.tol = float(tol)
-        self.max_rounds = int(max_rounds)
-        self.participation = float(participation)
+        self.settings = settings
+        self.size_power = float(settings.size_power)
+        self.algorithm = settings.algorithm
+        self.rho = float(settings.rho)
+        self.alpha = float(settings.alpha)
+        self.tol = float(settings.tol)
+        self.max_rounds = int(settings.max_rounds)
+        self.participation = float(settings.participation)
         self.n_drawn = n_sites
-        self.seed = int(seed)
-        self.local_solver = local_solver
-        self.curvature = curvature
+        self.seed = int(settings.seed)
+        self.local_solver = settings.local_solver
+        self.curvature = settings.curvature
         self.progress = progress
         self.checkpoint = checkpoint
         self.checkpoint_every = int(checkpoint_every)

@@ -30,7 +30,7 @@ from ..stats import inference
 from ..wire import pack
 from .base import LocalOnlyStrategy, SiteStrategy
 from .fedavg import ClusterStage, PersonalStage, RegisteringFedAvg
-from .fused import FusedSiteStrategy
+from .fused import FusedSettings, FusedSiteStrategy
 from .registry import EMPTY, Registry
 
 
@@ -120,19 +120,11 @@ class GrAUCStrategy(FusedSiteStrategy):
             standardize=cfg.standardize,
             min_fit_fraction=cfg.min_fit_fraction,
             timeout=timeout,
-            algorithm=cfg.algorithm,
-            rho=cfg.rho,
-            tol=cfg.tol,
-            max_rounds=cfg.max_rounds,
-            participation=cfg.participation,
-            seed=cfg.seed,
-            local_solver=cfg.local_solver,
-            curvature=cfg.curvature,
+            settings=FusedSettings.of(cfg),
             progress=progress,
             checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
             resume=resume,
-            size_power=cfg.size_power,
         )
         if graph_builder is None:
             raise ValueError("graph_builder: GrAUC-PFL needs the function that builds its graph")

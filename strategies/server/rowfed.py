@@ -45,7 +45,7 @@ from ..solvers.problems import (
 from ..wire import unpack
 from .base import LocalOnlyStrategy
 from .fedavg import ClusterStage, PersonalStage, RegisteringFedAvg
-from .fused import FusedSiteStrategy
+from .fused import FusedSettings, FusedSiteStrategy
 from .registry import Registry
 
 
@@ -207,16 +207,7 @@ class RowFedStrategy(_RowFedOutputs, FusedSiteStrategy):
             standardize=cfg.standardize,
             min_fit_fraction=0.0,  # failures are non-participants
             timeout=timeout,
-            algorithm=cfg.resolved_algorithm,
-            rho=cfg.rho,
-            alpha=cfg.alpha,
-            tol=cfg.tol,
-            max_rounds=cfg.max_rounds,
-            participation=cfg.participation,
-            seed=cfg.seed,
-            local_solver=cfg.local_solver,
-            curvature=cfg.curvature,
-            size_power=cfg.size_power,
+            settings=FusedSettings.of(cfg, algorithm=cfg.resolved_algorithm),
             progress=progress,
         )
         self.cfg = cfg
