@@ -169,6 +169,30 @@ def fit_report(out_dir: str) -> str:
     metrics = report.read_metrics(out_dir)
     method = metrics["method"]
     coef = report.read_csv(out_dir, "coefficients.csv")
+    heat, labels = _coefficients_section(out_dir, metrics, coef)
+    sections = {
+        "data": report.Section("data", "Data", _data_block(out_dir)),
+        "map": _map_section(out_dir, metrics, coef, labels),
+        "coefficients": heat,
+        "accuracy": _accuracy_section(out_dir, metrics),
+    }
+    calibration = _calibration_block(out_dir)
+    if calibration:  # discrimination, then calibration: one section on accuracy
+        acc = sections["accuracy"]
+        sections["accuracy"] = report.Section(acc.id, acc.title, acc.body + calibration)
+    return report.fit_report(
+        out_dir, metrics, "GrAUC-PFL fit report", _summary(metrics), sections,
+        PARAMS.get(method, ()),
+    )  # fmt: skip
+
+
+def _coefficients_section(out_dir: str, metrics: dict, coef: pd.DataFrame):
+    """The coefficient heatmap (at most :data:`HEATMAP_FEATURES` features, those that
+    differ most between the sites), the table and, with oracle inference, the intervals;
+    returns the section and the heatmap's site labels (the dendrogram's clusters)."""
+    from strategies import report
+
+    method = metrics["method"]
     names = [c for c in coef.columns if c not in ("site", "lat", "lon")]
     shown = names
     if len(names) > HEATMAP_FEATURES:  # the features whose coefficients differ most
@@ -213,6 +237,12 @@ def fit_report(out_dir: str) -> str:
                 "group, ridge as fitted), normal intervals with sandwich standard errors",
             ),
         )
+    return heat, labels
+
+
+def _summary(metrics: dict) -> list[tuple]:
+    """The report's summary table: the fit's settings and outcome, what is known of it."""
+    method = metrics["method"]
     split = metrics.get("split", {})
     test = metrics.get("test") or {}
     summary = [
@@ -230,28 +260,21 @@ def fit_report(out_dir: str) -> str:
         ("tuned", metrics.get("tuned")),
         ("seconds", metrics.get("seconds")),
     ]
-    summary = [(k, v) for k, v in summary if v is not None]
+    return [(k, v) for k, v in summary if v is not None]
+
+
+def _data_block(out_dir: str) -> str:
+    """The sites' rows and prevalence (sites.csv), as the data section's HTML."""
+    from strategies import report
+
     sites = report.read_csv(out_dir, "sites.csv")
-    data = report.text("No sites.csv in this directory.")
-    if sites is not None:
-        counts = sites.drop(columns=[c for c in ("lat", "lon") if c in sites.columns])
-        rows = counts["n_pos"] + counts["n_neg"]
-        prevalence = counts["n_pos"] / rows
-        data = report.text(
-            f"{len(sites)} sites; training rows per site {int(rows.min())}–{int(rows.max())}, "
-            "prevalence "
-            f"{prevalence.min():.2f}–{prevalence.max():.2f} (sites.csv)."
-        ) + report.table(counts.assign(prevalence=prevalence), 200)
-    sections = {
-        "data": report.Section("data", "Data", data),
-        "map": _map_section(out_dir, metrics, coef, labels),
-        "coefficients": heat,
-        "accuracy": _accuracy_section(out_dir, metrics),
-    }
-    calibration = _calibration_block(out_dir)
-    if calibration:  # discrimination, then calibration: one section on accuracy
-        acc = sections["accuracy"]
-        sections["accuracy"] = report.Section(acc.id, acc.title, acc.body + calibration)
-    return report.fit_report(
-        out_dir, metrics, "GrAUC-PFL fit report", summary, sections, PARAMS.get(method, ())
-    )
+    if sites is None:
+        return report.text("No sites.csv in this directory.")
+    counts = sites.drop(columns=[c for c in ("lat", "lon") if c in sites.columns])
+    rows = counts["n_pos"] + counts["n_neg"]
+    prevalence = counts["n_pos"] / rows
+    return report.text(
+        f"{len(sites)} sites; training rows per site {int(rows.min())}–{int(rows.max())}, "
+        "prevalence "
+        f"{prevalence.min():.2f}–{prevalence.max():.2f} (sites.csv)."
+    ) + report.table(counts.assign(prevalence=prevalence), 200)

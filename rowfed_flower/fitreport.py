@@ -174,8 +174,29 @@ def fit_report(out_dir: str) -> str:
         [plain[plain["client"] == c][responses].to_numpy(float).ravel() for c in clients]
     )
     order = _client_order(theta)
-    # the fusion graph and how much of each edge is fused
     lab = clusters.set_index("feature").loc[features, clients].to_numpy().T  # (clients, p)
+    sections = {"map": _graph_section(out_dir, clients, len(features), lab, order)}
+    sections["coefficients"] = _coefficients_section(
+        out_dir, metrics, coef, clusters, responses, order
+    )
+    sections["accuracy"] = _accuracy_section(out_dir, metrics, responses)
+    data = pd.DataFrame(
+        [
+            {"client": c, "n_train": m.get("n_train"), "n_test": m.get("n_test")}
+            for c, m in metrics["clients"].items()
+        ]
+    )
+    sections["data"] = report.Section("data", "Data", report.table(data, 200))
+    summary = _summary(metrics, responses)
+    params = params_of(method)
+    return report.fit_report(out_dir, metrics, "RowFed fit report", summary, sections, params)
+
+
+def _graph_section(out_dir: str, clients: list, n_features: int, lab: np.ndarray, order):
+    """The clients' fusion graph: each edge by the predictors on which its two clients
+    ended with the same row (``lab``: each client's group per predictor)."""
+    from strategies import report
+
     edge_file = report.read_csv(out_dir, "edges.csv")
     index = {c: k for k, c in enumerate(clients)}
     if edge_file is not None:
@@ -198,22 +219,30 @@ def fit_report(out_dir: str) -> str:
         placed,
         fused,
         np.array([[position[u], position[v]] for u, v in edges]).reshape(-1, 2),
-        len(features),
+        n_features,
         drawn,
     )
-    sections = {
-        "map": report.Section(
-            "map",
-            "Fusion graph of the clients",
-            report.text(
-                f"Clients around a circle, ordered so that clients with similar coefficients sit "
-                f"together; {graph}. An edge's colour and width: the number of predictors (of "
-                f"{len(features)}) on which the two clients ended with the same row of "
-                "coefficients."
-            )
-            + report.image(graph_fig),
-        ),
-    }
+    return report.Section(
+        "map",
+        "Fusion graph of the clients",
+        report.text(
+            f"Clients around a circle, ordered so that clients with similar coefficients sit "
+            f"together; {graph}. An edge's colour and width: the number of predictors (of "
+            f"{n_features}) on which the two clients ended with the same row of "
+            "coefficients."
+        )
+        + report.image(graph_fig),
+    )
+
+
+def _coefficients_section(out_dir: str, metrics: dict, coef, clusters, responses, order):
+    """The coefficients (clients in ``order``), the client groups of each predictor and, with
+    oracle inference, the intervals."""
+    from strategies import report
+
+    method = metrics["method"]
+    clients = list(dict.fromkeys(coef["client"]))
+    n_features = coef.loc[coef["feature"] != "(intercept)", "feature"].nunique()
     cl = clusters.set_index("feature")[clients].T.reset_index(names="client")
     with tempfile.TemporaryDirectory() as tmp:
         path = fig_clusters(
@@ -221,7 +250,7 @@ def fit_report(out_dir: str) -> str:
             "Client groups per predictor (a colour and number = a group of clients sharing "
             "the row; colours repeat after 20 groups)",
         )  # fmt: skip
-        sections["coefficients"] = report.Section(
+        return report.Section(
             "coefficients",
             "Coefficients",
             report.text(
@@ -229,9 +258,9 @@ def fit_report(out_dir: str) -> str:
                 "coefficients on the input scale (coefficients.csv), clients ordered by "
                 "average-linkage clustering"
                 + (
-                    f", for the {MAX_VARIABLES} of {len(features)} predictors whose rows "
+                    f", for the {MAX_VARIABLES} of {n_features} predictors whose rows "
                     "differ most across clients"
-                    if len(features) > MAX_VARIABLES
+                    if n_features > MAX_VARIABLES
                     else ""
                 )
                 + "; below, the client groups of each predictor (clusters.csv)."
@@ -246,14 +275,11 @@ def fit_report(out_dir: str) -> str:
                 "degrees of freedom",
             ),
         )
-    sections["accuracy"] = _accuracy_section(out_dir, metrics, responses)
-    data = pd.DataFrame(
-        [
-            {"client": c, "n_train": m.get("n_train"), "n_test": m.get("n_test")}
-            for c, m in metrics["clients"].items()
-        ]
-    )
-    sections["data"] = report.Section("data", "Data", report.table(data, 200))
+
+
+def _summary(metrics: dict, responses) -> list[tuple]:
+    """The report's summary table: the fit's settings and outcome, what is known of it."""
+    method = metrics["method"]
     test = metrics.get("test") or {}
     tuned = metrics.get("tuned") or (metrics.get("tuning") or {}).get("selected")
     summary = [
@@ -272,9 +298,7 @@ def fit_report(out_dir: str) -> str:
         ("mean test MSE", test.get("mse")),
         ("seconds", metrics.get("seconds")),
     ]
-    summary = [(k, v) for k, v in summary if v is not None]
-    params = params_of(method)
-    return report.fit_report(out_dir, metrics, "RowFed fit report", summary, sections, params)
+    return [(k, v) for k, v in summary if v is not None]
 
 
 def _accuracy_section(out_dir: str, metrics: dict, responses):

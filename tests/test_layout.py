@@ -17,16 +17,12 @@ LONG = {
     # one ADMM loop each, its state threaded through every line (docs/methods.md 1.4, 2.4)
     "strategies/solvers/modelsolve.py: solve_model",
     "strategies/solvers/fusedrows.py: solve_rows",
-    # a report page or a figure: a sequence of sections, each a few lines
-    "grauc_flower/fitreport.py: fit_report",
-    "rowfed_flower/fitreport.py: fit_report",
+    # a figure drawn layer by layer: sites, edges, labels, legend
     "grauc_flower/figures.py: fig_site_map",
     # a plan is one generator: its stages share the closure's state between yields
     "grauc_flower/federated_tuning.py: federated_plan",
     # one reader of the CDC file, step by step as its provenance note describes it
     "grauc_flower/realdata.py: read_cdc",
-    # the study runner's loop: tasks, progress, parts, summary, figures and report in order
-    "strategies/experiments/runner.py: run_study",
 }
 
 

@@ -192,6 +192,21 @@ def run_study(
         finally:
             progress.close()
     results = _rebuild(store, study, results_path)
+    code = _summarize(out, study, results, store, cells, metrics, figures, tables, progress)
+    if errors:
+        progress.say(
+            f"error: {len(errors)} task(s) failed (see {os.path.join(out, 'errors.log')}); "
+            "rerun the same command to retry them"
+        )
+        code = 1
+    n_done = len(tasks) - len(todo) + (len(todo) - len(errors))
+    progress.say(f"study: {n_done}/{len(tasks)} tasks done; wrote {out}")
+    return code
+
+
+def _summarize(out, study, results, store, cells, metrics, figures, tables, progress) -> int:
+    """The study's summary tables, figures and report from ``results`` (:func:`run_study`'s
+    arguments); returns 1 when the figures or the report failed, else 0."""
     if tables is None:
         summary = summarize(results, study.keys, metrics)
         table = summary_table(summary, study.keys, metrics)
@@ -215,14 +230,6 @@ def run_study(
         except Exception as exc:
             progress.say(f"error: report: {type(exc).__name__}: {exc}")
             code = 1
-    if errors:
-        progress.say(
-            f"error: {len(errors)} task(s) failed (see {os.path.join(out, 'errors.log')}); "
-            "rerun the same command to retry them"
-        )
-        code = 1
-    n_done = len(tasks) - len(todo) + (len(todo) - len(errors))
-    progress.say(f"study: {n_done}/{len(tasks)} tasks done; wrote {out}")
     return code
 
 
