@@ -560,8 +560,6 @@ def fig_site_map(
     str
         ``path``.
     """
-    from matplotlib.ticker import MaxNLocator
-
     from .graph import build_graph
 
     plt = pyplot()
@@ -582,34 +580,15 @@ def fig_site_map(
     n_clumps = int(clumps.max()) + 1
     zoom = 2 <= n_clumps <= 4
     ncols = n_clumps if zoom else 1
-    fig = plt.figure(figsize=(max(7.5, 3.8 * ncols + 1.2), 8.0 if zoom else 5.6))
-    grid = fig.add_gridspec(
-        2 if zoom else 1,
-        ncols + 1,
-        width_ratios=[1] * ncols + [0.05],
-        height_ratios=[1, 1.25] if zoom else [1],
-        hspace=0.35,
-        wspace=0.4,
-    )
+    fig, grid = _map_layout(plt, ncols, zoom)
     cmap = plt.get_cmap("viridis", n_feat + 1)
     palette = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
     colors = np.array([palette[(int(c) - 1) % len(palette)] for c in labels])
 
     def draw(ax, keep, annotate, adjustable="datalim"):
-        for e, (u, v) in enumerate(edges):
-            if not (keep[u] or keep[v]):
-                continue
-            shade = cmap(fused[e]) if fused is not None else "gray"
-            ax.plot([lon[u], lon[v]], [lat[u], lat[v]], color=shade, lw=2.4, zorder=1)
-        ax.scatter(lon[keep], lat[keep], c=colors[keep], s=55, edgecolor="black", zorder=2)
-        ax.set_aspect(1.0 / np.cos(np.deg2rad(np.mean(lat[keep]))), adjustable=adjustable)
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
-        ax.yaxis.set_major_locator(MaxNLocator(nbins=5))
+        _draw_sites(ax, lon, lat, edges, keep, colors, cmap, fused, adjustable)
         if annotate:
             labelled.append((ax, np.flatnonzero(keep)))
-        ax.grid(alpha=0.3)
-        ax.set_xlabel("longitude")
-        ax.set_ylabel("latitude")
 
     labelled: list = []  # (axes, sites) whose labels are placed once the layout is fixed
     overview = fig.add_subplot(grid[0, :ncols])
@@ -627,10 +606,7 @@ def fig_site_map(
                 f"{int(keep.sum())} sites near ({lat[keep].mean():.1f}, {lon[keep].mean():.1f})"
             )
     if fused is not None:
-        cax = fig.add_subplot(grid[:, ncols])
-        sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(-0.5, n_feat + 0.5))
-        bar = fig.colorbar(sm, cax=cax, label="features fused across the edge")
-        bar.set_ticks(range(0, n_feat + 1, max(1, (n_feat + 1) // 6)))
+        _fused_colorbar(plt, fig, fig.add_subplot(grid[:, ncols]), cmap, n_feat)
     h = fig.get_figheight()
     fig.suptitle(
         title
@@ -647,6 +623,48 @@ def fig_site_map(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _map_layout(plt, ncols: int, zoom: bool):
+    """:func:`fig_site_map`'s figure and grid: the overview on top, with ``zoom`` a row of
+    ``ncols`` zoomed panels below, and a thin column for the colour bar."""
+    fig = plt.figure(figsize=(max(7.5, 3.8 * ncols + 1.2), 8.0 if zoom else 5.6))
+    grid = fig.add_gridspec(
+        2 if zoom else 1,
+        ncols + 1,
+        width_ratios=[1] * ncols + [0.05],
+        height_ratios=[1, 1.25] if zoom else [1],
+        hspace=0.35,
+        wspace=0.4,
+    )
+    return fig, grid
+
+
+def _fused_colorbar(plt, fig, cax, cmap, n_feat: int) -> None:
+    """:func:`fig_site_map`'s colour bar: the features fused across an edge, 0 to
+    ``n_feat``."""
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(-0.5, n_feat + 0.5))
+    bar = fig.colorbar(sm, cax=cax, label="features fused across the edge")
+    bar.set_ticks(range(0, n_feat + 1, max(1, (n_feat + 1) // 6)))
+
+
+def _draw_sites(ax, lon, lat, edges, keep, colors, cmap, fused, adjustable: str) -> None:
+    """:func:`fig_site_map`'s panel: the edges touching the ``keep`` sites (coloured by
+    ``fused`` through ``cmap``, else grey), the sites, the aspect of their mean latitude."""
+    from matplotlib.ticker import MaxNLocator
+
+    for e, (u, v) in enumerate(edges):
+        if not (keep[u] or keep[v]):
+            continue
+        shade = cmap(fused[e]) if fused is not None else "gray"
+        ax.plot([lon[u], lon[v]], [lat[u], lat[v]], color=shade, lw=2.4, zorder=1)
+    ax.scatter(lon[keep], lat[keep], c=colors[keep], s=55, edgecolor="black", zorder=2)
+    ax.set_aspect(1.0 / np.cos(np.deg2rad(np.mean(lat[keep]))), adjustable=adjustable)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=5))
+    ax.grid(alpha=0.3)
+    ax.set_xlabel("longitude")
+    ax.set_ylabel("latitude")
 
 
 def make_figures(out: str, study, results: pd.DataFrame, store, cells) -> list[str]:
