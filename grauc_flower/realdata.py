@@ -420,8 +420,6 @@ def read_cdc(
         One institution per county (site id: the 5-digit FIPS code), ordered by FIPS code,
         features ``variable=level``; ``notes`` lists what was dropped.
     """
-    import pandas as pd
-
     if missing not in ("level", "drop"):
         raise InputError(f"data.missing-levels: must be level or drop, got {missing!r}")
     if num_counties < 1:
@@ -442,23 +440,7 @@ def read_cdc(
         if no_county:
             notes.append(f"{no_county} cases without a county code (suppressed): dropped")
         wanted = _select(table, num_counties, min_per_class, notes)
-    keep_set = set(wanted)
-    parts = []
-    n_unknown_outcome = 0
-    for line, chunk in _chunks(path, [CDC_COUNTY, CDC_OUTCOME, *CDC_COVARIATES], chunksize):
-        fips = _fips_column(chunk, line)
-        y = _outcome(chunk[CDC_OUTCOME])
-        in_county = np.array([f in keep_set for f in fips], dtype=bool)
-        n_unknown_outcome += int(np.sum(in_county & (y < 0)))
-        rows = in_county & (y >= 0)
-        if not rows.any():
-            continue
-        part = pd.DataFrame({var: _levels(chunk[var][rows]) for var in CDC_COVARIATES})
-        part["fips"] = fips[rows]
-        part["y"] = y[rows]
-        parts.append(part)
-    columns = [*CDC_COVARIATES, "fips", "y"]
-    data = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
+    data, n_unknown_outcome = _county_rows(path, set(wanted), chunksize)
     if n_unknown_outcome:
         notes.append(
             f"{n_unknown_outcome} cases of the selected counties have {CDC_OUTCOME} "
@@ -469,19 +451,7 @@ def read_cdc(
         if unknown.any():
             notes.append(f"{int(unknown.sum())} cases with a Missing/Unknown covariate: dropped")
         data = data[~unknown].reset_index(drop=True)
-    for c in list(wanted):  # a county needs both classes (after missing="drop", too)
-        y_c = data["y"].to_numpy()[data["fips"].to_numpy() == c]
-        n_pos, n_neg = int(np.sum(y_c == 1)), int(np.sum(y_c == 0))
-        if min(n_pos, n_neg) >= min_per_class:
-            continue
-        what = (
-            f"county {c} has {n_pos} hospitalized and {n_neg} non-hospitalized cases "
-            f"({CDC_OUTCOME}); each class needs at least {min_per_class}"
-        )
-        if listed:
-            raise InputError(f"data.counties: {what}")
-        notes.append(f"{what}: dropped")
-        wanted.remove(c)
+    wanted = _with_both_classes(data, wanted, min_per_class, bool(listed), notes)
     if not wanted:
         raise InputError(
             f"data: no county is left with at least {min_per_class} cases of each class"
@@ -506,6 +476,51 @@ def read_cdc(
         tuple(features),
         tuple(notes),
     )
+
+
+def _county_rows(path: str, keep: set, chunksize: int) -> tuple:
+    """The CDC file's cases of the ``keep`` counties with a known outcome, read in chunks
+    (covariates as levels, ``fips``, ``y``), and how many of theirs had no known outcome."""
+    import pandas as pd
+
+    parts = []
+    n_unknown_outcome = 0
+    for line, chunk in _chunks(path, [CDC_COUNTY, CDC_OUTCOME, *CDC_COVARIATES], chunksize):
+        fips = _fips_column(chunk, line)
+        y = _outcome(chunk[CDC_OUTCOME])
+        in_county = np.array([f in keep for f in fips], dtype=bool)
+        n_unknown_outcome += int(np.sum(in_county & (y < 0)))
+        rows = in_county & (y >= 0)
+        if not rows.any():
+            continue
+        part = pd.DataFrame({var: _levels(chunk[var][rows]) for var in CDC_COVARIATES})
+        part["fips"] = fips[rows]
+        part["y"] = y[rows]
+        parts.append(part)
+    columns = [*CDC_COVARIATES, "fips", "y"]
+    data = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
+    return data, n_unknown_outcome
+
+
+def _with_both_classes(data, wanted: list, min_per_class: int, listed: bool, notes: list):
+    """The counties of ``wanted`` with at least ``min_per_class`` cases of each class in
+    ``data``; a county short of them is an error when the user ``listed`` the counties,
+    else a note (in ``notes``) and dropped."""
+    kept = list(wanted)
+    for c in wanted:
+        y_c = data["y"].to_numpy()[data["fips"].to_numpy() == c]
+        n_pos, n_neg = int(np.sum(y_c == 1)), int(np.sum(y_c == 0))
+        if min(n_pos, n_neg) >= min_per_class:
+            continue
+        what = (
+            f"county {c} has {n_pos} hospitalized and {n_neg} non-hospitalized cases "
+            f"({CDC_OUTCOME}); each class needs at least {min_per_class}"
+        )
+        if listed:
+            raise InputError(f"data.counties: {what}")
+        notes.append(f"{what}: dropped")
+        kept.remove(c)
+    return kept
 
 
 # ---------------------------------------------------------------------------------------

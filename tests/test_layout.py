@@ -19,8 +19,6 @@ LONG = {
     "strategies/solvers/fusedrows.py: solve_rows",
     # a plan is one generator: its stages share the closure's state between yields
     "grauc_flower/federated_tuning.py: federated_plan",
-    # one reader of the CDC file, step by step as its provenance note describes it
-    "grauc_flower/realdata.py: read_cdc",
 }
 
 
