@@ -150,30 +150,12 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
             for w in w_grid
             for lam in lams[(r, w, a)]
         ]
-        speculative = cfg.inference == "none"
-        cv_jobs, full = [], {}
-        for i, setting in enumerate(settings):
-            for rep in range(opts.repeats):
-                for k in range(opts.folds):
-                    view = {"fold": k, "folds": opts.folds, "fold-seed": opts.seed,
-                            "ridge": setting["ridge"]}  # fmt: skip
-                    if opts.repeats > 1:
-                        view["repeat"] = rep
-                    job = Job(
-                        f"cv/{i}/{rep}/{k}",
-                        strategy(base.replace(**setting), batch.registry_for(view)),
-                        view,
-                        {"fold": k, **({"repeat": rep} if opts.repeats > 1 else {}),
-                         **{p: setting[p] for p in params}},
-                        group=f"s{i}/r{rep}",
-                    )  # fmt: skip
-                    cv_jobs.append(job)
-            if speculative:
-                full[i] = Job(
-                    f"full/{i}",
-                    strategy(cfg.replace(**setting), registry),
-                    {"ridge": setting["ridge"]},
-                )
+        cv_jobs = _fold_jobs(batch, base, settings, opts, params, strategy)
+        full = {}
+        if cfg.inference == "none":  # the refit beside the folds, at every setting
+            full = {i: Job(f"full/{i}", strategy(cfg.replace(**setting), registry),
+                           {"ridge": setting["ridge"]})
+                    for i, setting in enumerate(settings)}  # fmt: skip
         yield Stage(cv_jobs, evaluate=True, name="cross-validation", also=list(full.values()))
         # 3. the choice
         table, site_table = federated_tables(cv_jobs, batch.pooled, settings, params, order)
@@ -206,6 +188,32 @@ def federated_plan(cfg: GrAUCConfig, method: str, grid: Grid, opts: tuning.CVOpt
         return full[i].key
 
     return plan
+
+
+def _fold_jobs(batch, base: GrAUCConfig, settings: list, opts, params, strategy) -> list:
+    """:func:`federated_plan`'s cross-validation jobs: a fit of each setting on each
+    ``(repeat, fold)`` view of every site's rows, at ``base`` (the fits' tolerance and
+    round limit); its scores are keyed by the fold (and repeat) and the tuned parameters."""
+    from strategies.server.batch import Job
+
+    cv_jobs = []
+    for i, setting in enumerate(settings):
+        for rep in range(opts.repeats):
+            for k in range(opts.folds):
+                view = {"fold": k, "folds": opts.folds, "fold-seed": opts.seed,
+                        "ridge": setting["ridge"]}  # fmt: skip
+                if opts.repeats > 1:
+                    view["repeat"] = rep
+                job = Job(
+                    f"cv/{i}/{rep}/{k}",
+                    strategy(base.replace(**setting), batch.registry_for(view)),
+                    view,
+                    {"fold": k, **({"repeat": rep} if opts.repeats > 1 else {}),
+                     **{p: setting[p] for p in params}},
+                    group=f"s{i}/r{rep}",
+                )  # fmt: skip
+                cv_jobs.append(job)
+    return cv_jobs
 
 
 def _path_tops(batch, cfg: GrAUCConfig, method: str, grid: Grid, w_grid, powers, strategy):

@@ -17,8 +17,6 @@ LONG = {
     # one ADMM loop each, its state threaded through every line (docs/methods.md 1.4, 2.4)
     "strategies/solvers/modelsolve.py: solve_model",
     "strategies/solvers/fusedrows.py: solve_rows",
-    # a plan is one generator: its stages share the closure's state between yields
-    "grauc_flower/federated_tuning.py: federated_plan",
 }
 
 
