@@ -125,9 +125,6 @@ def _check_tuning(a) -> None:
         return
     if a.method not in tuning.PARAMS:
         raise InputError(f"tune: cv is available for {', '.join(tuning.PARAMS)}, not {a.method}")
-    if (a.cv_criterion != "folds" or a.cv_repeats > 1) and a.method not in GRAUC_FUSED_METHODS:
-        key = "cv-criterion" if a.cv_criterion != "folds" else "cv-repeats"
-        raise InputError(f"{key}: for the fused methods' federated tuning ({a.method} is not one)")
     if a.knob_grid and a.method not in KNOBS:
         raise InputError(f"knob-grid: {a.method} has no setting to tune besides its levels")
     if a.size_power_grid and a.method not in GRAUC_FUSED_METHODS:

@@ -20,7 +20,7 @@ import time
 from ..errors import InputError
 from .cli import RoundProgress, atomic_output_dir, finish_outputs, line_to_stderr, project_dir
 from .launch import stream_echo
-from .tuning_options import tuning_metrics
+from .tuning_options import cv_options, tuning_metrics
 
 
 class FitFlow:
@@ -51,16 +51,13 @@ class FitFlow:
         """Fit into ``a.out``; returns ``metrics.json``'s content."""
         a = self.a
         self.prepare()
+        federated = self.federated()
+        opts = self.cv_options()
+        if opts is not None and not federated and (opts.criterion != "folds" or opts.repeats > 1):
+            key = "cv-criterion" if opts.criterion != "folds" else "cv-repeats"
+            raise InputError(f"{key}: for the federated tuning ({a.method} is not tuned so)")
         t0 = time.perf_counter()
         with atomic_output_dir(a.out) as tmp:
-            federated = self.federated()
-            opts = self.cv_options()
-            if opts is not None and not federated:
-                if opts.criterion != "folds" or opts.repeats > 1:
-                    key = "cv-criterion" if opts.criterion != "folds" else "cv-repeats"
-                    raise InputError(
-                        f"{key}: for the federated tuning ({a.method} is not tuned so)"
-                    )
             if a.tune == "cv" and not federated:
                 self._tune_in_process(tmp, opts)
             if a.engine == "inprocess":
@@ -114,8 +111,6 @@ class FitFlow:
 
     def cv_options(self):
         """The cross-validation's options, or ``None`` where nothing is cross-validated."""
-        from .tuning_options import cv_options
-
         return cv_options(self.a, self.a.data_seed)
 
     def cross_validate(self, opts) -> tuple:  # pragma: no cover - each method's
