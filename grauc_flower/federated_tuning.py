@@ -254,7 +254,7 @@ def _path_tops(batch, cfg: GrAUCConfig, method: str, grid: Grid, w_grid, powers,
             qn = job.strategy.qn
             grads = np.zeros((len(order), registry.sites[order[0]].sum_x.shape[0]))
             if qn is not None:
-                grads = np.asarray(qn.grad, dtype=float)
+                grads = np.asarray(qn.sites.grad, dtype=float)
             for w in w_grid:
                 weights = graph.weights(w, cfg.q)
                 if tuple(tuning.components(graph.edges, weights, len(order))) != labels:

@@ -292,7 +292,7 @@ def auto_levels(cfg: RowFedConfig, method: str, powers, strategy, registry):
     for a, job in zeros.items():
         if job.strategy.qn is None:
             return None
-        top = sparsity_level(job.strategy.qn.grad, cfg.sparsity)  # its fits are all zero
+        top = sparsity_level(job.strategy.qn.sites.grad, cfg.sparsity)  # its fits are all zero
         lam2s[a] = list(tuning.log_path(top, N_LAM2 + 1, LAM_RATIO, zero=False)[1:])
     if method == "nonfed":
         return {a: [(cfg.lam1, b) for b in values] for a, values in lam2s.items()}
@@ -307,7 +307,7 @@ def auto_levels(cfg: RowFedConfig, method: str, powers, strategy, registry):
         st = job.strategy
         if st.qn is None:
             return None
-        level = fusion_level(st.qn.grad, st.edges, st.weights, st.fusion_grouping, st.fusion)
+        level = fusion_level(st.qn.sites.grad, st.edges, st.weights, st.fusion_grouping, st.fusion)
         out[a] = _snake(list(tuning.log_path(level, N_LAM1, LAM_RATIO, zero=False)), lam2s[a])
     return out
 

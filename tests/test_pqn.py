@@ -4,6 +4,8 @@ method with a site that stops answering against the optimum with that site held 
 
 from __future__ import annotations
 
+import dataclasses
+
 import cvxpy as cp
 import numpy as np
 import pytest
@@ -235,7 +237,7 @@ def drive(fs, prob, drop_after=None, dropped=3, rounds=80, tol=1e-9):
     st = qnstate.init_qn(np.zeros((Z, P)), 0.25 * np.array([f.lipschitz() for f in fs]))
     for r in range(1, rounds + 1):
         answered = {
-            z: f.value_and_grad(st.trial[z])
+            z: f.value_and_grad(st.search.trial[z])
             for z, f in enumerate(fs)
             if not (drop_after is not None and z == dropped and r > drop_after)
         }
@@ -269,8 +271,8 @@ def test_pqn_reaches_the_conic_optimum():
     prob = problem()
     st, rounds = drive(fs, prob)
     ref, ref_val = cvxpy_grauc(fs, prob.splits[0].lam)
-    assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= 1e-8
-    assert_allclose(st.x, ref, atol=2e-4)
+    assert (objective(fs, prob, st.sites.x) - ref_val) / abs(ref_val) <= 1e-8
+    assert_allclose(st.sites.x, ref, atol=2e-4)
     assert rounds < 40
 
 
@@ -279,12 +281,12 @@ def test_a_silent_site_is_held_at_its_last_point():
     prob = problem()
     st, _ = drive(fs, prob, drop_after=4)
     assert st.frozen[3] and not st.frozen[np.arange(Z) != 3].any()
-    held = st.x[3].copy()
+    held = st.sites.x[3].copy()
     # the point it holds is one it was evaluated at (it answered 4 times)
     before, _ = drive(fs, prob, rounds=4)
-    assert np.any(np.all(np.isclose(held, [before.x[3], before.trial[3]]), axis=1))
+    assert np.any(np.all(np.isclose(held, [before.sites.x[3], before.search.trial[3]]), axis=1))
     ref, ref_val = cvxpy_grauc(fs, prob.splits[0].lam, fixed=(3, held))
-    assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= 1e-8
+    assert (objective(fs, prob, st.sites.x) - ref_val) / abs(ref_val) <= 1e-8
 
 
 def test_exact_curvature_reaches_the_same_optimum_in_fewer_rounds():
@@ -332,9 +334,9 @@ def drive_partial(fs, prob, share, seed, curvature=0.25, rounds=400, tol=1e-10):
     for r in range(1, rounds + 1):
         drawn = np.flatnonzero(rng.random(Z) < share)
         st, step = pqn.qn_round(
-            prob, st, {z: fs[z].value_and_grad(st.trial[z]) for z in drawn}, tol
+            prob, st, {z: fs[z].value_and_grad(st.search.trial[z]) for z in drawn}, tol
         )
-        damped |= bool(st.damping.any())
+        damped |= bool(st.sites.damping.any())
         if step.converged:
             return st, r, damped
     return st, rounds, damped
@@ -348,7 +350,7 @@ def test_partial_participation_reaches_the_conic_optimum(share):
     prob = problem()
     st, rounds, _ = drive_partial(fs, prob, share, seed=3)
     ref, ref_val = cvxpy_grauc(fs, prob.splits[0].lam)
-    assert st.seen.all() and rounds < 400
+    assert st.sites.seen.all() and rounds < 400
     est = pqn.estimate(st)  # the last model solution, not the kept points
     assert (objective(fs, prob, est) - ref_val) / abs(ref_val) <= 1e-8
     assert_allclose(est, ref, atol=2e-4)
@@ -370,15 +372,16 @@ def test_a_refused_move_keeps_the_point_and_damps_enough():
     and the new damping makes the model cover the loss along the refused step."""
     f = _sites()[0]
     x0 = np.zeros(P)
-    st = qnstate.init_qn(x0[None], np.array([1e-4]), incremental=True)
-    st.seen[:] = True
-    st.value[0], st.grad[0] = f.value_and_grad(x0)
-    st.trial = (x0 - st.grad[0] / 1e-4)[None]  # the model's minimizer: far too long
-    s = st.trial[0] - x0
-    value, grad = f.value_and_grad(st.trial[0])
-    pqn._visit(st, 0, (value, grad))
-    assert_allclose(st.x[0], x0, rtol=0, atol=0)
-    model = st.value[0] + st.grad[0] @ s + 0.5 * (1e-4 + st.damping[0]) * (s @ s)
+    sites = qnstate.init_qn(x0[None], np.array([1e-4]), incremental=True).sites
+    sites.seen[:] = True
+    sites.value[0], sites.grad[0] = f.value_and_grad(x0)
+    trial = x0 - sites.grad[0] / 1e-4  # the model's minimizer: far too long
+    s = trial - x0
+    value, grad = f.value_and_grad(trial)
+    before = sites.copy()
+    pqn._visit(sites, "bfgs", trial, 0, (value, grad))
+    assert_allclose(sites.x[0], x0, rtol=0, atol=0)
+    model = before.value[0] + before.grad[0] @ s + 0.5 * (1e-4 + sites.damping[0]) * (s @ s)
     assert model >= value
 
 
@@ -502,8 +505,6 @@ def test_the_stopping_rule_reads_tol_as_a_gap_once_the_models_are_learned():
     """``_converged``: the predicted decrease within ``tol`` of ``|F|`` and each site's step
     within ``sqrt(tol)`` -- or within ``tol`` while its model is still the first guess (no
     step pair yet; the exact Hessian counts as learned)."""
-    from types import SimpleNamespace
-
     from strategies.solvers.pqn import _converged
 
     tol = 1e-6
@@ -512,17 +513,23 @@ def test_the_stopping_rule_reads_tol_as_a_gap_once_the_models_are_learned():
         z, p = 3, 2
         direction = np.zeros((z, p))
         direction[1, 0] = step
-        return SimpleNamespace(
-            direction=direction,
+        sites = qnstate.SiteModels(
             x=np.full((z, p), 0.5),  # max|x| < 1: the scale is 1
-            damping=np.zeros(z),
+            value=np.zeros(z),
+            grad=np.zeros((z, p)),
             hess=np.tile(curvature * np.eye(p), (z, 1, 1)),
             paired=np.array(paired),
-            model=model,
-            decrease=-decrease,
-            objective=2.0,
-            incremental=incremental,
+            curvature=np.ones(z),
+            ss=np.zeros(0),
+            ys=np.zeros(0),
+            damping=np.zeros(z),
             seen=np.ones(z, bool),  # every site has answered
+        )
+        return qnstate.QuasiNewtonState(
+            sites=sites,
+            search=qnstate.ModelStep(sites.x + direction, direction, decrease=-decrease),
+            settings=qnstate.QnSettings(model=model, incremental=incremental),
+            objective=2.0,
         )
 
     learned = [True, True, True]
@@ -673,7 +680,7 @@ def test_a_loose_fit_solves_its_model_problems_no_tighter_than_its_floor(tol, mo
     assert asked[0] == pytest.approx(max(floor, pqn.INNER_LOOSEST))
     assert asked[-1] == pytest.approx(floor)
     _, ref_val = cvxpy_grauc(fs, prob.splits[0].lam)
-    assert (objective(fs, prob, st.x) - ref_val) / abs(ref_val) <= tol
+    assert (objective(fs, prob, st.sites.x) - ref_val) / abs(ref_val) <= tol
 
 
 def _record_fits(monkeypatch) -> list:
@@ -765,25 +772,22 @@ def test_a_nonconvex_model_step_runs_the_linear_approximations_to_their_fixed_po
     target = admm.Problem((admm.Split(d, Penalty(name), 0.6, "entry"),), Z)
     lla = pqn.Linearization(target, target.linearized)
 
-    def fresh():
-        st = qnstate.init_qn(x)
-        st.hess, st.grad, st.evaluated = hess.copy(), g.copy(), True
-        return st
-
-    one = fresh()
-    pqn._new_direction(target.linearized(x), one, 1e-9)
-    st = fresh()
-    pqn._lla_direction(target.linearized(x), st, 1e-9, lla)
-    b = st.x + st.direction
+    st = qnstate.init_qn(x)
+    st = dataclasses.replace(
+        st, sites=dataclasses.replace(st.sites, hess=hess.copy(), grad=g.copy()), evaluated=True
+    )
+    one, _ = pqn._new_direction(target.linearized(x), st, 1e-9)
+    st, _ = pqn._lla_direction(target.linearized(x), st, 1e-9, lla)
+    b = st.sites.x + st.search.direction
     again = modelsolve.solve_model(target.linearized(b), x, g, hess)
     assert_allclose(again.b, b, atol=1e-6)
     assert (
         model_value(b, x, g, hess, target)
-        < model_value(x + one.direction, x, g, hess, target) - 1e-4
+        < model_value(x + one.search.direction, x, g, hess, target) - 1e-4
     )
     want = model_value(b, x, g, hess, target) - target.penalty_value(x)
-    assert st.decrease == pytest.approx(want, rel=1e-9, abs=1e-12)
-    assert st.decrease < 0
+    assert st.search.decrease == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert st.search.decrease < 0
 
 
 @pytest.mark.parametrize("name, seed, lam", [("mcp", 1, 0.2), ("scad", 5, 0.05)])
@@ -800,8 +804,8 @@ def test_a_nonconvex_fit_ends_on_a_model_solution_solved_to_the_floor(name, seed
     st = qnstate.init_qn(np.zeros((Z, P)), 0.25 * np.array([f.lipschitz() for f in fs]))
     tol = 1e-4
     for _ in range(100):
-        answered = {z: f.value_and_grad(st.trial[z]) for z, f in enumerate(fs)}
-        st, step = pqn.qn_round(target.linearized(st.x), st, answered, tol, lla)
+        answered = {z: f.value_and_grad(st.search.trial[z]) for z, f in enumerate(fs)}
+        st, step = pqn.qn_round(target.linearized(st.sites.x), st, answered, tol, lla)
         if step.converged:
             break
     assert step.converged
@@ -830,7 +834,7 @@ def test_a_round_leaves_the_state_it_was_given_unchanged(incremental):
     for _ in range(8):
         drawn = np.flatnonzero(rng.random(Z) < 0.6) if incremental else range(Z)
         before = _snapshot(st)
-        answers = {z: fs[z].value_and_grad(st.trial[z]) for z in drawn}
+        answers = {z: fs[z].value_and_grad(st.search.trial[z]) for z in drawn}
         new, _ = pqn.qn_round(prob, st, answers, 1e-10)
         after = _snapshot(st)
         assert before.keys() == after.keys()
@@ -838,6 +842,10 @@ def test_a_round_leaves_the_state_it_was_given_unchanged(incremental):
             assert np.array_equal(before[key], after[key]), key
         kept.append((st, answers, new))
         st = new
+    with pytest.raises(dataclasses.FrozenInstanceError):  # records are written once
+        st.sites.x = np.zeros((Z, P))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        st.search = None
     old, answers, new = kept[3]  # the round again from the kept state: the same result
     again, _ = pqn.qn_round(prob, old, answers, 1e-10)
     for key, value in _snapshot(new).items():
@@ -848,20 +856,21 @@ def test_state_arrays_round_trip_every_field():
     """``arrays`` writes every field of the state (its inner solution by split) and
     ``from_arrays`` gives each back with its type; a checkpoint written before partial
     participation (no ``seen``, ``damping``, ...) reads as that version ran."""
-    import dataclasses
-
     fs, prob = _sites(), problem()
     st = qnstate.init_qn(np.zeros((Z, P)), 0.25 * np.array([f.lipschitz() for f in fs]))
     for _ in range(3):
-        answers = {z: f.value_and_grad(st.trial[z]) for z, f in enumerate(fs)}
+        answers = {z: f.value_and_grad(st.search.trial[z]) for z, f in enumerate(fs)}
         st, _ = pqn.qn_round(prob, st, answers, 1e-9)
     saved = st.arrays()
-    names = {f.name for f in dataclasses.fields(st)} - {"inner"}
+    records = (st.sites, st.search, st.settings, st)
+    names = {f.name for r in records for f in dataclasses.fields(r)}
+    names -= {"sites", "search", "settings", "inner"}
     assert names <= set(saved) and st.inner is not None and "inner_rho" in saved
     back = qnstate.QuasiNewtonState.from_arrays(saved)
     for key, value in back.arrays().items():
         assert np.array_equal(value, saved[key]) and value.dtype == saved[key].dtype, key
-    assert back.paired.dtype == bool and isinstance(back.round, int) and back.model == st.model
+    assert back.sites.paired.dtype == bool and isinstance(back.round, int)
+    assert back.settings == st.settings
     # an inner solution whose splits have their own penalties keeps them (its duals' units)
     parted = dataclasses.replace(st, inner=dataclasses.replace(st.inner, weights=(1.0, 0.25)))
     assert qnstate.QuasiNewtonState.from_arrays(parted.arrays()).inner.weights == (1.0, 0.25)
@@ -869,7 +878,8 @@ def test_state_arrays_round_trip_every_field():
     older = {k: v for k, v in older.items() if k != "inner_weights"}
     assert qnstate.QuasiNewtonState.from_arrays(older).inner.weights == ()
     old = qnstate.QuasiNewtonState.from_arrays(older)
-    assert old.seen.all() == bool(st.evaluated) and not old.incremental and not old.damping.any()
+    assert old.sites.seen.all() == bool(st.evaluated) and not old.settings.incremental
+    assert not old.sites.damping.any()
 
 
 def _nonconvex_fit(penalty: str, seed: int, lam1: float, monkeypatch, full: bool):

@@ -214,7 +214,7 @@ def test_with_pqn_the_start_round_is_also_the_first_gradient_round(samples):
     assert strategy.phase == "fit" and strategy.rounds == 1
     for m, s in enumerate(samples):
         gram = s.x.T @ s.x / len(s.x)
-        model = strategy.qn.hess[m]
+        model = strategy.qn.sites.hess[m]
         assert_allclose(model @ fits[m], gram @ fits[m], atol=1e-10)
         assert np.linalg.eigvalsh(model - gram).min() >= -1e-10
         assert np.linalg.eigvalsh(model - gram).max() > 1e-3  # not all of G: q < p
@@ -232,10 +232,10 @@ def test_a_zero_start_is_no_curvature_pair(samples):
     strategy, mgr, _ = ready_strategy(samples, cfg)
     answer_init(strategy, mgr, samples)
     assert strategy.phase == "fit" and not np.any(strategy.start_fits)
-    assert not strategy.qn.paired.any()
+    assert not strategy.qn.sites.paired.any()
     for m, s in enumerate(samples):
         lip = np.linalg.eigvalsh(s.x.T @ s.x / len(s.x))[-1]
-        assert_allclose(strategy.qn.hess[m], lip * np.eye(P), rtol=1e-10)
+        assert_allclose(strategy.qn.sites.hess[m], lip * np.eye(P), rtol=1e-10)
 
 
 def test_a_newton_start_answer_carries_no_gradient_at_zero(samples):
@@ -350,10 +350,10 @@ def test_pqn_partial_participation_is_seeded(samples):
         ins = strategy.configure_fit(rnd, EMPTY, mgr)
         addressed = sorted(int(fi.config["site"][1:]) for _, fi in ins)
         assert addressed == list(np.flatnonzero(draw))
-        before = strategy.qn.x.copy()
+        before = strategy.qn.sites.x.copy()
         results = answers(ins, samples)
         strategy.aggregate_fit(rnd, results, [])
-        moved = [not np.array_equal(strategy.qn.x[z], before[z]) for z in range(M)]
+        moved = [not np.array_equal(strategy.qn.sites.x[z], before[z]) for z in range(M)]
         assert not any(m and not d for m, d in zip(moved, draw, strict=True))
         if strategy.done:
             break

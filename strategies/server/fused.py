@@ -336,7 +336,7 @@ class FusedSiteStrategy(SiteStrategy):
         """A fit answer's shape for coefficients of shape ``block``: ``[gradient | Hessian]``
         (:func:`strategies.solvers.local.newton_shape`) in pqn rounds with exact curvature, else
         ``block``."""
-        if self.qn is not None and self.qn.model == "exact":
+        if self.qn is not None and self.qn.settings.model == "exact":
             return newton_shape(tuple(block))
         return tuple(block)
 
@@ -374,11 +374,11 @@ class FusedSiteStrategy(SiteStrategy):
         """Each site's (each drawn site's, with partial participation) trial point.  A draw
         with nobody reachable is a round in which nothing changes, done at once (as in
         ADMM; the round limit bounds them)."""
-        common = {"task": "newton" if self.qn.model == "exact" else "gradient"}
+        common = {"task": "newton" if self.qn.settings.model == "exact" else "gradient"}
         common.update(self.work_config())
         reachable = np.array([s in by_site for s in self.sites])
         asked = reachable
-        if self.qn.incremental and reachable.any():
+        if self.qn.settings.incremental and reachable.any():
             asked = self.draw() & reachable
             while not asked.any():
                 if self._idle_qn_round():
@@ -389,8 +389,8 @@ class FusedSiteStrategy(SiteStrategy):
             site = self.sites[z]
             config = {**common, "site": site}
             if common["task"] == "gradient":  # a bound on its curvature with its first answer
-                config["curvature"] = not bool(self.qn.seen[z])
-            params = wire.to_parameters([self.qn.trial[z]])
+                config["curvature"] = not bool(self.qn.sites.seen[z])
+            params = wire.to_parameters([self.qn.search.trial[z]])
             out.append((by_site[site], FitIns(params, config)))
         return out
 
@@ -476,20 +476,18 @@ class FusedSiteStrategy(SiteStrategy):
         losses and gradients update their models (and ``pairs``, ``{z: (s, y)}``: the start
         round's curvature pairs, learned after each site's first bound); the fused model
         problem is solved and line-searched; records the round and the stopping rule."""
-        values = {}
-        block = self.qn.x.shape[1:]
+        values, bounds = {}, {}
+        block = self.qn.sites.x.shape[1:]
         for site, (_, res) in answered.items():
             z = self.site_index[site]
-            if self.qn.model == "exact":
+            if self.qn.settings.model == "exact":
                 values[z] = (float(res.metrics["loss"]), *split_newton(self.updates[site], block))
             else:
                 values[z] = (float(res.metrics["loss"]), self.updates[site])
-            if not self.qn.seen[z] and "curvature" in res.metrics:
-                qnstate.set_curvature(
-                    self.qn, z, self.first_curvature * float(res.metrics["curvature"])
-                )
-        for z, (s, y) in (pairs or {}).items():  # after the bound: the start's pairs
-            pqn.learn(self.qn, z, s, y)
+            if not self.qn.sites.seen[z] and "curvature" in res.metrics:
+                bounds[z] = self.first_curvature * float(res.metrics["curvature"])
+        self.qn = qnstate.set_curvature(self.qn, bounds)
+        self.qn = pqn.learn(self.qn, pairs or {})  # after the bound: the start's pairs
         taken: list = []  # the approximations the round takes, in order
         lla = pqn.Linearization(self.target, self._approximation(taken)) if self.lla else None
         self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol, lla)
@@ -497,15 +495,18 @@ class FusedSiteStrategy(SiteStrategy):
             self.problem = taken[-1]
         if self.lla and np.isfinite(step.objective):  # record the target's objective
             step = replace(step, objective=pqn.estimate_objective(self.target, self.qn))
-            if not self.qn.incremental and step.decrease <= 0.0:
+            if not self.qn.settings.incremental and step.decrease <= 0.0:
                 # (full participation) the approximation at x promises no decrease: x is its
                 # minimizer to the inner solver's accuracy, a fixed point (the approximations
                 # converge linearly, and at a tight tol the step test meets rounding first)
                 step = replace(step, converged=True)
-        self.loss = self.qn.value.copy()
+        self.loss = self.qn.sites.value.copy()
         self.state = replace(self.state, beta=pqn.estimate(self.qn).copy(), round=self.qn.round)
         self._qn_row(
-            step.objective, len(values), step.decrease, 1.0 if step.accepted else self.qn.step
+            step.objective,
+            len(values),
+            step.decrease,
+            1.0 if step.accepted else self.qn.search.step,
         )
         self.converged = step.converged
         self.done = step.converged or self.qn.round >= self.max_rounds
@@ -574,7 +575,8 @@ class FusedSiteStrategy(SiteStrategy):
         fits are released as they finish (docs/performance.md, "Memory")."""
         if self.qn is not None:
             empty = np.zeros(0)
-            self.qn = replace(self.qn, hess=empty, ss=empty, ys=empty)
+            sites = replace(self.qn.sites, hess=empty, ss=empty, ys=empty)
+            self.qn = replace(self.qn, sites=sites)
 
     def coefficients_std(self) -> np.ndarray:
         if self.phase == "start":

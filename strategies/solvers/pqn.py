@@ -74,7 +74,7 @@ from . import lockstep
 from .admm import Problem
 from .curvature import bfgs_update, bfgs_update_many, secant_model
 from .modelsolve import ModelRequest, model_scale, solve_request
-from .qnstate import QuasiNewtonState, Step
+from .qnstate import ModelStep, QuasiNewtonState, SiteModels, Step
 
 ARMIJO = 1e-4  # sufficient-decrease constant
 MIN_STEP = 2.0**-30
@@ -124,9 +124,10 @@ class Linearization:
 
 def _model_hessians(st: QuasiNewtonState) -> np.ndarray:
     """``B_z + mu_z I``: the curvature models with each site's damping."""
-    if not st.damping.any():
-        return st.hess
-    return st.hess + st.damping[:, None, None] * np.eye(st.x.shape[1])[None]
+    sites = st.sites
+    if not sites.damping.any():
+        return sites.hess
+    return sites.hess + sites.damping[:, None, None] * np.eye(sites.x.shape[1])[None]
 
 
 def inner_floor(tol: float | None) -> float:
@@ -150,58 +151,63 @@ def _inner_tol(st: QuasiNewtonState, floor: float = INNER_TOL) -> float:
     again to ``floor`` if its step would end the fit (:func:`_new_direction`)."""
     if st.inner is None:
         return max(floor, INNER_LOOSEST)
-    last = float(np.max(np.abs(st.direction), initial=0.0))
+    last = float(np.max(np.abs(st.search.direction), initial=0.0))
     if last == 0.0:
         return floor
-    return float(np.clip(INNER_FORCING * last / model_scale(st.x, st.grad), floor, INNER_LOOSEST))
+    scale = model_scale(st.sites.x, st.sites.grad)
+    return float(np.clip(INNER_FORCING * last / scale, floor, INNER_LOOSEST))
 
 
 def _new_direction(
     problem: Problem, st: QuasiNewtonState, tol: float | None, may_end: bool = True
-) -> int:
-    """The model step at ``st.x`` (direction, predicted decrease, trial point), the model
-    problem solved to :func:`_inner_tol`.  When that step would end the fit (the stopping
-    rule at ``tol``; only if ``may_end``) or promises no decrease, it is solved again to
-    :func:`inner_floor`, so a fit ends on an accurate model solution (its fused groups and
-    zeros are read from it).  Returns the inner iterations."""
+) -> tuple[QuasiNewtonState, int]:
+    """The model step at the kept point (direction, predicted decrease, trial point), the
+    model problem solved to :func:`_inner_tol`.  When that step would end the fit (the
+    stopping rule at ``tol``; only if ``may_end``) or promises no decrease, it is solved again
+    to :func:`inner_floor`, so a fit ends on an accurate model solution (its fused groups and
+    zeros are read from it).  Returns the new state and the inner iterations."""
     floor = inner_floor(tol)
     inner = _inner_tol(st, floor)
-    it = _solve_direction(problem, st, inner)
+    st, it = _solve_direction(problem, st, inner)
     if inner > floor and (
-        st.decrease >= 0.0 or (may_end and tol is not None and st.evaluated and _converged(tol, st))
+        st.search.decrease >= 0.0
+        or (may_end and tol is not None and st.evaluated and _converged(tol, st))
     ):
-        it += _solve_direction(problem, st, floor)
-    return it
+        st, more = _solve_direction(problem, st, floor)
+        it += more
+    return st, it
 
 
 def _lla_direction(
     problem: Problem, st: QuasiNewtonState, tol: float | None, lla: Linearization,
     may_end: bool = True,
-) -> int:  # fmt: skip
+) -> tuple[QuasiNewtonState, int]:  # fmt: skip
     """The model step for a nonconvex penalty: the model problem on ``problem`` (the
-    approximation at ``st.x``), then linearized again at its solution ``b`` and solved again
-    until ``b`` settles (:data:`LLA_INNER`, :data:`LLA_TOL`, :data:`LLA_GAIN`): the local linear
-    approximations run to their fixed point on the server's models, at no cost in rounds.
-    Each solve lowers the model of the target objective, ``sum_z g_z^T d_z + (1/2) d_z^T B_z
-    d_z + P(x + d)`` (the approximation majorizes ``P`` and touches it at the point it was
-    taken), so ``b`` ends at a stationary point of that model.  ``st.decrease`` is then the
-    model's predicted change of the target objective, including the curvature term
-    (:func:`_model_decrease`).  Returns the inner iterations."""
+    approximation at the kept point), then linearized again at its solution ``b`` and solved
+    again until ``b`` settles (:data:`LLA_INNER`, :data:`LLA_TOL`, :data:`LLA_GAIN`): the
+    local linear approximations run towards their fixed point on the server's models, at no
+    cost in rounds.  Each solve lowers the model of the target objective, ``sum_z g_z^T d_z
+    + (1/2) d_z^T B_z d_z + P(x + d)`` (the approximation majorizes ``P`` and touches it at
+    the point it was taken), so ``b`` ends near a stationary point of that model.  The
+    decrease is then the model's predicted change of the target objective, including the
+    curvature term (:func:`_model_decrease`).  Returns the new state and the inner
+    iterations."""
     floor = inner_floor(tol)
-    it = _new_direction(problem, st, tol, may_end)
+    st, it = _new_direction(problem, st, tol, may_end)
     judged = tol is not None and st.evaluated and math.isfinite(st.objective)
     model = _model_decrease(lla.target, st) if judged else 0.0
     moved = None
     for _ in range(LLA_INNER - 1):
-        b = st.x + st.direction
-        before = st.direction.copy()
+        b = st.sites.x + st.search.direction
+        before = st.search.direction
         problem = lla.at(b)
         if moved is None:
-            it += _new_direction(problem, st, tol, may_end)
+            st, more = _new_direction(problem, st, tol, may_end)
         else:
-            it += _solve_direction(problem, st, _pass_tol(st, floor, moved))
+            st, more = _solve_direction(problem, st, _pass_tol(st, floor, moved))
+        it += more
         scale = max(1.0, float(np.max(np.abs(b), initial=0.0)))
-        moved = float(np.max(np.abs(st.direction - before), initial=0.0))
+        moved = float(np.max(np.abs(st.search.direction - before), initial=0.0))
         if moved <= LLA_TOL * scale:
             break
         if judged:
@@ -211,30 +217,37 @@ def _lla_direction(
                 moved <= LLA_MOVE * math.sqrt(tol) * scale
             ):
                 break
-    st.decrease = _model_decrease(lla.target, st)
+    st = _predicting(st, _model_decrease(lla.target, st))
     if may_end and tol is not None and st.evaluated and _converged(tol, st):
         # the step that ends the fit: its model solution to the floor (its zeros and fused
         # groups are the fit's), as _new_direction does for a convex penalty
-        it += _solve_direction(problem, st, floor)
-        st.decrease = _model_decrease(lla.target, st)
-    return it
+        st, more = _solve_direction(problem, st, floor)
+        it += more
+        st = _predicting(st, _model_decrease(lla.target, st))
+    return st, it
+
+
+def _predicting(st: QuasiNewtonState, decrease: float) -> QuasiNewtonState:
+    """The state with the model step's predicted decrease set to ``decrease``."""
+    return replace(st, search=replace(st.search, decrease=decrease))
 
 
 def _pass_tol(st: QuasiNewtonState, floor: float, moved: float) -> float:
     """The inner tolerance of a later approximation's model problem: :data:`LLA_FORCING`
     times the last approximation's move of ``b`` (relative to the model's scale), between
     ``floor`` and :data:`LLA_LOOSEST`, and never tighter than :func:`_inner_tol`."""
-    forced = np.clip(LLA_FORCING * moved / model_scale(st.x, st.grad), floor, LLA_LOOSEST)
+    scale = model_scale(st.sites.x, st.sites.grad)
+    forced = np.clip(LLA_FORCING * moved / scale, floor, LLA_LOOSEST)
     return max(_inner_tol(st, floor), float(forced))
 
 
 def _direction(
     problem: Problem, st: QuasiNewtonState, tol: float | None, lla: Linearization | None,
     may_end: bool = True,
-) -> int:  # fmt: skip
+) -> tuple[QuasiNewtonState, int]:  # fmt: skip
     """The model step on ``problem`` (:func:`_new_direction`), or with a nonconvex penalty
-    from its approximation ``problem`` to the approximations' fixed point
-    (:func:`_lla_direction`).  Returns the inner iterations."""
+    from its approximation ``problem`` towards the approximations' fixed point
+    (:func:`_lla_direction`).  Returns the new state and the inner iterations."""
     if lla is None:
         return _new_direction(problem, st, tol, may_end)
     return _lla_direction(problem, st, tol, lla, may_end)
@@ -243,8 +256,9 @@ def _direction(
 def _model_decrease(target: Problem, st: QuasiNewtonState) -> float:
     """The models' predicted change of the target objective along the direction,
     ``sum_z [g_z^T d_z + (1/2) d_z^T (B_z + mu_z I) d_z] + P(x + d) - P(x)``."""
-    smooth = float(np.sum(st.grad * st.direction) + 0.5 * _curvature_terms(st).sum())
-    return smooth + target.penalty_value(st.x + st.direction) - target.penalty_value(st.x)
+    x, d = st.sites.x, st.search.direction
+    smooth = float(np.sum(st.sites.grad * d) + 0.5 * _curvature_terms(st).sum())
+    return smooth + target.penalty_value(x + d) - target.penalty_value(x)
 
 
 def _stand_ins(st: QuasiNewtonState) -> tuple[np.ndarray, np.ndarray]:
@@ -253,15 +267,16 @@ def _stand_ins(st: QuasiNewtonState) -> tuple[np.ndarray, np.ndarray]:
     ``q(b) = mean_s [g_s^T (b - x_s) + (1/2) (b - x_s)^T B_s (b - x_s)]``, written at the
     site's start: until it answers, a site is taken to be an average site, so its first
     evaluation is at a point its neighbours' information has moved (not at its start)."""
+    sites = st.sites
     hess = _model_hessians(st)
-    waiting = st.incremental & ~st.seen
-    if not waiting.any() or not st.seen.any():
-        return st.grad, hess
-    seen = st.seen
-    grad, hess = st.grad.copy(), hess.copy()
+    waiting = st.settings.incremental & ~sites.seen
+    if not waiting.any() or not sites.seen.any():
+        return sites.grad, hess
+    seen = sites.seen
+    grad, hess = sites.grad.copy(), hess.copy()
     mean_h = hess[seen].mean(axis=0)
-    x3 = st.x.reshape(st.x.shape[0], st.x.shape[1], -1)
-    g3 = st.grad.reshape(x3.shape)
+    x3 = sites.x.reshape(sites.x.shape[0], sites.x.shape[1], -1)
+    g3 = sites.grad.reshape(x3.shape)
     # mean_s [g_s - B_s x_s] + mean_s[B_s] x_z: the mean model's gradient at x_z
     offset = (g3[seen] - np.einsum("zij,zjk->zik", hess[seen], x3[seen])).mean(axis=0)
     grad.reshape(x3.shape)[waiting] = offset + np.einsum("ij,zjk->zik", mean_h, x3[waiting])
@@ -269,21 +284,23 @@ def _stand_ins(st: QuasiNewtonState) -> tuple[np.ndarray, np.ndarray]:
     return grad, hess
 
 
-def _solve_direction(problem: Problem, st: QuasiNewtonState, inner_tol: float) -> int:
+def _solve_direction(
+    problem: Problem, st: QuasiNewtonState, inner_tol: float
+) -> tuple[QuasiNewtonState, int]:
+    """The model problem on ``problem`` solved to ``inner_tol`` from the last solution: the
+    state with its step (at step 1) and the inner solution, and the inner iterations."""
+    x = st.sites.x
     grad, hess = _stand_ins(st)
     # here, or beside the other fits' of a batched run (strategies.solvers.lockstep)
-    request = ModelRequest(problem, st.x, grad, hess, st.frozen, st.inner, inner_tol, st.min_rho)
-    sol = lockstep.call(solve_request, request)
-    d = sol.b - st.x
-    d[st.frozen] = 0.0
-    st.direction = d
-    st.inner = sol
-    st.decrease = float(
-        np.sum(grad * d) + problem.penalty_value(st.x + d) - problem.penalty_value(st.x)
+    request = ModelRequest(
+        problem, x, grad, hess, st.frozen, st.inner, inner_tol, st.settings.min_rho
     )
-    st.step = 1.0
-    st.trial = st.x + d
-    return sol.iterations
+    sol = lockstep.call(solve_request, request)
+    d = sol.b - x
+    d[st.frozen] = 0.0
+    decrease = float(np.sum(grad * d) + problem.penalty_value(x + d) - problem.penalty_value(x))
+    search = ModelStep(trial=x + d, direction=d, step=1.0, decrease=decrease)
+    return replace(st, search=search, inner=sol), sol.iterations
 
 
 def qn_round(
@@ -301,7 +318,8 @@ def qn_round(
     problem : Problem
         The penalty side; with ``lla``, its approximation at the accepted point.
     st : QuasiNewtonState
-        The state before the round (copied, not changed).
+        The state before the round (not changed: the round builds new records, in arrays
+        of their own).
     answered : dict of int to tuple
         ``{z: (f_z(trial_z), grad f_z(trial_z))}`` (with the ``exact`` model
         ``(f_z, grad f_z, hess f_z)``), for the sites that answered.
@@ -311,20 +329,20 @@ def qn_round(
         A nonconvex penalty's local linear approximations: the objective the line search
         reads is the target's; a newly accepted point gets a new approximation (in the
         incremental form the estimate the sites were sent, every round), and each model
-        step runs the approximations to their fixed point on the models
+        step runs the approximations towards their fixed point on the models
         (:func:`_lla_direction`).  The strategy reads the last approximation from
         ``lla.at``'s calls.
 
     Returns
     -------
     state : QuasiNewtonState
-        The new state (the next point to send is ``state.trial``).
+        The new state (the next point to send is ``state.search.trial``).
     step : Step
         What the round did, with its time in seconds.
     """
     t0 = time.perf_counter()
-    advance = _advance_incremental if st.incremental else _advance
-    st, step = advance(problem, st.copy(), answered, tol, lla)
+    advance = _advance_incremental if st.settings.incremental else _advance
+    st, step = advance(problem, replace(st, round=st.round + 1), answered, tol, lla)
     return st, replace(step, seconds=time.perf_counter() - t0)
 
 
@@ -335,13 +353,13 @@ def _exact(hess: np.ndarray) -> np.ndarray:
     return hess + EXACT_FLOOR * max(1.0, float(np.trace(hess)) / p) * np.eye(p)
 
 
-def _take(st: QuasiNewtonState, z: int, answer: tuple, value, grad) -> None:
-    """Site ``z``'s answer at its current point into ``value``, ``grad`` (and, with the
-    exact model, ``st.hess``)."""
-    value[z], grad[z] = answer[0], answer[1]
-    st.seen[z] = True
-    if st.model == "exact":
-        st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
+def _take(sites: SiteModels, model: str, z: int, answer: tuple) -> None:
+    """Site ``z``'s answer at its kept point into ``sites`` (a round's own copy): its loss,
+    gradient and, with the exact model, its Hessian."""
+    sites.value[z], sites.grad[z] = answer[0], answer[1]
+    sites.seen[z] = True
+    if model == "exact":
+        sites.hess[z] = _exact(np.asarray(answer[2], dtype=float))
 
 
 def _advance(
@@ -351,120 +369,150 @@ def _advance(
     tol: float,
     lla: Linearization | None = None,
 ) -> tuple[QuasiNewtonState, Step]:
-    st = replace(st, round=st.round + 1)
-    n_sites = st.x.shape[0]
+    """A round of the plain form: every site evaluated at one trial point, a line search on
+    ``F`` (module docstring)."""
+    n_sites = st.sites.x.shape[0]
+    model = st.settings.model
     judge = problem if lla is None else lla.target  # the objective the line search reads
 
-    def direction(may_end: bool = True) -> int:  # from x (the approximation there)
-        return _direction(problem if lla is None else lla.at(st.x), st, tol, lla, may_end)
+    def direction(st: QuasiNewtonState, may_end: bool = True) -> tuple[QuasiNewtonState, int]:
+        at = problem if lla is None else lla.at(st.sites.x)  # the approximation at x
+        return _direction(at, st, tol, lla, may_end)
 
     missing = np.array([z not in answered for z in range(n_sites)])
-    moved = np.any(st.direction.reshape(n_sites, -1) != 0.0, axis=1) & ~st.frozen
+    moved = np.any(st.search.direction.reshape(n_sites, -1) != 0.0, axis=1) & ~st.frozen
     if not st.evaluated:
         # first answers: the starting point itself
+        sites = st.sites.copy()
         for z, answer in answered.items():
-            _take(st, z, answer, st.value, st.grad)
+            _take(sites, model, z, answer)
+        st = replace(st, sites=sites)
         if missing.any():  # wait for everyone's first evaluation
             return st, Step(False, np.inf, np.inf, False, 0)
-        st.evaluated = True
-        st.objective = float(st.value.sum() + judge.penalty_value(st.x))
-        it = direction()
-        return st, Step(True, st.objective, -st.decrease, _converged(tol, st), it)
+        objective = float(sites.value.sum() + judge.penalty_value(sites.x))
+        st, it = direction(replace(st, evaluated=True, objective=objective))
+        return st, Step(True, st.objective, -st.search.decrease, _converged(tol, st), it)
     if np.any(missing & moved):
         # a site that was to move did not answer: freeze it at its last point, re-plan
-        st.frozen = st.frozen | missing
+        sites = st.sites.copy()
         for z, answer in answered.items():  # answers at x_z for the frozen ones only
             if not moved[z]:
-                _take(st, z, answer, st.value, st.grad)
-        it = direction(may_end=False)
-        return st, Step(False, st.objective, -st.decrease, False, it)
-    value, grad = st.value.copy(), st.grad.copy()
+                _take(sites, model, z, answer)
+        st, it = direction(replace(st, sites=sites, frozen=st.frozen | missing), may_end=False)
+        return st, Step(False, st.objective, -st.search.decrease, False, it)
+    value, grad = st.sites.value.copy(), st.sites.grad.copy()
     for z, answer in answered.items():
         value[z], grad[z] = answer[0], answer[1]
-    trial = st.trial
-    f_trial = float(value.sum() + judge.penalty_value(trial))
-    accept = f_trial <= st.objective + ARMIJO * st.step * st.decrease or st.step <= MIN_STEP
-    st.frozen = missing.copy()  # answered sites are live again
+    search = st.search
+    f_trial = float(value.sum() + judge.penalty_value(search.trial))
+    accept = (
+        f_trial <= st.objective + ARMIJO * search.step * search.decrease or search.step <= MIN_STEP
+    )
+    frozen = missing.copy()  # answered sites are live again
     if not accept:
-        st.step = _backtrack(st.step, st.decrease, f_trial - st.objective)
-        st.trial = st.x + st.step * st.direction
-        return st, Step(False, st.objective, -st.decrease, False, 0)
-    s_all = trial - st.x
-    y_all = grad - st.grad
+        t = _backtrack(search.step, search.decrease, f_trial - st.objective)
+        search = replace(search, step=t, trial=st.sites.x + t * search.direction)
+        st = replace(st, search=search, frozen=frozen)
+        return st, Step(False, st.objective, -search.decrease, False, 0)
+    sites = _learned(st, answered, search.trial, grad)
+    sites = replace(sites, x=search.trial.copy(), value=value, grad=grad)
+    st, it = direction(replace(st, sites=sites, frozen=frozen, objective=f_trial))
+    return st, Step(True, f_trial, -st.search.decrease, _converged(tol, st), it)
+
+
+def _learned(
+    st: QuasiNewtonState, answered: dict[int, tuple], trial: np.ndarray, grad: np.ndarray
+) -> SiteModels:
+    """The sites' models after an accepted step to ``trial``, where the gradients are
+    ``grad``: each site that stepped learns from its pair (with the exact model, every
+    answering site's Hessian at the new point is its model); in arrays of their own."""
+    sites = st.sites.copy()
+    n_sites = sites.x.shape[0]
+    s_all = trial - sites.x
+    y_all = grad - sites.grad
     stepped = np.any(s_all.reshape(n_sites, -1) != 0.0, axis=1)
-    if st.model == "exact":  # the Hessians at the accepted point
+    if st.settings.model == "exact":  # the Hessians at the accepted point
         for z, answer in answered.items():
-            st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
-    elif st.model == "secant":
+            sites.hess[z] = _exact(np.asarray(answer[2], dtype=float))
+    elif st.settings.model == "secant":
         for z in np.flatnonzero(stepped):
-            learn(st, z, s_all[z], y_all[z])
+            _learn(sites, "secant", z, s_all[z], y_all[z])
     elif stepped.any():
-        st.hess[stepped] = bfgs_update_many(
-            st.hess[stepped], s_all[stepped], y_all[stepped], ~st.paired[stepped]
+        sites.hess[stepped] = bfgs_update_many(
+            sites.hess[stepped], s_all[stepped], y_all[stepped], ~sites.paired[stepped]
         )
-    st.paired[stepped] = True
-    st.x, st.value, st.grad = trial.copy(), value, grad
-    st.objective = f_trial
-    it = direction()
-    return st, Step(True, f_trial, -st.decrease, _converged(tol, st), it)
+    sites.paired[stepped] = True
+    return sites
 
 
-def learn(st: QuasiNewtonState, z: int, s: np.ndarray, y: np.ndarray) -> None:
-    """Site ``z``'s curvature model learns from one step pair (BFGS or secant); changes
-    ``st`` in place.
+def learn(st: QuasiNewtonState, pairs: dict[int, tuple]) -> QuasiNewtonState:
+    """The sites' curvature models learn from step pairs (BFGS or secant).
 
     Parameters
     ----------
     st : QuasiNewtonState
-        The state, whose ``hess[z]`` (and for the secant model ``ss[z]``, ``ys[z]``) and
-        ``paired[z]`` are updated.
-    z : int
-        The site.
-    s : ndarray
-        A step of the site's block.
-    y : ndarray
-        The change of the site's gradient along it.
+        The state (unchanged).
+    pairs : dict of int to tuple
+        ``{z: (s, y)}``: a step of site ``z``'s block and the change of its gradient along
+        it.
+
+    Returns
+    -------
+    QuasiNewtonState
+        The state whose sites' models (``hess``, ``paired`` and, for the secant model,
+        ``ss`` and ``ys``) have learned from the pairs.
     """
-    if st.model == "secant":
+    if not pairs:
+        return st
+    sites = st.sites.copy()
+    for z, (s, y) in pairs.items():
+        _learn(sites, st.settings.model, z, s, y)
+    return replace(st, sites=sites)
+
+
+def _learn(sites: SiteModels, model: str, z: int, s: np.ndarray, y: np.ndarray) -> None:
+    """Site ``z``'s model learns from one pair, in ``sites`` (a round's own copy)."""
+    if model == "secant":
         s_z = s.reshape(s.shape[0], -1)
         y_z = y.reshape(s_z.shape)
-        st.ss[z] += s_z @ s_z.T
-        st.ys[z] += y_z @ s_z.T
-        st.hess[z] = secant_model(st.ss[z], st.ys[z], st.curvature[z])
-    elif st.model == "bfgs":
-        st.hess[z] = bfgs_update(st.hess[z], s, y, not st.paired[z])
-    st.paired[z] = True
+        sites.ss[z] += s_z @ s_z.T
+        sites.ys[z] += y_z @ s_z.T
+        sites.hess[z] = secant_model(sites.ss[z], sites.ys[z], sites.curvature[z])
+    elif model == "bfgs":
+        sites.hess[z] = bfgs_update(sites.hess[z], s, y, not sites.paired[z])
+    sites.paired[z] = True
 
 
-def _visit(st: QuasiNewtonState, z: int, answer: tuple) -> None:
-    """Site ``z`` answered at the point it was sent: accept the move or damp the model
-    (module docstring, partial participation)."""
-    s = st.trial[z] - st.x[z]
+def _visit(sites: SiteModels, model: str, trial: np.ndarray, z: int, answer: tuple) -> None:
+    """Site ``z`` answered at the point ``trial`` it was sent: accept the move or damp the
+    model (module docstring, partial participation), in ``sites`` (a round's own copy)."""
+    s = trial - sites.x[z]
     value, grad = float(answer[0]), np.asarray(answer[1], dtype=float)
     if not np.any(s):
-        st.value[z], st.grad[z] = value, grad
-        if st.model == "exact":
-            st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
+        sites.value[z], sites.grad[z] = value, grad
+        if model == "exact":
+            sites.hess[z] = _exact(np.asarray(answer[2], dtype=float))
         return
     s3 = s.reshape(s.shape[0], -1)
-    curve = float(np.sum(s3 * (st.hess[z] @ s3)))
+    curve = float(np.sum(s3 * (sites.hess[z] @ s3)))
     norm2 = float(np.sum(s * s))
-    actual = 2.0 * (value - st.value[z] - float(np.sum(st.grad[z] * s)))
-    y = grad - st.grad[z]
-    noise = ROUNDING * max(abs(value), abs(float(st.value[z])))  # the losses' own rounding
-    if np.isfinite(actual) and actual <= (1.0 + KAPPA) * (curve + st.damping[z] * norm2) + noise:
-        scale = max(float(np.trace(st.hess[z])) / st.hess.shape[1], 1e-300)
-        st.damping[z] = 0.0 if st.damping[z] < 1e-12 * scale else st.damping[z] / 4.0
-        st.x[z], st.value[z], st.grad[z] = st.trial[z], value, grad
-        if st.model == "exact":
-            st.hess[z] = _exact(np.asarray(answer[2], dtype=float))
+    actual = 2.0 * (value - sites.value[z] - float(np.sum(sites.grad[z] * s)))
+    y = grad - sites.grad[z]
+    noise = ROUNDING * max(abs(value), abs(float(sites.value[z])))  # the losses' own rounding
+    damping = sites.damping[z]
+    if np.isfinite(actual) and actual <= (1.0 + KAPPA) * (curve + damping * norm2) + noise:
+        scale = max(float(np.trace(sites.hess[z])) / sites.hess.shape[1], 1e-300)
+        sites.damping[z] = 0.0 if damping < 1e-12 * scale else damping / 4.0
+        sites.x[z], sites.value[z], sites.grad[z] = trial, value, grad
+        if model == "exact":
+            sites.hess[z] = _exact(np.asarray(answer[2], dtype=float))
         else:
-            learn(st, z, s, y)
+            _learn(sites, model, z, s, y)
         return
     need = (actual - curve) / norm2 if np.isfinite(actual) else 0.0
-    st.damping[z] = max(2.0 * st.damping[z], 2.0 * need, 1e-8 * max(curve / norm2, 1e-300))
-    if st.model != "exact" and np.all(np.isfinite(y)):
-        learn(st, z, s, y)
+    sites.damping[z] = max(2.0 * damping, 2.0 * need, 1e-8 * max(curve / norm2, 1e-300))
+    if model != "exact" and np.all(np.isfinite(y)):
+        _learn(sites, model, z, s, y)
 
 
 def _advance_incremental(
@@ -476,30 +524,33 @@ def _advance_incremental(
 ) -> tuple[QuasiNewtonState, Step]:
     """A round of the per-site form: partial participation, or exact curvature (module
     docstring)."""
-    st = replace(st, round=st.round + 1)
-    if lla is not None and st.seen.any():
+    trial, model = st.search.trial, st.settings.model
+    if lla is not None and st.sites.seen.any():
         # at the estimate the sites were sent (the last model solution), not at the kept
         # points, whose fused groups are split by their lag
-        problem = lla.at(st.trial)
+        problem = lla.at(trial)
+    sites = st.sites.copy()
     for z, answer in answered.items():
-        if st.seen[z]:
-            _visit(st, z, answer)
+        if sites.seen[z]:
+            _visit(sites, model, trial[z], z, answer)
         else:  # first answer: at the point it was sent
-            st.x[z] = st.trial[z]
-            _take(st, z, answer, st.value, st.grad)
-            if st.model == "exact":
-                c = float(np.trace(st.hess[z])) / st.hess.shape[1]
-                st.damping[z] = st.first_damping * max(c, 0.0)
-    if not st.seen.any():
-        return st, Step(False, np.inf, np.inf, False, 0)
-    st.frozen = np.zeros_like(st.seen)  # a waiting site moves on the mean model
-    st.evaluated = bool(st.seen.all())
-    st.objective = (
-        float(st.value.sum() + problem.penalty_value(st.x)) if st.evaluated else float("inf")
+            sites.x[z] = trial[z]
+            _take(sites, model, z, answer)
+            if model == "exact":
+                c = float(np.trace(sites.hess[z])) / sites.hess.shape[1]
+                sites.damping[z] = st.settings.first_damping * max(c, 0.0)
+    if not sites.seen.any():
+        return replace(st, sites=sites), Step(False, np.inf, np.inf, False, 0)
+    evaluated = bool(sites.seen.all())
+    objective = (
+        float(sites.value.sum() + problem.penalty_value(sites.x)) if evaluated else float("inf")
     )
-    it = _direction(problem, st, tol, lla)
+    # a waiting site moves on the mean model
+    st = replace(st, sites=sites, frozen=np.zeros_like(sites.seen), evaluated=evaluated,
+                 objective=objective)  # fmt: skip
+    st, it = _direction(problem, st, tol, lla)
     if st.evaluated:  # the model's value at the estimate (module docstring)
-        st.objective = estimate_objective(problem if lla is None else lla.target, st)
+        st = replace(st, objective=estimate_objective(problem if lla is None else lla.target, st))
     converged = st.evaluated and _converged(tol, st)
     return st, Step(True, st.objective, _stop_measure(st), converged, it)
 
@@ -507,14 +558,15 @@ def _advance_incremental(
 def estimate(st: QuasiNewtonState) -> np.ndarray:
     """The fit's coefficients: the accepted point, or in the incremental form the last model
     solution ``b`` (module docstring)."""
-    return st.trial if st.incremental else st.x
+    return st.search.trial if st.settings.incremental else st.sites.x
 
 
 def _curvature_terms(st: QuasiNewtonState) -> np.ndarray:
     """``d_z^T (B_z + mu_z I) d_z`` per site for the current direction (a waiting site's:
     the mean model it was solved with, :func:`_stand_ins`)."""
-    d3 = st.direction.reshape(st.x.shape[0], st.x.shape[1], -1)
-    waiting = st.incremental and not st.seen.all()
+    x = st.sites.x
+    d3 = st.search.direction.reshape(x.shape[0], x.shape[1], -1)
+    waiting = st.settings.incremental and not st.sites.seen.all()
     hess = _stand_ins(st)[1] if waiting else _model_hessians(st)
     return np.einsum("zik,zij,zjk->z", d3, hess, d3)
 
@@ -537,17 +589,21 @@ def estimate_objective(problem: Problem, st: QuasiNewtonState) -> float:
     float
         The objective.
     """
-    if not st.incremental:
-        return float(st.value.sum() + problem.penalty_value(st.x))
-    smooth = st.value.sum() + np.sum(st.grad * st.direction) + 0.5 * _curvature_terms(st).sum()
-    return float(smooth + problem.penalty_value(st.trial))
+    sites = st.sites
+    if not st.settings.incremental:
+        return float(sites.value.sum() + problem.penalty_value(sites.x))
+    d = st.search.direction
+    smooth = sites.value.sum() + np.sum(sites.grad * d) + 0.5 * _curvature_terms(st).sum()
+    return float(smooth + problem.penalty_value(st.search.trial))
 
 
 def _stop_measure(st: QuasiNewtonState) -> float:
     """What the stopping rule compares with ``tol max(1, |F|)``: the predicted decrease
     ``-Delta``; in the incremental form the models' curvature along the step, ``sum_z d_z^T
     (B_z + mu_z I) d_z`` (:func:`_converged`)."""
-    return float(_curvature_terms(st).sum()) if st.incremental else -st.decrease
+    if st.settings.incremental:
+        return float(_curvature_terms(st).sum())
+    return -st.search.decrease
 
 
 def _backtrack(t: float, decrease: float, change: float) -> float:
@@ -572,11 +628,12 @@ def _converged(tol: float, st: QuasiNewtonState) -> bool:
     (``c_z`` its model's mean curvature): damping shortens a step, not the distance to the
     optimum.  In the incremental form ``-Delta`` is replaced by :func:`_stop_measure`; with
     a nonconvex penalty ``Delta`` is :func:`_model_decrease`."""
-    d = np.abs(st.direction).reshape(st.x.shape[0], -1).max(axis=1, initial=0.0)
-    if st.damping.any():
-        c = np.maximum(np.trace(st.hess, axis1=1, axis2=2) / st.x.shape[1], 1e-300)
-        d = d * (1.0 + st.damping / c)
-    learned = st.paired if st.model != "exact" else np.ones_like(st.paired)
-    scale = max(1.0, float(np.max(np.abs(st.x), initial=0.0)))
+    sites = st.sites
+    d = np.abs(st.search.direction).reshape(sites.x.shape[0], -1).max(axis=1, initial=0.0)
+    if sites.damping.any():
+        c = np.maximum(np.trace(sites.hess, axis1=1, axis2=2) / sites.x.shape[1], 1e-300)
+        d = d * (1.0 + sites.damping / c)
+    learned = sites.paired if st.settings.model != "exact" else np.ones_like(sites.paired)
+    scale = max(1.0, float(np.max(np.abs(sites.x), initial=0.0)))
     allowed = np.where(learned, math.sqrt(tol), tol) * scale
     return bool(np.all(d <= allowed)) and _stop_measure(st) <= tol * max(1.0, abs(st.objective))

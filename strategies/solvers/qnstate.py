@@ -1,6 +1,9 @@
-"""The state of :mod:`strategies.solvers.pqn`'s federated proximal quasi-Newton method: each site's
-kept point, loss, gradient and curvature model, the line search's step, the inner solver's
-warm start; what a round returns (:class:`Step`).  Saved whole by checkpoints
+"""The state of :mod:`strategies.solvers.pqn`'s federated proximal quasi-Newton method, as
+small frozen records: what the server has learned of each site (:class:`SiteModels`), the
+model step being tried (:class:`ModelStep`), the fit's fixed choices (:class:`QnSettings`),
+and the round's flags around them (:class:`QuasiNewtonState`); what a round returns
+(:class:`Step`).  A round builds new records and never writes into the arrays of the state
+it was given (a caller's, a checkpoint's).  Saved whole by checkpoints
 (:meth:`QuasiNewtonState.arrays`)."""
 
 from __future__ import annotations
@@ -16,46 +19,68 @@ from .modelsolve import ModelSolution
 MODELS = ("bfgs", "secant", "exact")
 
 
-@dataclass
+@dataclass(frozen=True)
+class SiteModels:
+    """What the server holds of each site (first axis: the sites): its kept point, its loss
+    and gradient there, and its curvature model."""
+
+    x: np.ndarray  # (Z, p) or (Z, p, q): the kept (accepted) point
+    value: np.ndarray  # (Z,) f_z(x_z)
+    grad: np.ndarray  # like x
+    hess: np.ndarray  # (Z, p, p) the curvature models B_z
+    paired: np.ndarray = field(metadata={"dtype": bool})  # (Z,): B_z has had its first pair
+    curvature: np.ndarray  # (Z,) B_z = curvature_z I before the first pair
+    ss: np.ndarray  # (Z, p, p) the secant model's sums (empty for the other models)
+    ys: np.ndarray
+    damping: np.ndarray  # (Z,) mu_z
+    seen: np.ndarray = field(metadata={"dtype": bool})  # (Z,) answered once
+
+    def copy(self) -> SiteModels:
+        """The same models in arrays of their own (a round writes only into these)."""
+        return replace(self, **{f.name: getattr(self, f.name).copy() for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class ModelStep:
+    """The model step and the line search along it: the point the sites evaluate next."""
+
+    trial: np.ndarray  # like x: the point being evaluated
+    direction: np.ndarray  # like x: the model step d
+    step: float = 1.0  # the line search's t
+    decrease: float = 0.0  # Delta < 0: the model's predicted change of F at step 1
+
+
+@dataclass(frozen=True)
+class QnSettings:
+    """The fit's fixed choices (:func:`init_qn`)."""
+
+    model: str = "bfgs"  # bfgs | secant | exact (MODELS)
+    min_rho: float = 0.0
+    incremental: bool = False  # partial participation (pqn's module docstring)
+    first_damping: float = 0.0  # exact model: mu_z = first_damping tr(H_z)/p at first answer
+
+
+@dataclass(frozen=True)
 class QuasiNewtonState:
     """The server's whole state; saved whole by checkpoints (:meth:`arrays`)."""
 
-    x: np.ndarray  # (Z, p) accepted point
-    value: np.ndarray  # (Z,) f_z(x_z)
-    grad: np.ndarray  # (Z, p)
-    hess: np.ndarray  # (Z, p, p) BFGS matrices
-    paired: np.ndarray = field(metadata={"dtype": bool})  # (Z,): B_z has had its first pair
-    trial: np.ndarray  # (Z, p) the point being evaluated
-    direction: np.ndarray  # (Z, p)
-    step: float = 1.0
-    decrease: float = 0.0  # Delta < 0: the model's predicted change of F at step 1
+    sites: SiteModels
+    search: ModelStep
+    settings: QnSettings = QnSettings()
     objective: float = np.inf  # F at the estimate (estimate_objective)
     evaluated: bool = False  # x has been evaluated (false before the first answers)
     frozen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), metadata={"dtype": bool})
     round: int = 0
     inner: ModelSolution | None = None
-    model: str = "bfgs"  # bfgs | secant (quadratic losses, matrix blocks) | exact (MODELS)
-    curvature: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z,) B_z before pairs
-    ss: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z, p, p) secant sums
-    ys: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    min_rho: float = 0.0
-    incremental: bool = False  # partial participation (module docstring)
-    #: (Z,) answered once
-    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), metadata={"dtype": bool})
-    damping: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (Z,) mu_z
-    first_damping: float = 0.0  # exact model: mu_z = first_damping tr(H_z)/p at first answer
-
-    def copy(self) -> QuasiNewtonState:
-        """A state that shares no array with this one: a round works on it, so the state
-        it was given (a caller's, a checkpoint's) stays as it was."""
-        own = {f.name: getattr(self, f.name).copy() for f in fields(self)
-               if isinstance(getattr(self, f.name), np.ndarray)}  # fmt: skip
-        return replace(self, **own)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """Every field as an array (a checkpoint's ``.npz`` entries), the inner solution's
-        ``delta`` and ``u`` by split."""
-        out = {f.name: np.asarray(getattr(self, f.name)) for f in fields(self) if f.name != "inner"}
+        """Every field of every record as an array, by its own name (a checkpoint's
+        ``.npz`` entries), the inner solution's ``delta`` and ``u`` by split."""
+        out = {}
+        for record in (self.sites, self.search, self.settings, self):
+            for f in fields(record):
+                if f.name not in _RECORDS and f.name != "inner":
+                    out[f.name] = np.asarray(getattr(record, f.name))
         if self.inner is not None:
             out["inner_rho"] = np.array(self.inner.rho)
             out["inner_weights"] = np.array(self.inner.weights, dtype=float)
@@ -79,17 +104,12 @@ class QuasiNewtonState:
                 0,
                 tuple(float(w) for w in a.get("inner_weights", ())),  # older: one rho
             )
-        given = {}
-        for f in fields(cls):
-            if f.name == "inner":
-                continue
-            value = a[f.name] if f.name in a else _OLDER[f.name](a)
-            if f.type == "np.ndarray":
-                given[f.name] = np.asarray(value, f.metadata.get("dtype", float))
-            else:
-                given[f.name] = _SCALARS[f.type](value)
-        return cls(inner=inner, **given)
+        records = {name: _read(kind, a) for name, kind in _RECORDS.items()}
+        return cls(inner=inner, **records, **_read(cls, a, skip=(*_RECORDS, "inner")))
 
+
+#: The records a state is made of, by the field that holds each.
+_RECORDS = {"sites": SiteModels, "search": ModelStep, "settings": QnSettings}
 
 _SCALARS = {"float": float, "bool": bool, "int": int, "str": str}
 
@@ -101,6 +121,20 @@ _OLDER = {
     "damping": lambda a: np.zeros(len(a["x"])),
     "first_damping": lambda a: 0.0,
 }
+
+
+def _read(kind, a: dict, skip: tuple = ()) -> dict:
+    """The fields of record ``kind`` from checkpoint arrays ``a``."""
+    given = {}
+    for f in fields(kind):
+        if f.name in skip:
+            continue
+        value = a[f.name] if f.name in a else _OLDER[f.name](a)
+        if f.type == "np.ndarray":
+            given[f.name] = np.asarray(value, f.metadata.get("dtype", float))
+        else:
+            given[f.name] = _SCALARS[f.type](value)
+    return given if skip else kind(**given)
 
 
 def init_qn(
@@ -142,23 +176,22 @@ def init_qn(
     x0 = np.array(x0, dtype=float)
     n_sites, p = x0.shape[:2]
     c = np.ones(n_sites) if curvature is None else np.asarray(curvature, float)
-    return QuasiNewtonState(
-        model=model,
-        curvature=c.copy(),
-        ss=np.zeros((n_sites, p, p) if model == "secant" else 0),  # the secant model's sums
-        ys=np.zeros((n_sites, p, p) if model == "secant" else 0),
-        min_rho=float(min_rho),
-        incremental=bool(incremental),
-        seen=np.zeros(n_sites, bool),
-        damping=np.zeros(n_sites),
-        first_damping=float(first_damping),
+    sites = SiteModels(
         x=x0.copy(),
         value=np.zeros(n_sites),
         grad=np.zeros_like(x0),
         hess=c[:, None, None] * np.eye(p)[None],
         paired=np.zeros(n_sites, bool),
-        trial=x0.copy(),
-        direction=np.zeros_like(x0),
+        curvature=c.copy(),
+        ss=np.zeros((n_sites, p, p) if model == "secant" else 0),
+        ys=np.zeros((n_sites, p, p) if model == "secant" else 0),
+        damping=np.zeros(n_sites),
+        seen=np.zeros(n_sites, bool),
+    )
+    return QuasiNewtonState(
+        sites=sites,
+        search=ModelStep(trial=x0.copy(), direction=np.zeros_like(x0)),
+        settings=QnSettings(model, float(min_rho), bool(incremental), float(first_damping)),
         frozen=np.zeros(n_sites, bool),
     )
 
@@ -178,18 +211,26 @@ class Step:
         return f"stop measure {self.decrease:.3g}" + ("" if self.accepted else " (retry)")
 
 
-def set_curvature(st: QuasiNewtonState, z: int, c: float) -> None:
-    """``B_z = c I`` (and the secant model's bound ``c``) before site ``z``'s first pair.
+def set_curvature(st: QuasiNewtonState, bounds: dict[int, float]) -> QuasiNewtonState:
+    """``B_z = c_z I`` (and the secant model's bound ``c_z``) before site ``z``'s first pair.
 
     Parameters
     ----------
     st : QuasiNewtonState
-        The state, changed in place.
-    z : int
-        The site.
-    c : float
-        The curvature, floored at 1e-8.
+        The state (unchanged).
+    bounds : dict of int to float
+        ``{z: c_z}``; each curvature is floored at 1e-8.
+
+    Returns
+    -------
+    QuasiNewtonState
+        The state with the sites' bounds set.
     """
-    c = max(float(c), 1e-8)
-    st.curvature[z] = c
-    st.hess[z] = c * np.eye(st.x.shape[1])
+    if not bounds:
+        return st
+    curvature, hess = st.sites.curvature.copy(), st.sites.hess.copy()
+    for z, c in bounds.items():
+        c = max(float(c), 1e-8)
+        curvature[z] = c
+        hess[z] = c * np.eye(st.sites.x.shape[1])
+    return replace(st, sites=replace(st.sites, curvature=curvature, hess=hess))
