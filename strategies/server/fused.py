@@ -82,6 +82,10 @@ class FusedSettings:
     curvature: str = "learned"
     size_power: float = 0.0
 
+    def __post_init__(self) -> None:
+        for name, kind in _KINDS.items():  # a config may give 1 for 1.0
+            object.__setattr__(self, name, kind(getattr(self, name)))
+
     @classmethod
     def of(cls, cfg, **given) -> FusedSettings:
         """The record of a method's settings.
@@ -99,6 +103,10 @@ class FusedSettings:
         """
         read = {f.name: getattr(cfg, f.name) for f in fields(cls) if hasattr(cfg, f.name)}
         return cls(**{**read, **given})
+
+
+_KINDS = {"rho": float, "alpha": float, "tol": float, "max_rounds": int,
+          "participation": float, "seed": int, "size_power": float}  # fmt: skip
 
 
 class FusedSiteStrategy(SiteStrategy):
@@ -151,17 +159,7 @@ class FusedSiteStrategy(SiteStrategy):
     ) -> None:
         super().__init__(n_sites, registry, standardize, min_fit_fraction, timeout)
         self.settings = settings
-        self.size_power = float(settings.size_power)
-        self.algorithm = settings.algorithm
-        self.rho = float(settings.rho)
-        self.alpha = float(settings.alpha)
-        self.tol = float(settings.tol)
-        self.max_rounds = int(settings.max_rounds)
-        self.participation = float(settings.participation)
         self.n_drawn = n_sites
-        self.seed = int(settings.seed)
-        self.local_solver = settings.local_solver
-        self.curvature = settings.curvature
         self.progress = progress
         self.checkpoint = checkpoint
         self.checkpoint_every = int(checkpoint_every)
@@ -175,7 +173,7 @@ class FusedSiteStrategy(SiteStrategy):
         """``curvature = exact`` (pqn's Newton answers) or ``inference = oracle`` (the
         refit's Hessians and covariances), when set."""
         cfg = getattr(self, "cfg", None)
-        if self.curvature == "exact":
+        if self.settings.curvature == "exact":
             return "curvature = exact"
         if cfg is not None and getattr(cfg, "inference", "none") == "oracle":
             return "inference = oracle"
@@ -184,7 +182,7 @@ class FusedSiteStrategy(SiteStrategy):
     def work_config(self) -> dict:
         """The working scale, and the sites' weighting when ``size_power > 0`` (over the
         federation's sites: a node that registers later changes no weight)."""
-        weights = self.registry.weight_config(self.size_power, self.sites)
+        weights = self.registry.weight_config(self.settings.size_power, self.sites)
         return {**super().work_config(), **weights}
 
     # -- set-up -----------------------------------------------------------------------------
@@ -197,7 +195,7 @@ class FusedSiteStrategy(SiteStrategy):
     @property
     def _uses_qn(self) -> bool:
         """pqn, where there is a fused penalty (without one each site's fit is its own)."""
-        return self.algorithm == "pqn" and self.fusing
+        return self.settings.algorithm == "pqn" and self.fusing
 
     def _start(self, beta0: np.ndarray, loss: np.ndarray | None = None) -> None:
         """ADMM state (and pqn state: :attr:`_uses_qn`) from ``beta0`` (working scale, sites
@@ -205,20 +203,20 @@ class FusedSiteStrategy(SiteStrategy):
         when set."""
         use_qn = self._uses_qn
         m = len(self.sites)
-        self.rng = np.random.default_rng(self.seed)
+        self.rng = np.random.default_rng(self.settings.seed)
         self.loss = np.full(m, np.nan) if loss is None else np.array(loss, dtype=float)
         self.seen = np.zeros(m, dtype=bool)
-        self.state = admm.init_state(self.problem, beta0, self.rho, self.threshold_start)
+        self.state = admm.init_state(self.problem, beta0, self.settings.rho, self.threshold_start)
         self.lla = use_qn and not self.target.convex
         if self.lla:
             # MCP/SCAD by pqn: the local linear approximation at the start (the paper's ADMM
             # starts there too), then at each accepted point
             self.problem = self.target.linearized(beta0)
-        model = "exact" if self.curvature == "exact" else self.qn_model
+        model = "exact" if self.settings.curvature == "exact" else self.qn_model
         # the line search needs every site's loss at one trial point: with partial
         # participation, and with exact curvature (each site's model checked on its own),
         # pqn takes its incremental form (strategies/solvers/pqn.py)
-        incremental = self.participation < 1.0 or model == "exact"
+        incremental = self.settings.participation < 1.0 or model == "exact"
         self.qn = (
             qnstate.init_qn(
                 beta0, model=model, incremental=incremental, first_damping=self.first_damping
@@ -252,7 +250,7 @@ class FusedSiteStrategy(SiteStrategy):
         (``gradient`` or ``newton``), or nothing (ADMM, or no fused penalty)."""
         if not self._uses_qn:
             return None
-        return "newton" if self.curvature == "exact" else "gradient"
+        return "newton" if self.settings.curvature == "exact" else "gradient"
 
     @property
     def _pairs_at_start(self) -> bool:
@@ -353,8 +351,8 @@ class FusedSiteStrategy(SiteStrategy):
         from ``numpy.random.default_rng(seed)``, or everyone."""
         m = len(self.sites)
         drawn = np.ones(m, dtype=bool)
-        if self.participation < 1.0:
-            drawn = self.rng.random(m) < self.participation
+        if self.settings.participation < 1.0:
+            drawn = self.rng.random(m) < self.settings.participation
         self.n_drawn = int(drawn.sum())
         return drawn
 
@@ -405,7 +403,7 @@ class FusedSiteStrategy(SiteStrategy):
                 pull = self.pull()
                 common = {
                     "task": "admm",
-                    "local-solver": self.local_solver,
+                    "local-solver": self.settings.local_solver,
                     "rho-sigma": float(self.state.rho * self.sigma_max),
                     **self.work_config(),
                 }
@@ -451,7 +449,13 @@ class FusedSiteStrategy(SiteStrategy):
         """
         rho = self.state.rho
         self.state, res = admm.server_update(
-            self.problem, self.state, beta, self.tol, self.tol, self.alpha, took_part
+            self.problem,
+            self.state,
+            beta,
+            self.settings.tol,
+            self.settings.tol,
+            self.settings.alpha,
+            took_part,
         )
         objective = float(np.sum(self.loss) + self.problem.penalty_value(beta))
         self.history.append(
@@ -467,7 +471,7 @@ class FusedSiteStrategy(SiteStrategy):
         else:
             self.seen[:] = False
         self.converged = bool(self.seen.all())
-        self.done = self.converged or self.state.round >= self.max_rounds
+        self.done = self.converged or self.state.round >= self.settings.max_rounds
         self._after_round(self.state.round, objective, res)
         return res
 
@@ -490,7 +494,7 @@ class FusedSiteStrategy(SiteStrategy):
         self.qn = pqn.learn(self.qn, pairs or {})  # after the bound: the start's pairs
         taken: list = []  # the approximations the round takes, in order
         lla = pqn.Linearization(self.target, self._approximation(taken)) if self.lla else None
-        self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.tol, lla)
+        self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.settings.tol, lla)
         if taken:  # the next round starts from the round's last approximation
             self.problem = taken[-1]
         if self.lla and np.isfinite(step.objective):  # record the target's objective
@@ -509,7 +513,7 @@ class FusedSiteStrategy(SiteStrategy):
             1.0 if step.accepted else self.qn.search.step,
         )
         self.converged = step.converged
-        self.done = step.converged or self.qn.round >= self.max_rounds
+        self.done = step.converged or self.qn.round >= self.settings.max_rounds
         self._after_round(self.qn.round, step.objective, step)
         return {"objective": step.objective, "decrease": step.decrease}
 
@@ -557,7 +561,7 @@ class FusedSiteStrategy(SiteStrategy):
         self.state = replace(self.state, round=self.qn.round)
         last = self.history.rows[-1] if self.history.rows else {}
         self._qn_row(last.get("objective", np.inf), 0, last.get("decrease", np.nan), np.nan)
-        self.done = self.qn.round >= self.max_rounds
+        self.done = self.qn.round >= self.settings.max_rounds
         step = qnstate.Step(False, last.get("objective", np.inf), np.nan, False, 0)
         self._after_round(self.qn.round, step.objective, step)
         return self.done
@@ -602,7 +606,7 @@ class FusedSiteStrategy(SiteStrategy):
         if self.qn is not None:
             extra.update({f"qn_{k}": v for k, v in self.qn.arrays().items()})
         extra["draws"] = np.array(json.dumps(self.rng.bit_generator.state))
-        extra["size_power"] = np.array(self.size_power)
+        extra["size_power"] = np.array(self.settings.size_power)
         admm.save_state(path, self.state, **extra)
         log(INFO, "checkpoint: round %d written to %s", self.state.round, path)
 
@@ -628,15 +632,17 @@ class FusedSiteStrategy(SiteStrategy):
             and not np.allclose(extra["center"], self.registry.center, rtol=0, atol=0)
         ):
             raise InputError("resume: the sites' data changed since the checkpoint")
-        if float(extra.get("size_power", 0.0)) != self.size_power:
+        power, here = float(extra.get("size_power", 0.0)), self.settings.size_power
+        if power != here:
             raise InputError(
-                f"resume: the checkpoint weights the sites with size-power "
-                f"{float(extra.get('size_power', 0.0)):g}, this run with {self.size_power:g}"
+                f"resume: the checkpoint weights the sites with size-power {power:g}, this "
+                f"run with {here:g}"
             )
         qn = {k[3:]: v for k, v in extra.items() if k.startswith("qn_")}
         if bool(qn) != (self.qn is not None):
             raise InputError(
-                f"resume: the checkpoint was written by another algorithm than {self.algorithm!r}"
+                "resume: the checkpoint was written by another algorithm than "
+                f"{self.settings.algorithm!r}"
             )
         if qn:
             self.qn = qnstate.QuasiNewtonState.from_arrays(qn)
