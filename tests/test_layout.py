@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 from conftest import ROOT
 
@@ -73,3 +74,21 @@ def test_no_function_over_80_lines_of_code_but_the_listed():
     }
     assert long <= LONG, sorted(long - LONG)
     assert LONG <= long, f"no longer long, take off the list: {sorted(LONG - long)}"
+
+
+def test_both_algorithms_answer_the_same_calls():
+    """The fused strategy hands every algorithm-specific call to one object; both objects
+    answer each call the strategy makes, so the strategy never asks which it holds."""
+    import inspect
+
+    from strategies.server import fused
+    from strategies.server.rounds import AdmmRounds, QnRounds
+
+    calls = {"rounds", "answer_shape", "estimate", "instructions", "aggregate", "release",
+             "arrays", "load"}  # fmt: skip
+    for kind in (AdmmRounds, QnRounds):
+        assert calls <= set(dir(kind)), kind
+    source = inspect.getsource(fused.FusedSiteStrategy)
+    used = set(re.findall(r"self\.algo\.(\w+)", source)) - {"qn"}  # the pqn state's reader
+    assert used and used <= calls, used - calls
+    assert "self.qn is not None" not in source

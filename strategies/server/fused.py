@@ -5,14 +5,16 @@ Both methods minimize ``sum_z f_z(beta_z) + penalty(A beta)`` over per-site coef
 :class:`strategies.solvers.admm.Problem`.  :class:`FusedSiteStrategy` owns everything that does not
 depend on the loss:
 
-- the ADMM round (``algorithm = "admm"``): ``configure_fit`` sends each drawn site its
-  ``[beta_z, pull_z]`` with the graph pull :meth:`FusedSiteStrategy.pull`; the site takes
-  its local step (:func:`strategies.solvers.local.admm_update`); ``aggregate_fit`` does the
-  threshold and dual updates (:func:`strategies.solvers.admm.server_update`), the history and the
-  stopping rule;
-- the proximal quasi-Newton round (``algorithm = "pqn"``): each site (each drawn site, with
-  partial participation) returns its loss and gradient at the point sent;
-  ``aggregate_fit`` advances :mod:`strategies.solvers.pqn`;
+- the algorithm's rounds, handed to one object (:mod:`strategies.server.rounds`): the
+  ADMM round (``algorithm = "admm"``, :class:`~strategies.server.rounds.AdmmRounds`): each
+  drawn site gets its ``[beta_z, pull_z]`` with the graph pull
+  :meth:`FusedSiteStrategy.pull` and takes its local step
+  (:func:`strategies.solvers.local.admm_update`), then the server's threshold and dual
+  updates (:func:`strategies.solvers.admm.server_update`) and the stopping rule; or the
+  proximal quasi-Newton round (``algorithm = "pqn"``,
+  :class:`~strategies.server.rounds.QnRounds`): each site (each drawn site, with partial
+  participation) returns its loss and gradient at the point sent, and the server advances
+  :mod:`strategies.solvers.pqn`;
 - the start round: each site fits alone (:meth:`FusedSiteStrategy.start_config`, the
   method's own fit) and its coefficients become its start (:meth:`_start_round`); the
   fit's rounds are counted after it;
@@ -26,19 +28,19 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from logging import INFO
 
 import numpy as np
 from flwr.common import FitIns, Parameters, Scalar, log
 from flwr.server.client_proxy import ClientProxy
 
-from .. import wire
 from ..errors import InputError
-from ..solvers import admm, pqn, qnstate
-from ..solvers.local import newton_shape, split_newton
+from ..solvers import admm, qnstate
+from ..solvers.local import newton_shape
 from .base import SiteStrategy
 from .registry import EMPTY
+from .rounds import AdmmRounds, QnRounds
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,8 @@ class FusedSiteStrategy(SiteStrategy):
         self.checkpoint_every = int(checkpoint_every)
         self.resume = resume
         self.history = admm.History()
-        self.qn: qnstate.QuasiNewtonState | None = None
+        #: the algorithm's rounds (:mod:`strategies.server.rounds`), from :meth:`_start`
+        self.algo: AdmmRounds | QnRounds | None = None
         self.state: admm.AdmmState | None = None
         self.phase = "fit"  # "start" during the start round (:meth:`_start_round`)
 
@@ -217,13 +220,13 @@ class FusedSiteStrategy(SiteStrategy):
         # participation, and with exact curvature (each site's model checked on its own),
         # pqn takes its incremental form (strategies/solvers/pqn.py)
         incremental = self.settings.participation < 1.0 or model == "exact"
-        self.qn = (
-            qnstate.init_qn(
+        if use_qn:
+            qn = qnstate.init_qn(
                 beta0, model=model, incremental=incremental, first_damping=self.first_damping
             )
-            if use_qn
-            else None
-        )
+            self.algo = QnRounds(self, qn)
+        else:
+            self.algo = AdmmRounds(self)
         if self.resume:
             self._load_checkpoint(self.resume)
 
@@ -310,14 +313,19 @@ class FusedSiteStrategy(SiteStrategy):
             self.updates[site] = answer
         first = {site: (proxy, res) for site, (proxy, res, *_) in self.start_answers.items()}
         self.start_answers = {}
-        return self._qn_round(first, pairs)
+        return self.algo.aggregate(first, pairs)
 
     @property
     def rounds(self) -> int:
         """Communication rounds of the fit so far (registration excluded)."""
         if self.state is None:
             return 0
-        return self.qn.round if self.qn is not None else self.state.round
+        return self.algo.rounds
+
+    @property
+    def qn(self) -> qnstate.QuasiNewtonState | None:
+        """The pqn state, when the fit runs pqn (``None`` with ADMM or before the start)."""
+        return self.algo.qn if isinstance(self.algo, QnRounds) else None
 
     def update_shape(self) -> tuple[int, ...] | None:
         """One array the shape of a site's coefficients: its own fit (the start round), new
@@ -334,9 +342,9 @@ class FusedSiteStrategy(SiteStrategy):
         """A fit answer's shape for coefficients of shape ``block``: ``[gradient | Hessian]``
         (:func:`strategies.solvers.local.newton_shape`) in pqn rounds with exact curvature, else
         ``block``."""
-        if self.qn is not None and self.qn.settings.model == "exact":
-            return newton_shape(tuple(block))
-        return tuple(block)
+        if self.algo is None:
+            return tuple(block)
+        return self.algo.answer_shape(block)
 
     # -- the graph pull ---------------------------------------------------------------------
     def pull(self) -> np.ndarray:
@@ -364,207 +372,13 @@ class FusedSiteStrategy(SiteStrategy):
         by_site = {self.registry.cid_to_site[c.cid]: c for c in clients}
         if self.phase == "start":
             return self._start_instructions(by_site)
-        if self.qn is not None:
-            return self._qn_instructions(by_site)
-        return self._admm_instructions(by_site)
-
-    def _qn_instructions(self, by_site: dict) -> list[tuple[ClientProxy, FitIns]]:
-        """Each site's (each drawn site's, with partial participation) trial point.  A draw
-        with nobody reachable is a round in which nothing changes, done at once (as in
-        ADMM; the round limit bounds them)."""
-        common = {"task": "newton" if self.qn.settings.model == "exact" else "gradient"}
-        common.update(self.work_config())
-        reachable = np.array([s in by_site for s in self.sites])
-        asked = reachable
-        if self.qn.settings.incremental and reachable.any():
-            asked = self.draw() & reachable
-            while not asked.any():
-                if self._idle_qn_round():
-                    return []
-                asked = self.draw() & reachable
-        out = []
-        for z in np.flatnonzero(asked):
-            site = self.sites[z]
-            config = {**common, "site": site}
-            if common["task"] == "gradient":  # a bound on its curvature with its first answer
-                config["curvature"] = not bool(self.qn.sites.seen[z])
-            params = wire.to_parameters([self.qn.search.trial[z]])
-            out.append((by_site[site], FitIns(params, config)))
-        return out
-
-    def _admm_instructions(self, by_site: dict) -> list[tuple[ClientProxy, FitIns]]:
-        """Each drawn site's ``[beta_z, pull_z]``.  A draw with nobody reachable is a round
-        with the coefficients unchanged, done at once (Flower skips a round without
-        instructions)."""
-        while not self.done:
-            drawn = self.draw()
-            ins = []
-            if drawn.any():
-                pull = self.pull()
-                common = {
-                    "task": "admm",
-                    "local-solver": self.settings.local_solver,
-                    "rho-sigma": float(self.state.rho * self.sigma_max),
-                    **self.work_config(),
-                }
-                for z in np.flatnonzero(drawn):
-                    site = self.sites[z]
-                    if site not in by_site:
-                        continue
-                    params = wire.to_parameters([self.state.beta[z], pull[z]])
-                    ins.append((by_site[site], FitIns(params, {**common, "site": site})))
-            if ins:
-                return ins
-            self._advance(self.state.beta.copy(), np.zeros(len(self.sites), dtype=bool))
-        return []
+        return self.algo.instructions(by_site)
 
     # -- aggregation ------------------------------------------------------------------------
     def _aggregate(self, server_round: int, answered: dict) -> tuple[Parameters, dict]:
         if self.phase == "start":
             return EMPTY, self._start_answers(answered)
-        if self.qn is not None:
-            return EMPTY, self._qn_round(answered)
-        beta = self.state.beta.copy()
-        took_part = np.zeros(len(self.sites), dtype=bool)
-        for site, (_, res) in answered.items():
-            z = self.site_index[site]
-            beta[z] = self.updates[site]  # decoded and checked by SiteStrategy
-            self.loss[z] = float(res.metrics["loss"])
-            took_part[z] = True
-        res = self._advance(beta, took_part)
-        metrics = {
-            "objective": self.history.rows[-1]["objective"],
-            "primal_residual": res.primal,
-            "dual_residual": res.dual,
-        }
-        return EMPTY, metrics
-
-    def _advance(self, beta: np.ndarray, took_part: np.ndarray) -> admm.Residuals:
-        """The server's half of an ADMM round on the new coefficients (thresholds, duals,
-        ``rho <- alpha rho``), the history row and the stopping rule.
-
-        Stops when the residuals are within tolerance in consecutive rounds during which
-        every site has answered at least once (with every site answering: the first round
-        within tolerance), or after ``max_rounds``.
-        """
-        rho = self.state.rho
-        self.state, res = admm.server_update(
-            self.problem,
-            self.state,
-            beta,
-            self.settings.tol,
-            self.settings.tol,
-            self.settings.alpha,
-            took_part,
-        )
-        objective = float(np.sum(self.loss) + self.problem.penalty_value(beta))
-        self.history.append(
-            round=self.state.round,
-            objective=objective,
-            primal_residual=res.primal,
-            dual_residual=res.dual,
-            rho=rho,
-            **{self.count_column: int(took_part.sum())},
-        )
-        if res.converged:
-            self.seen |= took_part
-        else:
-            self.seen[:] = False
-        self.converged = bool(self.seen.all())
-        self.done = self.converged or self.state.round >= self.settings.max_rounds
-        self._after_round(self.state.round, objective, res)
-        return res
-
-    def _qn_round(self, answered: dict, pairs: dict | None = None) -> dict[str, Scalar]:
-        """One round of the proximal quasi-Newton server (:mod:`strategies.solvers.pqn`): the sites'
-        losses and gradients update their models (and ``pairs``, ``{z: (s, y)}``: the start
-        round's curvature pairs, learned after each site's first bound); the fused model
-        problem is solved and line-searched; records the round and the stopping rule."""
-        values, bounds = {}, {}
-        block = self.qn.sites.x.shape[1:]
-        for site, (_, res) in answered.items():
-            z = self.site_index[site]
-            if self.qn.settings.model == "exact":
-                values[z] = (float(res.metrics["loss"]), *split_newton(self.updates[site], block))
-            else:
-                values[z] = (float(res.metrics["loss"]), self.updates[site])
-            if not self.qn.sites.seen[z] and "curvature" in res.metrics:
-                bounds[z] = self.first_curvature * float(res.metrics["curvature"])
-        self.qn = qnstate.set_curvature(self.qn, bounds)
-        self.qn = pqn.learn(self.qn, pairs or {})  # after the bound: the start's pairs
-        taken: list = []  # the approximations the round takes, in order
-        lla = pqn.Linearization(self.target, self._approximation(taken)) if self.lla else None
-        self.qn, step = pqn.qn_round(self.problem, self.qn, values, self.settings.tol, lla)
-        if taken:  # the next round starts from the round's last approximation
-            self.problem = taken[-1]
-        if self.lla and np.isfinite(step.objective):  # record the target's objective
-            step = replace(step, objective=pqn.estimate_objective(self.target, self.qn))
-            if not self.qn.settings.incremental and step.decrease <= 0.0:
-                # (full participation) the approximation at x promises no decrease: x is its
-                # minimizer to the inner solver's accuracy, a fixed point (the approximations
-                # converge linearly, and at a tight tol the step test meets rounding first)
-                step = replace(step, converged=True)
-        self.loss = self.qn.sites.value.copy()
-        self.state = replace(self.state, beta=pqn.estimate(self.qn).copy(), round=self.qn.round)
-        self._qn_row(
-            step.objective,
-            len(values),
-            step.decrease,
-            1.0 if step.accepted else self.qn.search.step,
-        )
-        self.converged = step.converged
-        self.done = step.converged or self.qn.round >= self.settings.max_rounds
-        self._after_round(self.qn.round, step.objective, step)
-        return {"objective": step.objective, "decrease": step.decrease}
-
-    def _approximation(self, taken: list):
-        """MCP/SCAD by pqn: ``x -> `` the penalty's local linear approximation (a weighted
-        lasso) at ``x``, each one appended to ``taken``; the round's last becomes the next
-        round's :attr:`problem` once the round is over (nothing changes while it runs).  Each
-        accepted step lowers the nonconvex objective (the approximation majorizes it and
-        touches it at the point: Zou & Li 2008); a fixed point is a stationary point of it.
-
-        Parameters
-        ----------
-        taken : list
-            Where the approximations are recorded, in the order they are taken.
-
-        Returns
-        -------
-        callable
-            ``x -> Problem``, for :class:`strategies.solvers.pqn.Linearization`.
-        """
-
-        def at(x: np.ndarray):
-            taken.append(self.target.linearized(x))
-            return taken[-1]
-
-        return at
-
-    def _qn_row(self, objective: float, answered: int, decrease: float, step: float) -> None:
-        """The history row of a pqn round (the ADMM columns empty)."""
-        self.history.append(
-            round=self.qn.round,
-            objective=objective,
-            primal_residual=np.nan,
-            dual_residual=np.nan,
-            rho=np.nan,
-            **{self.count_column: answered},
-            decrease=decrease,
-            step=step,
-        )
-
-    def _idle_qn_round(self) -> bool:
-        """A pqn round in which nobody was drawn: counted, recorded, nothing changes.
-        Returns whether the round limit is reached."""
-        self.qn = replace(self.qn, round=self.qn.round + 1)
-        self.state = replace(self.state, round=self.qn.round)
-        last = self.history.rows[-1] if self.history.rows else {}
-        self._qn_row(last.get("objective", np.inf), 0, last.get("decrease", np.nan), np.nan)
-        self.done = self.qn.round >= self.settings.max_rounds
-        step = qnstate.Step(False, last.get("objective", np.inf), np.nan, False, 0)
-        self._after_round(self.qn.round, step.objective, step)
-        return self.done
+        return EMPTY, self.algo.aggregate(answered)
 
     def _after_round(self, rnd: int, objective: float, res) -> None:
         if self.checkpoint and (rnd % self.checkpoint_every == 0 or self.done):
@@ -577,15 +391,13 @@ class FusedSiteStrategy(SiteStrategy):
         finished fit keeps its coefficients, its last model solution (whose fused
         structure the coefficients are read from), gradients and history.  A tuning's fold
         fits are released as they finish (docs/performance.md, "Memory")."""
-        if self.qn is not None:
-            empty = np.zeros(0)
-            sites = replace(self.qn.sites, hess=empty, ss=empty, ys=empty)
-            self.qn = replace(self.qn, sites=sites)
+        if self.algo is not None:
+            self.algo.release()
 
     def coefficients_std(self) -> np.ndarray:
         if self.phase == "start":
             return self.start_fits
-        return pqn.estimate(self.qn) if self.qn is not None else self.state.beta
+        return self.algo.estimate()
 
     def objective(self) -> float:
         """The objective at the last round (``nan`` before the first)."""
@@ -603,8 +415,7 @@ class FusedSiteStrategy(SiteStrategy):
         }
         if self.registry.center is not None:
             extra.update(center=self.registry.center, scale=self.registry.scale)
-        if self.qn is not None:
-            extra.update({f"qn_{k}": v for k, v in self.qn.arrays().items()})
+        extra.update(self.algo.arrays())
         extra["draws"] = np.array(json.dumps(self.rng.bit_generator.state))
         extra["size_power"] = np.array(self.settings.size_power)
         admm.save_state(path, self.state, **extra)
@@ -638,18 +449,9 @@ class FusedSiteStrategy(SiteStrategy):
                 f"resume: the checkpoint weights the sites with size-power {power:g}, this "
                 f"run with {here:g}"
             )
-        qn = {k[3:]: v for k, v in extra.items() if k.startswith("qn_")}
-        if bool(qn) != (self.qn is not None):
-            raise InputError(
-                "resume: the checkpoint was written by another algorithm than "
-                f"{self.settings.algorithm!r}"
-            )
-        if qn:
-            self.qn = qnstate.QuasiNewtonState.from_arrays(qn)
+        self.algo.load({k[3:]: v for k, v in extra.items() if k.startswith("qn_")})
         if "draws" in extra:  # the participation draws go on where they stopped
             self.rng.bit_generator.state = json.loads(str(extra["draws"]))
-        if self.lla:  # the approximation at the fit's estimate (the accepted point, or b)
-            self.problem = self.target.linearized(pqn.estimate(self.qn))
         self.state = state
         self.loss = np.asarray(extra["loss"], dtype=float)
         self.history.rows = json.loads(str(extra["history"]))
