@@ -24,19 +24,28 @@ def _modules() -> dict[str, str]:
     return out
 
 
+def _package(mod: str, path: str) -> str:
+    """The package a module's relative imports start from."""
+    return mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
+
+
+def _from_target(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` statement in ``package`` reads from."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(mod: str, path: str, known) -> list[tuple[str, list[str]]]:
     """``(module, names)`` for every import of a project module in ``path``."""
-    package = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
+    package = _package(mod, path)
     found = []
     for node in ast.walk(ast.parse(open(path).read())):
         if isinstance(node, ast.Import):
             found += [(a.name, []) for a in node.names if a.name in known]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(node, package)
             names = [a.name for a in node.names]
             for name in names:  # `from pkg import module`
                 if f"{target}.{name}" in known:
@@ -110,7 +119,7 @@ def test_no_private_name_imported_across_modules():
 def _module_aliases(mod: str, path: str, known) -> dict[str, str]:
     """The local names that ``path`` binds to project modules (``from . import tuning``,
     ``import strategies.x as y``), anywhere in the file."""
-    package = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
+    package = _package(mod, path)
     out = {}
     for node in ast.walk(ast.parse(open(path).read())):
         if isinstance(node, ast.Import):
@@ -118,11 +127,7 @@ def _module_aliases(mod: str, path: str, known) -> dict[str, str]:
                 if a.name in known and a.asname:
                     out[a.asname] = a.name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(node, package)
             for a in node.names:
                 if f"{target}.{a.name}" in known:
                     out[a.asname or a.name] = f"{target}.{a.name}"

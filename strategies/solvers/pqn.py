@@ -195,7 +195,7 @@ def _lla_direction(
     floor = inner_floor(tol)
     st, it = _new_direction(problem, st, tol, may_end)
     judged = tol is not None and st.evaluated and math.isfinite(st.objective)
-    model = _model_decrease(lla.target, st) if judged else 0.0
+    model = _model_value(lla.target, st) if judged else 0.0
     moved = None
     for _ in range(LLA_INNER - 1):
         b = st.sites.x + st.search.direction
@@ -211,7 +211,7 @@ def _lla_direction(
         if moved <= LLA_TOL * scale:
             break
         if judged:
-            now = _model_decrease(lla.target, st)
+            now = _model_value(lla.target, st)  # P(x) is the same for every pass
             gain, model = model - now, now
             if gain <= LLA_GAIN * tol * max(1.0, abs(st.objective)) and (
                 moved <= LLA_MOVE * math.sqrt(tol) * scale
@@ -253,12 +253,18 @@ def _direction(
     return _lla_direction(problem, st, tol, lla, may_end)
 
 
+def _model_value(target: Problem, st: QuasiNewtonState) -> float:
+    """The models' value of the target objective at the step, less ``sum_z f_z(x_z)``:
+    ``sum_z [g_z^T d_z + (1/2) d_z^T (B_z + mu_z I) d_z] + P(x + d)``."""
+    x, d = st.sites.x, st.search.direction
+    smooth = float(np.sum(st.sites.grad * d) + 0.5 * _curvature_terms(st).sum())
+    return smooth + target.penalty_value(x + d)
+
+
 def _model_decrease(target: Problem, st: QuasiNewtonState) -> float:
     """The models' predicted change of the target objective along the direction,
     ``sum_z [g_z^T d_z + (1/2) d_z^T (B_z + mu_z I) d_z] + P(x + d) - P(x)``."""
-    x, d = st.sites.x, st.search.direction
-    smooth = float(np.sum(st.sites.grad * d) + 0.5 * _curvature_terms(st).sum())
-    return smooth + target.penalty_value(x + d) - target.penalty_value(x)
+    return _model_value(target, st) - target.penalty_value(st.sites.x)
 
 
 def _stand_ins(st: QuasiNewtonState) -> tuple[np.ndarray, np.ndarray]:

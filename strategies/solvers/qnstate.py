@@ -104,7 +104,7 @@ class QuasiNewtonState:
                 0,
                 tuple(float(w) for w in a.get("inner_weights", ())),  # older: one rho
             )
-        records = {name: _read(kind, a) for name, kind in _RECORDS.items()}
+        records = {name: kind(**_read(kind, a)) for name, kind in _RECORDS.items()}
         return cls(inner=inner, **records, **_read(cls, a, skip=(*_RECORDS, "inner")))
 
 
@@ -124,7 +124,8 @@ _OLDER = {
 
 
 def _read(kind, a: dict, skip: tuple = ()) -> dict:
-    """The fields of record ``kind`` from checkpoint arrays ``a``."""
+    """The fields of record ``kind`` (but ``skip``) from checkpoint arrays ``a``, each as
+    its type."""
     given = {}
     for f in fields(kind):
         if f.name in skip:
@@ -134,7 +135,7 @@ def _read(kind, a: dict, skip: tuple = ()) -> dict:
             given[f.name] = np.asarray(value, f.metadata.get("dtype", float))
         else:
             given[f.name] = _SCALARS[f.type](value)
-    return given if skip else kind(**given)
+    return given
 
 
 def init_qn(
