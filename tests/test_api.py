@@ -208,6 +208,7 @@ def test_params_round_trip(small_federation):
 
 
 @pytest.mark.slow
+@pytest.mark.flower
 def test_engine_flower_gives_the_inprocess_numbers(small_federation):
     """``engine="flower"`` runs the fit through ``flwr run`` (a simulated SuperNode per
     site) and ends at the in-process fit's coefficients."""

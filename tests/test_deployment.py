@@ -172,7 +172,7 @@ def federation(tmp_path_factory, pki):
 
 def test_tls_auth_run_equals_inprocess(federation, tmp_path):
     out = str(tmp_path / "out")
-    rounds = 4
+    rounds = 3
     code, text = federation.run(
         {"grauc.max-rounds": rounds, "grauc.standardize": "federated", "out-dir": out}
     )
@@ -240,7 +240,7 @@ def test_killed_supernode_run_finishes_and_reports(federation, tmp_path):
     victim = federation.sites[2].site
     run = federation.launch(
         {
-            "grauc.max-rounds": 5,
+            "grauc.max-rounds": 4,
             "grauc.min-fit-fraction": 0.6,
             "round-timeout": 15.0,
             "out-dir": out,
@@ -259,7 +259,7 @@ def test_killed_supernode_run_finishes_and_reports(federation, tmp_path):
     assert killed, text[-3000:]
     assert run.returncode == 0, text[-3000:]
     metrics = json.load(open(os.path.join(out, "metrics.json")))
-    assert metrics["rounds"] == 5
+    assert metrics["rounds"] == 4
     assert metrics["missing_sites"] == [victim]
     assert text.count(f"no answer at the end from site(s) {victim}") == 1, text[-3000:]
 
@@ -294,8 +294,8 @@ def test_bad_input_or_an_absent_site_ends_the_run_naming_it(tmp_path, pki):
     try:
         here, bad = (s.site for s in fedn.sites)
         fedn.start_node(0)
-        rc = {"registration.timeout": 12.0, "registration.log-every": 4.0}
-        message = f"registration.timeout: 1 of 2 sites registered within 12 s; missing: {bad}"
+        rc = {"registration.timeout": 8.0, "registration.log-every": 3.0}
+        message = f"registration.timeout: 1 of 2 sites registered within 8 s; missing: {bad}"
         text = _fails_naming(fedn, rc, message, within=60)
         waiting = rf"registration: 1 of 2 sites after \d+ s \({here}\); waiting for {bad}"
         assert re.search(waiting, text), text[-3000:]

@@ -903,6 +903,7 @@ def _nonconvex_fit(penalty: str, seed: int, lam1: float, monkeypatch, full: bool
     return res.objective, res.rounds, len(asked)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("penalty", ["scad", "mcp"])
 def test_the_approximations_stop_once_the_rest_lies_below_the_fits_tolerance(penalty, monkeypatch):
     """MCP/SCAD: a round's approximations stop once one gains less than a tenth of the fit's

@@ -223,6 +223,7 @@ def _quiet_report(fit_report, out_dir) -> list[str]:
     return [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
+@pytest.mark.slow
 def test_reports_at_the_papers_sizes_are_readable_and_quiet(tmp_path, capsys):
     """RowFed's report of 50 clients at p = q = 100 and GrAUC-PFL's of 50 sites at p = 100:
     no warning from any library, figures of a readable size (no side over 30 inches),
