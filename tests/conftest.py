@@ -135,3 +135,17 @@ def flwr_warnings(caplog, fn):
     # a record reaches the handler twice when Flower's logger also propagates to the root
     records = {id(r): r for r in caplog.records}.values()
     return out, [r.getMessage() for r in records if r.levelno == logging.WARNING]
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """A CA, a SuperLink certificate and four SuperNode key pairs for the deployment tests
+    (:mod:`loopback`), made once per test process: RSA-4096 keys take seconds."""
+    from strategies.runtime.deploy import make_certificates, make_node_key
+
+    out = str(tmp_path_factory.mktemp("certs"))
+    return {
+        "dir": out,
+        "certs": make_certificates(out),
+        "keys": [make_node_key(out, f"node-{k + 1}") for k in range(4)],
+    }
