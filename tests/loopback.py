@@ -5,10 +5,12 @@ is started and stopped by its pid, also when a test fails."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
 import pandas as pd
+import pytest
 import tomli_w
 from conftest import ROOT
 
@@ -23,6 +25,16 @@ from strategies.runtime.processes import (
 )
 
 FEATURES = ["age", "bmi", "sbp"]
+#: The marks of a deployment test module (``pytestmark = MARKS``): the certificates and
+#: SuperNode keys are made with openssl and ssh-keygen.
+MARKS = [
+    pytest.mark.deployment,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("openssl") is None or shutil.which("ssh-keygen") is None,
+        reason="openssl and ssh-keygen are needed",
+    ),
+]
 
 
 class Federation:

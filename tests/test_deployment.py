@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 
 import numpy as np
 import pandas as pd
 import pytest
-from loopback import FEATURES, Federation
+from loopback import FEATURES, MARKS, Federation
 
 from grauc_flower import federation as fed
 from strategies.config import GrAUCConfig
@@ -22,10 +21,7 @@ from strategies.runtime.deploy import start, supernode_command
 from strategies.runtime.launch import run_id_of
 from strategies.runtime.processes import free_port, stop_process
 
-pytestmark = [pytest.mark.deployment, pytest.mark.slow]
-
-if shutil.which("openssl") is None or shutil.which("ssh-keygen") is None:
-    pytest.skip("openssl and ssh-keygen are needed", allow_module_level=True)
+pytestmark = MARKS
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import numpy as np
 import pandas as pd
-import pytest
-from loopback import FEATURES, Federation
+from loopback import FEATURES, MARKS, Federation
 
-pytestmark = [pytest.mark.deployment, pytest.mark.slow]
-
-if shutil.which("openssl") is None or shutil.which("ssh-keygen") is None:
-    pytest.skip("openssl and ssh-keygen are needed", allow_module_level=True)
+pytestmark = MARKS
 
 
 def test_rowfed_runs_the_same_way(tmp_path, pki):
