@@ -1,6 +1,6 @@
-"""RowFed in deployment (the federation of :mod:`loopback`): a fit and the GIC tuning inside
-the federation, each equal to the in-process run.  Its own file, so that xdist can run it
-beside the other deployment tests."""
+"""RowFed in deployment (the federation of :mod:`loopback`): the GIC tuning inside the
+federation, with partial participation, equal to the in-process run.  Its own file, so that
+xdist can run it beside the other deployment tests."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ pytestmark = MARKS
 
 def test_rowfed_runs_the_same_way(tmp_path, pki):
     """RowFed in deployment, as planned for ``--task rowfed``: the server has no data
-    (``rowfed-data.source = deployment``); each SuperNode reads its own file; the
-    coefficients equal the in-process fit; then the GIC tuning inside the federation equals
-    the in-process tuning."""
+    (``rowfed-data.source = deployment``); each SuperNode reads its own file.  One run
+    covers the fit and the tuning (a tuned run ends with the chosen levels' fit): the GIC
+    tuning inside the federation, with a participation of 0.7 (drawn over the clients in their
+    order, not over Flower's node ids) and three rounds, gives the in-process tuning's table,
+    choice and coefficients."""
     from rowfed_flower import federation as rfed
     from rowfed_flower import sources as rsources
     from rowfed_flower.federated_tuning import run_tuned_inprocess
@@ -46,38 +48,25 @@ def test_rowfed_runs_the_same_way(tmp_path, pki):
             frame.to_csv(fedn.data_path(s.site), index=False)
             frames.append(frame)
             fedn.start_node(k)
-        out = str(tmp_path / "out")
-        rounds = 3
-        code, text = fedn.run(
-            {"rowfed.max-rounds": rounds, "rowfed.participation": 0.7, "out-dir": out}
-        )
-        assert code == 0, text[-3000:]
-        got = pd.read_csv(os.path.join(out, "coefficients.csv"), dtype={"client": str})
         pooled = str(tmp_path / "all.csv")
         pd.concat(frames).to_csv(pooled, index=False)
         data = rsources.read_fit_csv(pooled, "Y1,Y2")
-        cfg = RowFedConfig(max_rounds=rounds, participation=0.7)
-        ref = rfed.run_methods_inprocess(cfg, data, ["rowfed"])["rowfed"]
-        want = rfed.coefficients_frame(ref, data.features, data.responses)
-        assert list(got["client"]) == list(want["client"].astype(str))
-        assert list(got["feature"]) == list(want["feature"])
-        np.testing.assert_allclose(
-            got[["Y1", "Y2"]].to_numpy(), want[["Y1", "Y2"]].to_numpy(), rtol=0, atol=1e-8
-        )
-        # the GIC tuning inside the federation, on the same SuperNodes: the in-process
-        # tuning's table, choice and coefficients
         tuned = str(tmp_path / "tuned")
         grids = {"tune.lam1-grid": "0.3,0.03", "tune.lam2-grid": "0.05,0.005"}
-        code, text = fedn.run({"tune.by": "gic", **grids, "out-dir": tuned})
+        partial = {"rowfed.participation": 0.7, "rowfed.max-rounds": 3}
+        code, text = fedn.run({"tune.by": "gic", **grids, **partial, "out-dir": tuned})
         assert code == 0, text[-3000:]
         options = (CVOptions(quiet=True), (0.3, 0.03), (0.05, 0.005), None)
-        ref = run_tuned_inprocess(RowFedConfig(), data, "rowfed", ("gic", options))
+        cfg = RowFedConfig(participation=0.7, max_rounds=3)
+        ref = run_tuned_inprocess(cfg, data, "rowfed", ("gic", options))
         name, table = ref.extra["tuning_table"]
         pd.testing.assert_frame_equal(
             pd.read_csv(os.path.join(tuned, name)), table, check_dtype=False
         )
         got = pd.read_csv(os.path.join(tuned, "coefficients.csv"), dtype={"client": str})
         want = rfed.coefficients_frame(ref, data.features, data.responses)
+        assert list(got["client"]) == list(want["client"].astype(str))
+        assert list(got["feature"]) == list(want["feature"])
         np.testing.assert_allclose(
             got[["Y1", "Y2"]].to_numpy(), want[["Y1", "Y2"]].to_numpy(), rtol=0, atol=1e-8
         )

@@ -238,7 +238,7 @@ def test_reports_at_the_papers_sizes_are_readable_and_quiet(tmp_path, capsys):
     from rowfed_flower.fitreport import shown_predictors
 
     rng = np.random.default_rng(3)
-    m, p, q, n = 50, 100, 100, 25
+    m, p, q, n = 50, 100, 100, 200
     frames = []
     for k in range(m):
         x = rng.standard_normal((n, p))
