@@ -45,6 +45,8 @@ import numpy as np
 
 from .admm import Problem, all_pairs, incidence_matrix
 from .anderson import splitting_step
+from .polish import POLISH_FIRST
+from .rowpolish import STABLE, polish_rows
 
 #: Rows whose pairs all sit at zero are held compactly every this many iterations.
 EVENT_EVERY = 5
@@ -240,6 +242,39 @@ class _Held:
         return ok
 
 
+def _polisher(problem: Problem, x, hess, linear, frozen, scale: float, solution):
+    """``attempt(delta_f, delta_s, b, y_f, rho, weights, done)``: the exact solution on the
+    pattern of an ADMM state (:func:`strategies.solvers.rowpolish.polish_rows`, ``y_f`` the
+    fusion's multipliers ``rho w_0 u``) as a ``solution``, or ``None``; ``None`` itself where
+    the polish does not apply (a frozen site: left to ADMM; sparsity by row)."""
+    fusion, sparsity = problem.splits
+    if np.any(frozen) or sparsity.grouping != "entry":
+        return None
+    n, p, q = x.shape
+    lam = np.asarray(fusion.lam, dtype=float)
+    lam_f = np.broadcast_to(lam.reshape(lam.shape[0], -1), (lam.shape[0], p))
+    lam = np.asarray(sparsity.lam, dtype=float)
+    lam_s = np.broadcast_to(lam.reshape(lam.shape + (1,) * (3 - lam.ndim)), x.shape)
+    grad = np.matmul(hess, x) - linear
+
+    def attempt(delta_f, delta_s, b, y_f, rho, weights, done):
+        res = polish_rows(x, grad, hess, lam_f, lam_s, delta_f, delta_s, b, y_f, scale)
+        if res is None:
+            return None
+        u = tuple(y / (rho * w) for y, w in zip(res.y, weights, strict=True))
+        return solution(res.b, res.delta, u, rho, done + res.steps, tuple(map(float, weights)))
+
+    return attempt
+
+
+def _pattern_of(d_e, expanded, eta, pairs: int, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """An ADMM state's pattern: the fused pair rows (``E x p``; the held rows all fused) and
+    the zero entries."""
+    fused = np.ones((pairs, p), bool)
+    fused[:, expanded] = np.all(d_e == 0.0, axis=2)
+    return fused, eta == 0.0
+
+
 def solve_rows(
     problem: Problem,
     x: np.ndarray,
@@ -303,10 +338,19 @@ def solve_rows(
     Returns
     -------
     ModelSolution
-        The same solution as ``solve_model``'s (full ``delta`` and ``u``).
+        The same solution as ``solve_model``'s (full ``delta`` and ``u``), or the exact one
+        on the pattern of the warm start or of an iterate after 10, 20, 40, ... iterations
+        (:mod:`strategies.solvers.rowpolish`), where it is certified.
     """
     n, p, q = x.shape
     fusion, sparsity = problem.splits
+    attempt = _polisher(problem, x, hess, linear, frozen, scale, solution)
+    if attempt is not None and warm is not None:  # last round's pattern may still hold
+        w_0 = warm.split_weights(2)
+        sol = attempt(warm.delta[0], warm.delta[1], warm.b, warm.rho * w_0[0] * warm.u[0],
+                      max(warm.rho, min_rho), w_0, 0)  # fmt: skip
+        if sol is not None:
+            return sol
     rows = _Rows(fusion, n, p, q)
     x_flat = x.reshape(n * p, q)
     free = np.repeat(~frozen, p)
@@ -338,6 +382,8 @@ def solve_rows(
     solve, rhs_fixed = factor(rho, weights)
     b = x.copy()
     it = 0
+    next_polish, gap = POLISH_FIRST, POLISH_FIRST
+    seen = _pattern_of(d_e, expanded, eta, pairs, p)  # the pattern, every POLISH_FIRST its
     for it in range(1, max_iter + 1):  # noqa: B007
         # b: the linear solve on the pull of both splits
         w_s = weights[1]  # the sparsity split's penalty is rho * w_s
@@ -386,6 +432,23 @@ def solve_rows(
         if r <= tol * scale and s <= tol * scale:
             d_e, u_e, a_c, eta, v = new_d, new_u, new_a, new_eta, new_v
             break
+        if attempt is not None and it % POLISH_FIRST == 0:
+            # ADMM finds the pattern early: tried once it changes little, then less often
+            now = _pattern_of(new_d, expanded, new_eta, pairs, p)
+            changed = sum(int(np.sum(a != b)) for a, b in zip(now, seen, strict=True))
+            settled = changed <= STABLE * sum(int(a.sum()) for a in now)
+            seen = now
+        if attempt is not None and it % POLISH_FIRST == 0 and it >= next_polish and settled:
+            next_polish, gap = it + gap, 2 * gap
+            d_full = np.zeros((pairs, p, q))
+            d_full[:, expanded] = new_d
+            u_full = np.empty_like(d_full)
+            u_full[:, expanded] = new_u
+            u_full[:, held] = rows.apply(new_a) + held_rows.remainder(np.arange(held.size))
+            sol = attempt(d_full, new_eta, b, rho * weights[0] * u_full, rho, weights, it)
+            if sol is not None:
+                return sol
+            del d_full, u_full
         if d_e.size > PLAIN_SIZE:  # a large expanded state: the plain iteration
             d_e, u_e, a_c, eta, v = new_d, new_u, new_a, new_eta, new_v
         else:

@@ -20,7 +20,7 @@ from scipy.sparse.linalg import splu
 from . import fusedrows
 from .admm import Problem
 from .anderson import Anderson, splitting_step
-from .polish import Forest, forest, polish, rooted
+from .polish import POLISH_FIRST, Forest, forest, polish, rooted
 
 DENSE_LIMIT = 3000  # model problems up to this many unknowns per column use dense Cholesky
 #: ... unless the graph is a forest and a dense solve (``n^2`` flops) costs more than a
@@ -36,7 +36,6 @@ BALANCE = 10.0
 #: about to fuse or vanish) ADMM's rate collapses; the outer method absorbs an inexact step
 #: (docs/methods.md 1.4 step 3 has the measurement behind the limit).
 INNER_MAX_ITER = 2000
-POLISH_FIRST = 10  # inner ADMM iterations before the first exact polish (then 20, 40, ...)
 ANDERSON_MEMORY = 5  # the inner ADMM's Anderson acceleration: iterates it combines (0: off)
 
 

@@ -37,6 +37,9 @@ from scipy.sparse.csgraph import breadth_first_order, connected_components
 from scipy.sparse.linalg import splu
 
 DUAL_SLACK = 1e-9  # relative slack of the check |nu| <= lam on fused entries
+#: Inner ADMM iterations before the first exact polish (then twice as many each time); also
+#: RowFed's (:mod:`strategies.solvers.rowpolish`).
+POLISH_FIRST = 10
 PATTERNS = 4  # sparsity structures kept per tree
 PATIENCE = 3  # active-set steps without fewer violations before giving up
 #: Blocks of at least this many coordinates solve a pattern by Schur complements onto the

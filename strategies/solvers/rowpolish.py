@@ -1,0 +1,468 @@
+"""Exact solutions of RowFed's model problem on an identified pattern, from an approximate one.
+
+RowFed's server solves, every round, the model problem (docs/methods.md 2.4)
+
+    minimize_b  sum_m [g_m'(b_m - x_m) + (1/2) (b_m - x_m)' B_m (b_m - x_m)]
+                + sum_j sum_(m < m') lam1_mm'j ||b_m(j) - b_m'(j)||_2 + sum lam2_mjk |b_mjk|
+
+over the clients' ``p x q`` blocks ``b_m`` (rows ``b_m(j)``; the levels per pair and row, and
+per entry, are a local linear approximation's weights).  Its inner ADMM reaches the right
+*pattern* long before a tight tolerance: per row, which clients are fused into one cluster
+(the fusion split's exact zeros, closed transitively), and which entries are zero (the
+sparsity split's; within a cluster an entry counts as zero if any member's is).  On a fixed
+pattern the problem is smooth: the unknowns are one centre per cluster with the zero entries
+removed, the pairs in different clusters have nonzero differences and the nonzero entries
+fixed signs.  :func:`polish_rows` minimizes it there by Newton's method (conjugate gradients
+on Hessian-vector products, an Armijo search that keeps the signs) and then *certifies* the
+point: it builds multipliers that satisfy the optimality conditions exactly,
+
+* on a pair in different clusters, ``lam1 d / ||d||`` (``d`` the rows' difference); on a
+  nonzero entry, ``lam2 sign``;
+* on a cluster's zero entry, a multiplier in ``[-lam2, lam2]`` per member, chosen so that
+  the members' remaining residuals sum to zero and are as small as possible (least squares:
+  a common clip level, found by bisection);
+* on a pair inside a cluster, the inner ADMM's own multiplier corrected by least squares,
+  ``z_mm' - (e_m - e_m') / c`` with ``e`` the residual and ``c`` the cluster's size (the
+  correction from zero is too conservative where clusters fuse);
+
+and accepts the point only if every pair's multiplier inside a cluster is within its level.
+An accepted point is the minimizer to rounding error, with the fused rows and the zeros
+exact; a wrong pattern is refused (a sign that must flip, a line search that stalls, an
+entry whose zero cannot be balanced, a multiplier beyond its level) and left to ADMM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
+from scipy.sparse.linalg import LinearOperator, cg
+
+from .admm import all_pairs
+
+DUAL_SLACK = 1e-9  # relative slack of the checks ||z|| <= lam1, |s| <= lam2
+NEWTON_MAX = 16  # Newton steps before a pattern is given up
+#: Newton stops when the reduced gradient's norm is at most this, times the scale and the
+#: square root of the number of unknowns (rounding in the gradient grows so)
+NEWTON_TOL = 1e-13
+CG_MAX = 200  # conjugate-gradient steps per Newton step
+FORCING = 0.1
+BISECTIONS = 60  # bisection steps for a cluster's common clip level (to rounding)
+#: Corrections of a pattern (entries joining or leaving the zero set) before it is given up
+CORRECTIONS = 6
+#: The inner ADMM tries the polish once at most this share of its pattern (fused pair rows
+#: and zero entries) changed over the last 10 iterations (docs/performance.md)
+STABLE = 0.02
+#: Clusters of a row within this distance (relative to the scale) are merged where the line
+#: search stalls at their kink
+MEET = 1e-6
+#: Entries within this distance of zero (relative to the scale; at most the gradient's norm)
+#: that the gradient pushes across it are held at zero before a Newton step
+EPS_ACTIVE = 1e-6
+#: Newton's tolerance (as :data:`NEWTON_TOL`) for the rough minima the pattern is corrected at
+ROUGH = 1e-8
+
+
+@dataclass(frozen=True)
+class RowPattern:
+    """A pattern: per ``(client, row)`` its cluster ``gid`` (numbered over all rows), each
+    cluster's size, zero entries and the signs of its other entries; the pairs of clusters
+    of a row (``lo``, ``hi``) with their summed levels ``level``, as an incidence ``cd``."""
+
+    gid: np.ndarray  # (M, p)
+    size: np.ndarray  # (G,)
+    zero: np.ndarray  # (G, q) bool
+    sign: np.ndarray  # (G, q), 0 on zero entries
+    cd: sp.csr_matrix  # (K, G): +1 at lo, -1 at hi
+    level: np.ndarray  # (K,)
+    summer: sp.csr_matrix  # (G, M p): a cluster's sum over its members
+    same: np.ndarray  # (E, p) bool: the client pairs inside a cluster
+
+    def expand(self, v: np.ndarray) -> np.ndarray:
+        """The blocks ``b`` (``M x p x q``) of the cluster centres ``v`` (``G x q``)."""
+        return v[self.gid]
+
+    def gather(self, b: np.ndarray) -> np.ndarray:
+        """Each cluster's sum of ``b`` (``M x p x q``) over its members."""
+        return self.summer @ b.reshape(-1, b.shape[2])
+
+
+def read_pattern(
+    delta_f: np.ndarray, delta_s: np.ndarray, b: np.ndarray, lam_f: np.ndarray
+) -> tuple[RowPattern, np.ndarray]:
+    """The pattern of an ADMM iterate, and its cluster centres (masked).
+
+    Parameters
+    ----------
+    delta_f : ndarray, shape (E, p, q)
+        The fusion split's ``delta`` over all pairs ``m < m'`` (lexicographic): a pair's row
+        is fused where it is exactly zero.
+    delta_s : ndarray, shape (M, p, q)
+        The sparsity split's ``delta``: an entry is zero where it is exactly zero.
+    b : ndarray, shape (M, p, q)
+        The iterate's blocks, whose cluster means start Newton and give the signs.
+    lam_f : ndarray, shape (E, p)
+        Each pair's level per row.
+
+    Returns
+    -------
+    RowPattern, ndarray of shape (G, q)
+    """
+    n, p, q = b.shape
+    plus, minus = all_pairs(n).T
+    fused = np.all(delta_f == 0.0, axis=2)  # (E, p)
+    node = np.arange(n * p).reshape(n, p)
+    e_idx, j_idx = np.nonzero(fused)
+    links = sp.coo_matrix(
+        (np.ones(e_idx.size), (node[plus[e_idx], j_idx], node[minus[e_idx], j_idx])),
+        shape=(n * p, n * p),
+    )
+    n_groups, label = connected_components(links, directed=False)
+    gid = label.reshape(n, p)
+    size = np.bincount(label, minlength=n_groups).astype(float)
+    summer = sp.csr_matrix((np.ones(n * p), (label, np.arange(n * p))), shape=(n_groups, n * p))
+    zero = (summer @ (delta_s == 0.0).reshape(n * p, q).astype(float)) > 0.0
+    centre = np.where(zero, 0.0, (summer @ b.reshape(n * p, q)) / size[:, None])
+    sign = np.sign(centre)
+    loose = (sign == 0.0) & ~zero  # a centre at exactly 0 off the zero set: the split's sign
+    if loose.any():
+        alt = np.sign(summer @ delta_s.reshape(n * p, q))
+        sign[loose] = np.where(alt[loose] == 0.0, 1.0, alt[loose])
+    same = gid[plus] == gid[minus]  # (E, p)
+    ga, gb = gid[plus][~same], gid[minus][~same]
+    lo, hi = np.minimum(ga, gb), np.maximum(ga, gb)
+    keys, inv = np.unique(lo.astype(np.int64) * n_groups + hi, return_inverse=True)
+    level = np.bincount(inv.ravel(), weights=lam_f[~same], minlength=keys.size)
+    keep = level > 0.0
+    keys, level = keys[keep], level[keep]
+    k = keys.size
+    ends = np.concatenate([keys // n_groups, keys % n_groups])
+    signs = np.concatenate([np.ones(k), -np.ones(k)])
+    cd = sp.csr_matrix((signs, (np.tile(np.arange(k), 2), ends)), shape=(k, n_groups))
+    pattern = RowPattern(gid, size, zero, sign, cd, level, summer, same)
+    return pattern, centre
+
+
+class _Reduced:
+    """The model problem on a pattern's centres ``v`` (``G x q``, zero on the zero set)."""
+
+    def __init__(self, pat: RowPattern, x, grad, hess, lam_s) -> None:
+        self.pat, self.x, self.grad, self.hess = pat, x, grad, hess
+        self.free = ~pat.zero
+        # the sparsity's linear term: lam2 sign summed over each cluster's members
+        self.lin = pat.gather(lam_s) * pat.sign
+
+    def value(self, v: np.ndarray) -> float:
+        r = self.pat.expand(v) - self.x
+        smooth = float(np.sum(self.grad * r) + 0.5 * np.sum(r * np.matmul(self.hess, r)))
+        dist = np.sqrt(np.sum((self.pat.cd @ v) ** 2, axis=1))
+        return smooth + float(self.pat.level @ dist) + float(np.sum(self.lin * v))
+
+    def gradient(self, v: np.ndarray) -> np.ndarray:
+        r = self.pat.expand(v) - self.x
+        out = self.pat.gather(self.grad + np.matmul(self.hess, r)) + self.lin
+        d = self.pat.cd @ v
+        dist = np.sqrt(np.sum(d * d, axis=1))
+        out += self.pat.cd.T @ (d * (self.pat.level / dist)[:, None])
+        return np.where(self.free, out, 0.0)
+
+    def hessian(self, v: np.ndarray):
+        """The Hessian at ``v`` as a :class:`LinearOperator` on the flattened centres."""
+        d = self.pat.cd @ v
+        dist = np.sqrt(np.sum(d * d, axis=1))
+        unit = d / dist[:, None]
+        weight = (self.pat.level / dist)[:, None]
+        shape = v.shape
+
+        def apply(w_flat: np.ndarray) -> np.ndarray:
+            w = np.where(self.free, w_flat.reshape(shape), 0.0)
+            out = self.pat.gather(np.matmul(self.hess, self.pat.expand(w)))
+            dw = self.pat.cd @ w
+            dw = weight * (dw - unit * np.sum(unit * dw, axis=1, keepdims=True))
+            out += self.pat.cd.T @ dw
+            return np.where(self.free, out, 0.0).ravel()
+
+        return LinearOperator((v.size, v.size), matvec=apply, dtype=float)
+
+
+def _clip_level(lo: np.ndarray, hi: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per group (consecutive runs from ``starts``), the common level ``mu`` with ``sum
+    clip(mu, lo, hi) = 0``, by bisection; the clipped values."""
+    group = np.repeat(np.arange(starts.size), np.diff(np.append(starts, lo.size)))
+    a, b = np.minimum.reduceat(lo, starts), np.maximum.reduceat(hi, starts)
+    for _ in range(BISECTIONS):
+        mid = 0.5 * (a + b)
+        total = np.add.reduceat(np.clip(mid[group], lo, hi), starts)
+        a, b = np.where(total < 0.0, mid, a), np.where(total < 0.0, b, mid)
+    return np.clip((0.5 * (a + b))[group], lo, hi)
+
+
+@dataclass(frozen=True)
+class RowPolished:
+    b: np.ndarray  # (M, p, q) the minimizer
+    delta: tuple[np.ndarray, np.ndarray]  # (D b with exact zeros in clusters, b)
+    y: tuple[np.ndarray, np.ndarray]  # the multipliers: lam1 z (E, p, q), lam2 s (M, p, q)
+    steps: int  # Newton steps
+
+
+def certify(
+    pat: RowPattern, b, x, grad, hess, lam_f, lam_s, y_pairs, scale: float, rough: bool = False
+):
+    """Multipliers proving ``b`` optimal for its pattern's problem (module docstring), or
+    ``None``.
+
+    Parameters
+    ----------
+    pat : RowPattern
+        The pattern ``b`` lies on (equal rows in a cluster, zeros on its zero set).
+    b, x, grad : ndarray, shape (M, p, q)
+        The point, the model's centre and its gradient there.
+    hess : ndarray, shape (M, p, p)
+        The curvature model.
+    lam_f : ndarray, shape (E, p)
+        The fusion levels per pair and row.
+    lam_s : ndarray, shape (M, p, q)
+        The sparsity levels per entry.
+    y_pairs : ndarray, shape (E, p, q), or None
+        A guess of the fusion's multipliers (``lam1 z``), read on the pairs inside a cluster
+        (``None``: zero).
+    scale : float
+        The problem's scale (the residual allowed for rounding is relative to it).
+    rough : bool, optional
+        Only find the zeros that cannot hold (``b`` an approximate minimum): ``(None,
+        release)``, ``release`` ``None`` if there are none.
+
+    Returns
+    -------
+    y : (y_f, y_s) or None
+        The fusion's multipliers ``lam1 z`` per pair and the sparsity's ``lam2 s`` per entry;
+        ``None`` if ``b`` is not certified.
+    release : ndarray of shape (G, q) or None
+        Where ``b`` is refused only because some zero entries cannot be balanced: the sign
+        each of them takes when released (0 elsewhere).
+    """
+    n, p, q = b.shape
+    plus, minus = all_pairs(n).T
+    same = pat.same
+    zero_b = pat.zero[pat.gid]  # (M, p, q)
+    d = b[plus] - b[minus]
+    dist = np.sqrt(np.sum(d * d, axis=2))
+    if np.any(dist[~same] == 0.0):  # two clusters met: the pattern is wrong
+        return None, None
+    safe = np.where(same, 1.0, dist)
+    inside = 0.0 if y_pairs is None else y_pairs
+    y_f = np.where(same[:, :, None], inside, d * (lam_f / safe)[:, :, None])
+    y_s = np.where(zero_b, 0.0, lam_s * np.sign(b))
+    if np.any(np.sign(b)[~zero_b] != pat.sign[pat.gid][~zero_b]):
+        return None, None
+    flat = y_f.reshape(y_f.shape[0], -1)
+    pull = np.zeros((n, p * q))
+    np.add.at(pull, plus, flat)
+    np.add.at(pull, minus, -flat)
+    resid = grad + np.matmul(hess, b - x) + y_s + pull.reshape(n, p, q)
+    # zero entries: lam2 s in its box, the members' remainders summing to zero per cluster
+    m_i, j_i, k_i = np.nonzero(zero_b)
+    if m_i.size:
+        key = pat.gid[m_i, j_i].astype(np.int64) * q + k_i
+        order = np.argsort(key, kind="stable")
+        m_i, j_i, k_i, key = m_i[order], j_i[order], k_i[order], key[order]
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        r0, box = resid[m_i, j_i, k_i], lam_s[m_i, j_i, k_i]
+        lo, hi = r0 - box, r0 + box
+        tiny = 1e-12 * scale  # rounding on a box just reached
+        low, high = np.add.reduceat(lo, starts) > tiny, np.add.reduceat(hi, starts) < -tiny
+        if low.any() or high.any():  # these zeros cannot hold: release them
+            release = np.zeros(pat.zero.shape)
+            first = starts[low | high]
+            release[pat.gid[m_i[first], j_i[first]], k_i[first]] = np.where(
+                low[low | high], -1.0, 1.0
+            )
+            return None, release
+        if rough:
+            return None, None
+        t = _clip_level(lo, hi, starts)
+        y_s[m_i, j_i, k_i] = np.clip(t - r0, -box, box)
+        resid[m_i, j_i, k_i] = r0 + y_s[m_i, j_i, k_i]
+    # what is left sums to zero over each cluster (to Newton's accuracy): the pairs inside
+    # take it
+    mean = pat.gather(resid) / pat.size[:, None]
+    if np.max(np.abs(mean * pat.size[:, None])) > 1e-9 * scale:
+        return None, None
+    resid = resid - mean[pat.gid]
+    size = pat.size[pat.gid[plus]]  # (E, p): the cluster's size, where the pair is inside
+    fix = (resid[plus] - resid[minus]) / size[:, :, None]
+    y_in = y_f - fix
+    norm = np.sqrt(np.sum(y_in * y_in, axis=2))
+    allowed = lam_f * (1.0 + DUAL_SLACK) + 1e-12 * scale
+    if np.any(norm[same] > allowed[same]):  # a cluster that should split
+        return None, None
+    shrink = np.minimum(1.0, lam_f / np.where(norm > 0.0, norm, 1.0))  # rounding only
+    y_f = np.where(same[:, :, None], y_in * shrink[:, :, None], y_f)
+    return (y_f, y_s), None
+
+
+def polish_rows(
+    x, grad, hess, lam_f, lam_s, delta_f, delta_s, b, y_guess, scale: float
+) -> RowPolished | None:
+    """The model problem's exact minimizer on the pattern of an ADMM iterate, certified, or
+    ``None`` (module docstring).
+
+    Parameters
+    ----------
+    x, grad : ndarray, shape (M, p, q)
+        The model's centre and gradient.
+    hess : ndarray, shape (M, p, p)
+        The curvature model ``B_m``.
+    lam_f : ndarray, shape (E, p)
+        The fusion levels per client pair (``m < m'``, lexicographic) and row.
+    lam_s : ndarray, shape (M, p, q)
+        The sparsity levels per entry.
+    delta_f, delta_s : ndarray
+        The iterate's splits (:func:`read_pattern`).
+    b : ndarray, shape (M, p, q)
+        The iterate's blocks.
+    y_guess : ndarray, shape (E, p, q)
+        A guess of the fusion's multipliers (``lam1 z``) for :func:`certify`.
+    scale : float
+        The problem's scale (:func:`strategies.solvers.modelsolve.model_scale`).
+
+    Returns
+    -------
+    RowPolished or None
+    """
+    pat, v = _merged(*read_pattern(delta_f, delta_s, b, lam_f), lam_f)
+    found = _active_newton(pat, v, x, grad, hess, lam_f, lam_s, y_guess, scale)
+    if found is None:
+        return None
+    pat, sol, y, steps = found
+    plus, minus = all_pairs(x.shape[0]).T
+    d = np.where(pat.same[:, :, None], 0.0, sol[plus] - sol[minus])
+    return RowPolished(sol, (d, sol.copy()), y, steps)
+
+
+def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, scale: float):
+    """Newton's method on the pattern from ``v``, the pattern corrected on the way: entries
+    that an accepted step carries across zero are held at zero and join the zero set (a
+    projected search, :func:`_search`); zeros whose boxes cannot balance
+    (:func:`certify`, checked at rough minima) leave it.  Once a rough
+    minimum needs no change the minimum is found to rounding and certified.
+
+    Returns
+    -------
+    (pattern, b, y, steps) or None
+        The final pattern, the certified minimizer, its multipliers and the Newton steps;
+        ``None`` if a certificate fails otherwise, the search stalls, or :data:`NEWTON_MAX`
+        steps or :data:`CORRECTIONS` corrections do not settle it.
+    """
+    red = _Reduced(pat, x, grad, hess, lam_s)
+    f, rough, steps, corrections = red.value(v), True, 0, 0
+    while True:
+        g = red.gradient(v)
+        g_norm = float(np.linalg.norm(g))
+        if not np.isfinite(g_norm):
+            return None
+        if g_norm <= (ROUGH if rough else NEWTON_TOL) * scale * np.sqrt(v.size):
+            b = pat.expand(v)
+            if rough:
+                y, release = certify(pat, b, x, grad, hess, lam_f, lam_s, None, scale, True)
+                if release is None:  # the zeros hold: on to the exact minimum
+                    rough = False
+                    continue
+            else:
+                y, release = certify(pat, b, x, grad, hess, lam_f, lam_s, y_guess, scale)
+                if y is not None:
+                    return pat, b, y, steps
+                if release is None:
+                    return None
+            out = release != 0.0  # zeros that cannot hold leave the zero set, signed
+            pat = replace(pat, zero=pat.zero & ~out, sign=np.where(out, release, pat.sign))
+            corrections += 1  # each costs a rough minimum
+            if corrections > CORRECTIONS:
+                return None
+        else:
+            # entries at (or within eps of) zero that the gradient pushes across it join the
+            # zero set before the step (Bertsekas 1982's eps-active set)
+            eps = min(EPS_ACTIVE * scale, g_norm)
+            stuck = red.free & (np.abs(v) <= eps) & (np.sign(g) == pat.sign)
+            if stuck.any():
+                pat = replace(pat, zero=pat.zero | stuck, sign=np.where(stuck, 0.0, pat.sign))
+                v = np.where(stuck, 0.0, v)
+                pat, v = _merged(pat, v, lam_f)
+                red, rough = _Reduced(pat, x, grad, hess, lam_s), True
+                f = red.value(v)
+                continue
+            if steps == NEWTON_MAX:
+                return None
+            steps += 1
+            forcing = min(FORCING, np.sqrt(g_norm / scale))
+            direction, _ = cg(red.hessian(v), -g.ravel(), rtol=forcing, maxiter=CG_MAX)
+            direction = np.where(red.free, direction.reshape(v.shape), 0.0)
+            slope = float(np.sum(g * direction))
+            if not slope < 0.0:
+                return None
+            # a projected search: entries that a step carries across zero stay at zero
+            # and join the zero set (Bertsekas 1982's projected Newton step)
+            moving = red.free & (np.sign(direction) == -pat.sign)
+            cross = np.where(moving, v / np.where(moving, -direction, 1.0), np.inf)
+            moved, f_new, hits = _search(red, v, f, g, direction, cross)
+            if moved is None:  # a kink: two clusters about to meet are merged, else give up
+                corrections += 1
+                merged, v = _merged(pat, v, lam_f, MEET * scale)
+                if merged is pat or corrections > CORRECTIONS:
+                    return None
+                pat, red = merged, _Reduced(merged, x, grad, hess, lam_s)
+                f, rough = red.value(v), True
+                continue
+            v, f = moved, f_new
+            if not hits.any():
+                continue
+            pat = replace(pat, zero=pat.zero | hits, sign=np.where(hits, 0.0, pat.sign))
+        pat, v = _merged(pat, v, lam_f)
+        red, rough = _Reduced(pat, x, grad, hess, lam_s), True
+        f = red.value(v)
+
+
+def _merged(pat: RowPattern, v: np.ndarray, lam_f, close: float = 0.0):
+    """The pattern with the clusters of a row that sit within ``close`` of each other merged
+    (rows zeroed whole in two clusters, say; two clusters that meet), read again from the
+    blocks: ``(pattern, v)``, the signs of entries at zero off the zero set (just released)
+    kept."""
+    if not pat.level.size:
+        return pat, v
+    dist = np.sqrt(np.sum((pat.cd @ v) ** 2, axis=1))
+    if not np.any(dist <= close):
+        return pat, v
+    n_groups = pat.size.size
+    ends = pat.cd.indices.reshape(-1, 2)  # each row of cd: its two clusters (sorted)
+    meet = set((np.minimum(*ends.T) * n_groups + np.maximum(*ends.T))[dist <= close].tolist())
+    b = pat.expand(v)
+    plus, minus = all_pairs(b.shape[0]).T
+    g_plus, g_minus = pat.gid[plus], pat.gid[minus]
+    key = np.minimum(g_plus, g_minus).astype(np.int64) * n_groups + np.maximum(g_plus, g_minus)
+    delta_f = b[plus] - b[minus]
+    delta_f[np.isin(key, list(meet)) | pat.same] = 0.0
+    held = np.where(pat.zero[pat.gid], 0.0, np.where(b == 0.0, pat.sign[pat.gid], b))
+    return read_pattern(delta_f, held, b, lam_f)
+
+
+def _search(red: _Reduced, v, f: float, g, direction, cross):
+    """A projected Armijo search along ``direction``: the trial point at step ``t`` (1, 1/2,
+    ...) holds at zero the entries whose crossing ``cross`` (the step at which each reaches
+    zero) is at most ``t``; accepted on sufficient decrease ``f(trial) <= f + 1e-4
+    g'(trial - v)``, or, at the full step, when that predicted decrease is below the
+    objective's rounding.  ``(v, f, held)`` after the step, ``(None, None, None)`` if it
+    stalls."""
+    t = 1.0
+    while t >= 1e-3:
+        held = cross <= t
+        trial = np.where(held, 0.0, v + t * direction)
+        f_trial = red.value(trial)
+        decrease = float(np.sum(g * (trial - v)))
+        if f_trial <= f + 1e-4 * decrease or (
+            t == 1.0 and not held.any() and -decrease <= 1e-13 * max(1.0, abs(f))
+        ):
+            return trial, f_trial, held
+        t *= 0.5
+    return None, None, None
