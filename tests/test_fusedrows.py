@@ -293,8 +293,8 @@ def polished_and_reference(prob, x, g, hess, monkeypatch):
     lam_f, lam_s = levels_of(prob, x)
     rough = rough_admm(prob, x, g, hess, 1e-5, monkeypatch)
     res = rowpolish.polish_rows(
-        x, g, hess, lam_f, lam_s, rough.delta[0], rough.delta[1], rough.b,
-        rough.rho * rough.u[0], modelsolve.model_scale(x, g),
+        x, g, hess, lam_f, lam_s, np.all(rough.delta[0] == 0.0, axis=2), rough.delta[1],
+        rough.b, lambda: rough.rho * rough.u[0], modelsolve.model_scale(x, g),
     )  # fmt: skip
     assert res is not None
     return (res, *cvxpy_rows(x, g, hess, lam_f, lam_s))
@@ -364,21 +364,23 @@ def test_a_wrong_pattern_is_corrected_or_refused_never_answered(monkeypatch):
     ref, _ = cvxpy_rows(x, g, hess, lam_f, lam_s)
     exact = rough_admm(prob, x, g, hess, 1e-11, monkeypatch)
     scale = modelsolve.model_scale(x, g)
-    y = exact.rho * exact.u[0]
+    fused = np.all(exact.delta[0] == 0.0, axis=2)
+
+    def y():
+        return exact.rho * exact.u[0]
+
     outcome = {True: [], False: []}  # by whether the flipped entry was zero
     for idx in np.ndindex(exact.delta[1].shape):
         delta_s = exact.delta[1].copy()
         was_zero = bool(delta_s[idx] == 0.0)
         delta_s[idx] = 1e-3 if was_zero else 0.0
-        res = rowpolish.polish_rows(
-            x, g, hess, lam_f, lam_s, exact.delta[0], delta_s, exact.b, y, scale
-        )
+        res = rowpolish.polish_rows(x, g, hess, lam_f, lam_s, fused, delta_s, exact.b, y, scale)
         if res is not None:
             assert_allclose(res.b, ref, rtol=0, atol=1e-6)
         outcome[was_zero].append(res is not None)
     for answered in outcome.values():  # both kinds of error occur, and are corrected
         assert len(answered) >= 10 and np.mean(answered) >= 0.5
-    all_fused = np.zeros_like(exact.delta[0])
+    all_fused = np.ones_like(fused)
     plus, minus = admm.all_pairs(M).T
     assert np.any(np.linalg.norm(ref[plus] - ref[minus], axis=2) > 1e-3)
     wrong = rowpolish.polish_rows(

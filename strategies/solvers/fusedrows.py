@@ -243,9 +243,10 @@ class _Held:
 
 
 def _polisher(problem: Problem, x, hess, linear, frozen, scale: float, solution):
-    """``attempt(delta_f, delta_s, b, y_f, rho, weights, done)``: the exact solution on the
-    pattern of an ADMM state (:func:`strategies.solvers.rowpolish.polish_rows`, ``y_f`` the
-    fusion's multipliers ``rho w_0 u``) as a ``solution``, or ``None``; ``None`` itself where
+    """``attempt(fused, delta_s, b, u_f, rho, weights, done)``: the exact solution on the
+    pattern of an ADMM state (:func:`strategies.solvers.rowpolish.polish_rows`; ``fused``
+    the fused pair rows, ``u_f()`` the fusion's scaled duals, asked for only to certify) as
+    a ``solution``, or ``None``; ``None`` itself where
     the polish does not apply (a frozen site: left to ADMM; sparsity by row)."""
     fusion, sparsity = problem.splits
     if np.any(frozen) or sparsity.grouping != "entry":
@@ -257,8 +258,11 @@ def _polisher(problem: Problem, x, hess, linear, frozen, scale: float, solution)
     lam_s = np.broadcast_to(lam.reshape(lam.shape + (1,) * (3 - lam.ndim)), x.shape)
     grad = np.matmul(hess, x) - linear
 
-    def attempt(delta_f, delta_s, b, y_f, rho, weights, done):
-        res = polish_rows(x, grad, hess, lam_f, lam_s, delta_f, delta_s, b, y_f, scale)
+    def attempt(fused, delta_s, b, u_f, rho, weights, done):
+        def y_f():
+            return rho * weights[0] * u_f()
+
+        res = polish_rows(x, grad, hess, lam_f, lam_s, fused, delta_s, b, y_f, scale)
         if res is None:
             return None
         u = tuple(y / (rho * w) for y, w in zip(res.y, weights, strict=True))
@@ -347,8 +351,9 @@ def solve_rows(
     attempt = _polisher(problem, x, hess, linear, frozen, scale, solution)
     if attempt is not None and warm is not None:  # last round's pattern may still hold
         w_0 = warm.split_weights(2)
-        sol = attempt(warm.delta[0], warm.delta[1], warm.b, warm.rho * w_0[0] * warm.u[0],
-                      max(warm.rho, min_rho), w_0, 0)  # fmt: skip
+        fused = np.all(warm.delta[0] == 0.0, axis=2)
+        sol = attempt(fused, warm.delta[1], warm.b, lambda: warm.u[0] * (warm.rho / max(
+            warm.rho, min_rho)), max(warm.rho, min_rho), w_0, 0)  # fmt: skip
         if sol is not None:
             return sol
     rows = _Rows(fusion, n, p, q)
@@ -435,20 +440,21 @@ def solve_rows(
         if attempt is not None and it % POLISH_FIRST == 0:
             # ADMM finds the pattern early: tried once it changes little, then less often
             now = _pattern_of(new_d, expanded, new_eta, pairs, p)
-            changed = sum(int(np.sum(a != b)) for a, b in zip(now, seen, strict=True))
-            settled = changed <= STABLE * sum(int(a.sum()) for a in now)
+            changed = sum(int(np.sum(new != old)) for new, old in zip(now, seen, strict=True))
+            settled = changed <= STABLE * sum(int(mask.sum()) for mask in now)
             seen = now
         if attempt is not None and it % POLISH_FIRST == 0 and it >= next_polish and settled:
             next_polish, gap = it + gap, 2 * gap
-            d_full = np.zeros((pairs, p, q))
-            d_full[:, expanded] = new_d
-            u_full = np.empty_like(d_full)
-            u_full[:, expanded] = new_u
-            u_full[:, held] = rows.apply(new_a) + held_rows.remainder(np.arange(held.size))
-            sol = attempt(d_full, new_eta, b, rho * weights[0] * u_full, rho, weights, it)
+
+            def duals(held=held, new_u=new_u, new_a=new_a, expanded=expanded):
+                u_full = np.empty((pairs, p, q))
+                u_full[:, expanded] = new_u
+                u_full[:, held] = rows.apply(new_a) + held_rows.remainder(np.arange(held.size))
+                return u_full
+
+            sol = attempt(seen[0], new_eta, b, duals, rho, weights, it)
             if sol is not None:
                 return sol
-            del d_full, u_full
         if d_e.size > PLAIN_SIZE:  # a large expanded state: the plain iteration
             d_e, u_e, a_c, eta, v = new_d, new_u, new_a, new_eta, new_v
         else:

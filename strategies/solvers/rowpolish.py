@@ -33,6 +33,7 @@ entry whose zero cannot be balanced, a multiplier beyond its level) and left to 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -40,7 +41,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import LinearOperator, cg
 
-from .admm import all_pairs
+from .admm import all_pairs, incidence_matrix
 
 DUAL_SLACK = 1e-9  # relative slack of the checks ||z|| <= lam1, |s| <= lam2
 NEWTON_MAX = 16  # Newton steps before a pattern is given up
@@ -61,6 +62,8 @@ MEET = 1e-6
 #: Entries within this distance of zero (relative to the scale; at most the gradient's norm)
 #: that the gradient pushes across it are held at zero before a Newton step
 EPS_ACTIVE = 1e-6
+#: Alternating projections moving a certificate's multipliers into their balls
+BALL_STEPS = 50
 #: Newton's tolerance (as :data:`NEWTON_TOL`) for the rough minima the pattern is corrected at
 ROUGH = 1e-8
 
@@ -90,15 +93,15 @@ class RowPattern:
 
 
 def read_pattern(
-    delta_f: np.ndarray, delta_s: np.ndarray, b: np.ndarray, lam_f: np.ndarray
+    fused: np.ndarray, delta_s: np.ndarray, b: np.ndarray, lam_f: np.ndarray
 ) -> tuple[RowPattern, np.ndarray]:
     """The pattern of an ADMM iterate, and its cluster centres (masked).
 
     Parameters
     ----------
-    delta_f : ndarray, shape (E, p, q)
-        The fusion split's ``delta`` over all pairs ``m < m'`` (lexicographic): a pair's row
-        is fused where it is exactly zero.
+    fused : ndarray of bool, shape (E, p)
+        Per pair ``m < m'`` (lexicographic) and row, whether the fusion split's ``delta`` is
+        exactly zero there.
     delta_s : ndarray, shape (M, p, q)
         The sparsity split's ``delta``: an entry is zero where it is exactly zero.
     b : ndarray, shape (M, p, q)
@@ -112,7 +115,6 @@ def read_pattern(
     """
     n, p, q = b.shape
     plus, minus = all_pairs(n).T
-    fused = np.all(delta_f == 0.0, axis=2)  # (E, p)
     node = np.arange(n * p).reshape(n, p)
     e_idx, j_idx = np.nonzero(fused)
     links = sp.coo_matrix(
@@ -143,6 +145,13 @@ def read_pattern(
     cd = sp.csr_matrix((signs, (np.tile(np.arange(k), 2), ends)), shape=(k, n_groups))
     pattern = RowPattern(gid, size, zero, sign, cd, level, summer, same)
     return pattern, centre
+
+
+@functools.lru_cache(maxsize=4)
+def _incidence(n: int) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """The all-pairs incidence ``D`` (pairs ``m < m'``, lexicographic) and ``D^T``."""
+    d = incidence_matrix(all_pairs(n), n)
+    return d, sp.csr_matrix(d.T)
 
 
 class _Reduced:
@@ -225,9 +234,9 @@ def certify(
         The fusion levels per pair and row.
     lam_s : ndarray, shape (M, p, q)
         The sparsity levels per entry.
-    y_pairs : ndarray, shape (E, p, q), or None
-        A guess of the fusion's multipliers (``lam1 z``), read on the pairs inside a cluster
-        (``None``: zero).
+    y_pairs : callable or None
+        ``y_pairs() -> ndarray (E, p, q)``: a guess of the fusion's multipliers (``lam1 z``),
+        read on the pairs inside a cluster (not asked for when ``rough``).
     scale : float
         The problem's scale (the residual allowed for rounding is relative to it).
     rough : bool, optional
@@ -244,24 +253,34 @@ def certify(
         each of them takes when released (0 elsewhere).
     """
     n, p, q = b.shape
-    plus, minus = all_pairs(n).T
+    inc, inc_t = _incidence(n)
     same = pat.same
     zero_b = pat.zero[pat.gid]  # (M, p, q)
-    d = b[plus] - b[minus]
-    dist = np.sqrt(np.sum(d * d, axis=2))
-    if np.any(dist[~same] == 0.0):  # two clusters met: the pattern is wrong
-        return None, None
-    safe = np.where(same, 1.0, dist)
-    inside = 0.0 if y_pairs is None else y_pairs
-    y_f = np.where(same[:, :, None], inside, d * (lam_f / safe)[:, :, None])
-    y_s = np.where(zero_b, 0.0, lam_s * np.sign(b))
     if np.any(np.sign(b)[~zero_b] != pat.sign[pat.gid][~zero_b]):
         return None, None
-    flat = y_f.reshape(y_f.shape[0], -1)
-    pull = np.zeros((n, p * q))
-    np.add.at(pull, plus, flat)
-    np.add.at(pull, minus, -flat)
-    resid = grad + np.matmul(hess, b - x) + y_s + pull.reshape(n, p, q)
+    # the rows with pairs in different clusters (most rows are fused whole at large M)
+    open_rows = np.flatnonzero(~np.all(same, axis=0))
+    guess = None if rough else y_pairs()
+    n_open, n_pairs = open_rows.size, inc.shape[0]
+    d = (inc @ b[:, open_rows].reshape(n, n_open * q)).reshape(n_pairs, n_open, q)
+    dist = np.sqrt(np.sum(d * d, axis=2))
+    same_o = same[:, open_rows]
+    if np.any(dist[~same_o] == 0.0):  # two clusters met: the pattern is wrong
+        return None, None
+    safe = np.where(same_o, 1.0, dist)
+    inside = 0.0 if guess is None else guess[:, open_rows]
+    y_open = np.where(same_o[:, :, None], inside, d * (lam_f[:, open_rows] / safe)[:, :, None])
+    del d
+    y_s = np.where(zero_b, 0.0, lam_s * np.sign(b))
+    pull = np.zeros((n, p, q))
+    pull[:, open_rows] = (inc_t @ y_open.reshape(n_pairs, n_open * q)).reshape(n, n_open, q)
+    if guess is not None:  # the rows fused whole: their pairs all inside
+        closed = np.flatnonzero(np.all(same, axis=0))
+        flat = guess[:, closed].reshape(n_pairs, closed.size * q)
+        pull[:, closed] = (inc_t @ flat).reshape(n, closed.size, q)
+        y_f = guess.copy()
+        y_f[:, open_rows] = y_open
+    resid = grad + np.matmul(hess, b - x) + y_s + pull
     # zero entries: lam2 s in its box, the members' remainders summing to zero per cluster
     m_i, j_i, k_i = np.nonzero(zero_b)
     if m_i.size:
@@ -280,22 +299,28 @@ def certify(
                 low[low | high], -1.0, 1.0
             )
             return None, release
-        if rough:
-            return None, None
-        t = _clip_level(lo, hi, starts)
-        y_s[m_i, j_i, k_i] = np.clip(t - r0, -box, box)
-        resid[m_i, j_i, k_i] = r0 + y_s[m_i, j_i, k_i]
+        if not rough:
+            t = _clip_level(lo, hi, starts)
+            y_s[m_i, j_i, k_i] = np.clip(t - r0, -box, box)
+            resid[m_i, j_i, k_i] = r0 + y_s[m_i, j_i, k_i]
+    if rough:
+        return None, None
     # what is left sums to zero over each cluster (to Newton's accuracy): the pairs inside
     # take it
     mean = pat.gather(resid) / pat.size[:, None]
     if np.max(np.abs(mean * pat.size[:, None])) > 1e-9 * scale:
         return None, None
     resid = resid - mean[pat.gid]
-    size = pat.size[pat.gid[plus]]  # (E, p): the cluster's size, where the pair is inside
-    fix = (resid[plus] - resid[minus]) / size[:, :, None]
+    size = pat.size[pat.gid[all_pairs(n)[:, 0]]]  # (E, p): the cluster's size, inside
+    fix = (inc @ resid.reshape(n, p * q)).reshape(-1, p, q) / size[:, :, None]
     y_in = y_f - fix
     norm = np.sqrt(np.sum(y_in * y_in, axis=2))
     allowed = lam_f * (1.0 + DUAL_SLACK) + 1e-12 * scale
+    over = np.flatnonzero(np.any((norm > allowed) & same, axis=0))
+    if over.size:  # rows whose multipliers leave their balls: alternating projections
+        y_in[:, over], norm[:, over] = _into_balls(
+            y_in[:, over], same[:, over], lam_f[:, over], size[:, over], allowed[:, over]
+        )
     if np.any(norm[same] > allowed[same]):  # a cluster that should split
         return None, None
     shrink = np.minimum(1.0, lam_f / np.where(norm > 0.0, norm, 1.0))  # rounding only
@@ -303,8 +328,36 @@ def certify(
     return (y_f, y_s), None
 
 
+def _into_balls(y, inside, lam, size, allowed):
+    """Multipliers of the pairs inside clusters (``inside``) moved into their balls
+    ``||y|| <= lam`` while keeping what they balance, ``D^T y``, by alternating projections
+    (at most :data:`BALL_STEPS`): clip each pair's norm to its level, then the least-norm
+    correction back onto ``D^T y`` (``- D r / c`` for the change ``r`` of ``D^T y`` and the
+    cluster size ``c``: the clusters' pairs are complete graphs).  ``(y, norms)``, the last
+    step an exact correction."""
+    n = _members(y.shape[0])
+    inc, inc_t = _incidence(n)
+    shape = y.shape
+    mask = inside[:, :, None]
+    for _ in range(BALL_STEPS):
+        norm = np.sqrt(np.sum(y * y, axis=2))
+        clipped = y * np.minimum(1.0, lam / np.where(norm > 0.0, norm, 1.0))[:, :, None]
+        moved = inc_t @ np.where(mask, clipped - y, 0.0).reshape(shape[0], -1)
+        fix = (inc @ moved).reshape(shape) / size[:, :, None]
+        y = np.where(mask, clipped - fix, y)
+        norm = np.sqrt(np.sum(y * y, axis=2))
+        if np.all(norm[inside] <= allowed[inside]):
+            break
+    return y, norm
+
+
+def _members(n_pairs: int) -> int:
+    """The clients of ``n_pairs`` all-pairs rows: ``M`` with ``M (M - 1) / 2 = n_pairs``."""
+    return int(round((1.0 + np.sqrt(1.0 + 8.0 * n_pairs)) / 2.0))
+
+
 def polish_rows(
-    x, grad, hess, lam_f, lam_s, delta_f, delta_s, b, y_guess, scale: float
+    x, grad, hess, lam_f, lam_s, fused, delta_s, b, y_guess, scale: float
 ) -> RowPolished | None:
     """The model problem's exact minimizer on the pattern of an ADMM iterate, certified, or
     ``None`` (module docstring).
@@ -319,12 +372,13 @@ def polish_rows(
         The fusion levels per client pair (``m < m'``, lexicographic) and row.
     lam_s : ndarray, shape (M, p, q)
         The sparsity levels per entry.
-    delta_f, delta_s : ndarray
-        The iterate's splits (:func:`read_pattern`).
+    fused, delta_s : ndarray
+        The iterate's fused pair rows and sparsity split (:func:`read_pattern`).
     b : ndarray, shape (M, p, q)
         The iterate's blocks.
-    y_guess : ndarray, shape (E, p, q)
-        A guess of the fusion's multipliers (``lam1 z``) for :func:`certify`.
+    y_guess : callable
+        ``y_guess() -> ndarray (E, p, q)``: a guess of the fusion's multipliers (``lam1 z``)
+        for :func:`certify`, asked for once a minimum is to be certified.
     scale : float
         The problem's scale (:func:`strategies.solvers.modelsolve.model_scale`).
 
@@ -332,13 +386,13 @@ def polish_rows(
     -------
     RowPolished or None
     """
-    pat, v = _merged(*read_pattern(delta_f, delta_s, b, lam_f), lam_f)
+    pat, v = _merged(*read_pattern(fused, delta_s, b, lam_f), lam_f)
     found = _active_newton(pat, v, x, grad, hess, lam_f, lam_s, y_guess, scale)
     if found is None:
         return None
     pat, sol, y, steps = found
-    plus, minus = all_pairs(x.shape[0]).T
-    d = np.where(pat.same[:, :, None], 0.0, sol[plus] - sol[minus])
+    n, p, q = sol.shape
+    d = (_incidence(n)[0] @ sol.reshape(n, p * q)).reshape(-1, p, q)  # 0 where fused
     return RowPolished(sol, (d, sol.copy()), y, steps)
 
 
@@ -441,10 +495,9 @@ def _merged(pat: RowPattern, v: np.ndarray, lam_f, close: float = 0.0):
     plus, minus = all_pairs(b.shape[0]).T
     g_plus, g_minus = pat.gid[plus], pat.gid[minus]
     key = np.minimum(g_plus, g_minus).astype(np.int64) * n_groups + np.maximum(g_plus, g_minus)
-    delta_f = b[plus] - b[minus]
-    delta_f[np.isin(key, list(meet)) | pat.same] = 0.0
+    fused = np.isin(key, list(meet)) | pat.same
     held = np.where(pat.zero[pat.gid], 0.0, np.where(b == 0.0, pat.sign[pat.gid], b))
-    return read_pattern(delta_f, held, b, lam_f)
+    return read_pattern(fused, held, b, lam_f)
 
 
 def _search(red: _Reduced, v, f: float, g, direction, cross):
