@@ -46,7 +46,7 @@ import numpy as np
 from .admm import Problem, all_pairs, incidence_matrix
 from .anderson import splitting_step
 from .polish import POLISH_FIRST
-from .rowpolish import STABLE, polish_rows
+from .rowpolish import CG_BUDGET, PRODUCTS_PER_STEP, STABLE, polish_rows
 
 #: Rows whose pairs all sit at zero are held compactly every this many iterations.
 EVENT_EVERY = 5
@@ -243,7 +243,7 @@ class _Held:
 
 
 def _polisher(problem: Problem, x, hess, linear, frozen, scale: float, solution):
-    """``attempt(fused, delta_s, b, u_f, rho, weights, done)``: the exact solution on the
+    """``attempt(fused, delta_s, b, u_f, rho, weights, done, budget)``: the exact solution on the
     pattern of an ADMM state (:func:`strategies.solvers.rowpolish.polish_rows`; ``fused``
     the fused pair rows, ``u_f()`` the fusion's scaled duals, asked for only to certify) as
     a ``solution``, or ``None``; ``None`` itself where
@@ -258,11 +258,11 @@ def _polisher(problem: Problem, x, hess, linear, frozen, scale: float, solution)
     lam_s = np.broadcast_to(lam.reshape(lam.shape + (1,) * (3 - lam.ndim)), x.shape)
     grad = np.matmul(hess, x) - linear
 
-    def attempt(fused, delta_s, b, u_f, rho, weights, done):
+    def attempt(fused, delta_s, b, u_f, rho, weights, done, budget=CG_BUDGET):
         def y_f():
             return rho * weights[0] * u_f()
 
-        res = polish_rows(x, grad, hess, lam_f, lam_s, fused, delta_s, b, y_f, scale)
+        res = polish_rows(x, grad, hess, lam_f, lam_s, fused, delta_s, b, y_f, scale, budget)
         if res is None:
             return None
         u = tuple(y / (rho * w) for y, w in zip(res.y, weights, strict=True))
@@ -387,7 +387,7 @@ def solve_rows(
     solve, rhs_fixed = factor(rho, weights)
     b = x.copy()
     it = 0
-    next_polish, gap = POLISH_FIRST, POLISH_FIRST
+    next_polish, gap, last_polish = POLISH_FIRST, POLISH_FIRST, 0
     seen = _pattern_of(d_e, expanded, eta, pairs, p)  # the pattern, every POLISH_FIRST its
     for it in range(1, max_iter + 1):  # noqa: B007
         # b: the linear solve on the pull of both splits
@@ -444,7 +444,8 @@ def solve_rows(
             settled = changed <= STABLE * sum(int(mask.sum()) for mask in now)
             seen = now
         if attempt is not None and it % POLISH_FIRST == 0 and it >= next_polish and settled:
-            next_polish, gap = it + gap, 2 * gap
+            budget = PRODUCTS_PER_STEP * (it - last_polish)
+            next_polish, gap, last_polish = it + gap, 2 * gap, it
 
             def duals(held=held, new_u=new_u, new_a=new_a, expanded=expanded):
                 u_full = np.empty((pairs, p, q))
@@ -452,7 +453,7 @@ def solve_rows(
                 u_full[:, held] = rows.apply(new_a) + held_rows.remainder(np.arange(held.size))
                 return u_full
 
-            sol = attempt(seen[0], new_eta, b, duals, rho, weights, it)
+            sol = attempt(seen[0], new_eta, b, duals, rho, weights, it, budget)
             if sol is not None:
                 return sol
         if d_e.size > PLAIN_SIZE:  # a large expanded state: the plain iteration

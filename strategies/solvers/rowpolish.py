@@ -49,6 +49,15 @@ NEWTON_MAX = 16  # Newton steps before a pattern is given up
 #: square root of the number of unknowns (rounding in the gradient grows so)
 NEWTON_TOL = 1e-13
 CG_MAX = 200  # conjugate-gradient steps per Newton step
+#: Conjugate-gradient steps (Hessian products) per attempt, all Newton steps together, by
+#: default: a pattern refused costs at most about this many products (an accepted one took
+#: 60-160 at (100, 100), M = 10); the inner ADMM allows fewer (:data:`PRODUCTS_PER_STEP`)
+CG_BUDGET = 300
+#: ... at most this many Hessian products per ADMM iteration since the last attempt (a
+#: product costs about a quarter of an iteration at (100, 100), M = 10 and 20: refused
+#: attempts then cost at most about as much as the iterations between them; unbounded,
+#: they cost M = 20's second model 3 times its ADMM)
+PRODUCTS_PER_STEP = 3
 FORCING = 0.1
 BISECTIONS = 60  # bisection steps for a cluster's common clip level (to rounding)
 #: Corrections of a pattern (entries joining or leaving the zero set) before it is given up
@@ -357,8 +366,9 @@ def _members(n_pairs: int) -> int:
 
 
 def polish_rows(
-    x, grad, hess, lam_f, lam_s, fused, delta_s, b, y_guess, scale: float
-) -> RowPolished | None:
+    x, grad, hess, lam_f, lam_s, fused, delta_s, b, y_guess, scale: float,
+    budget: int = CG_BUDGET,
+) -> RowPolished | None:  # fmt: skip
     """The model problem's exact minimizer on the pattern of an ADMM iterate, certified, or
     ``None`` (module docstring).
 
@@ -381,13 +391,15 @@ def polish_rows(
         for :func:`certify`, asked for once a minimum is to be certified.
     scale : float
         The problem's scale (:func:`strategies.solvers.modelsolve.model_scale`).
+    budget : int, optional
+        The most Hessian products (conjugate-gradient steps) the attempt may take.
 
     Returns
     -------
     RowPolished or None
     """
     pat, v = _merged(*read_pattern(fused, delta_s, b, lam_f), lam_f)
-    found = _active_newton(pat, v, x, grad, hess, lam_f, lam_s, y_guess, scale)
+    found = _active_newton(pat, v, x, grad, hess, lam_f, lam_s, y_guess, scale, budget)
     if found is None:
         return None
     pat, sol, y, steps = found
@@ -396,7 +408,7 @@ def polish_rows(
     return RowPolished(sol, (d, sol.copy()), y, steps)
 
 
-def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, scale: float):
+def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, scale, budget):
     """Newton's method on the pattern from ``v``, the pattern corrected on the way: entries
     that an accepted step carries across zero are held at zero and join the zero set (a
     projected search, :func:`_search`); zeros whose boxes cannot balance
@@ -408,10 +420,11 @@ def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, sca
     (pattern, b, y, steps) or None
         The final pattern, the certified minimizer, its multipliers and the Newton steps;
         ``None`` if a certificate fails otherwise, the search stalls, or :data:`NEWTON_MAX`
-        steps or :data:`CORRECTIONS` corrections do not settle it.
+        steps, ``budget`` Hessian products or :data:`CORRECTIONS` corrections do not settle
+        it.
     """
     red = _Reduced(pat, x, grad, hess, lam_s)
-    f, rough, steps, corrections = red.value(v), True, 0, 0
+    f, rough, steps, corrections, products = red.value(v), True, 0, 0, 0
     while True:
         g = red.gradient(v)
         g_norm = float(np.linalg.norm(g))
@@ -447,11 +460,16 @@ def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, sca
                 red, rough = _Reduced(pat, x, grad, hess, lam_s), True
                 f = red.value(v)
                 continue
-            if steps == NEWTON_MAX:
+            if steps == NEWTON_MAX or products >= budget:
                 return None
             steps += 1
             forcing = min(FORCING, np.sqrt(g_norm / scale))
-            direction, _ = cg(red.hessian(v), -g.ravel(), rtol=forcing, maxiter=CG_MAX)
+            count = [0]
+            direction, _ = cg(
+                red.hessian(v), -g.ravel(), rtol=forcing,
+                maxiter=min(CG_MAX, budget - products), callback=lambda _, c=count: c.append(1),
+            )  # fmt: skip
+            products += len(count)
             direction = np.where(red.free, direction.reshape(v.shape), 0.0)
             slope = float(np.sum(g * direction))
             if not slope < 0.0:
