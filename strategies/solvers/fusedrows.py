@@ -246,8 +246,8 @@ def _polisher(problem: Problem, x, hess, linear, frozen, scale: float, solution)
     """``attempt(fused, delta_s, b, u_f, rho, weights, done, budget)``: the exact solution on the
     pattern of an ADMM state (:func:`strategies.solvers.rowpolish.polish_rows`; ``fused``
     the fused pair rows, ``u_f()`` the fusion's scaled duals, asked for only to certify) as
-    a ``solution``, or ``None``; ``None`` itself where
-    the polish does not apply (a frozen site: left to ADMM; sparsity by row)."""
+    a ``solution``, or ``None``; ``None`` itself where the polish does not apply (a frozen
+    site: left to ADMM; sparsity by row)."""
     fusion, sparsity = problem.splits
     if np.any(frozen) or sparsity.grouping != "entry":
         return None
@@ -343,8 +343,9 @@ def solve_rows(
     -------
     ModelSolution
         The same solution as ``solve_model``'s (full ``delta`` and ``u``), or the exact one
-        on the pattern of the warm start or of an iterate after 10, 20, 40, ... iterations
-        (:mod:`strategies.solvers.rowpolish`), where it is certified.
+        on the pattern of the warm start or of an iterate whose pattern has settled (tried
+        every 10 iterations, waiting twice as long after each refusal;
+        :mod:`strategies.solvers.rowpolish`), where it is certified.
     """
     n, p, q = x.shape
     fusion, sparsity = problem.splits

@@ -328,7 +328,7 @@ def certify(
     over = np.flatnonzero(np.any((norm > allowed) & same, axis=0))
     if over.size:  # rows whose multipliers leave their balls: alternating projections
         y_in[:, over], norm[:, over] = _into_balls(
-            y_in[:, over], same[:, over], lam_f[:, over], size[:, over], allowed[:, over]
+            y_in[:, over], same[:, over], lam_f[:, over], size[:, over], allowed[:, over], n
         )
     if np.any(norm[same] > allowed[same]):  # a cluster that should split
         return None, None
@@ -337,14 +337,13 @@ def certify(
     return (y_f, y_s), None
 
 
-def _into_balls(y, inside, lam, size, allowed):
+def _into_balls(y, inside, lam, size, allowed, n: int):
     """Multipliers of the pairs inside clusters (``inside``) moved into their balls
     ``||y|| <= lam`` while keeping what they balance, ``D^T y``, by alternating projections
     (at most :data:`BALL_STEPS`): clip each pair's norm to its level, then the least-norm
     correction back onto ``D^T y`` (``- D r / c`` for the change ``r`` of ``D^T y`` and the
     cluster size ``c``: the clusters' pairs are complete graphs).  ``(y, norms)``, the last
     step an exact correction."""
-    n = _members(y.shape[0])
     inc, inc_t = _incidence(n)
     shape = y.shape
     mask = inside[:, :, None]
@@ -358,11 +357,6 @@ def _into_balls(y, inside, lam, size, allowed):
         if np.all(norm[inside] <= allowed[inside]):
             break
     return y, norm
-
-
-def _members(n_pairs: int) -> int:
-    """The clients of ``n_pairs`` all-pairs rows: ``M`` with ``M (M - 1) / 2 = n_pairs``."""
-    return int(round((1.0 + np.sqrt(1.0 + 8.0 * n_pairs)) / 2.0))
 
 
 def polish_rows(
