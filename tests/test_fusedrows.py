@@ -324,6 +324,28 @@ def test_the_pattern_polish_is_the_conic_minimizer_with_exact_multipliers(
     assert np.array_equal(res.delta[0], res.b[plus] - res.b[minus])  # zero where fused
 
 
+def test_the_preconditioner_is_the_inverse_of_the_hessians_diagonal(monkeypatch):
+    """Newton's conjugate gradients are preconditioned by the reduced Hessian's diagonal:
+    brute force (each unit vector through the Hessian operator) on a pattern with clusters
+    of several sizes, zero entries and pairs of clusters apart."""
+    x, g, hess = model(1)
+    prob = build_problem(M, "lasso", 0.3, 0.1)
+    lam_f, lam_s = levels_of(prob, x)
+    rough = rough_admm(prob, x, g, hess, 1e-5, monkeypatch)
+    pat, v = rowpolish.read_pattern(
+        np.all(rough.delta[0] == 0.0, axis=2), rough.delta[1], rough.b, lam_f
+    )
+    assert np.unique(pat.size).size > 1 and pat.zero.any() and pat.level.size
+    red = rowpolish._Reduced(pat, x, g, hess, lam_s)
+    op, inv = red.hessian(v), red.diagonal_inverse(v)
+    diag = np.array([op.matvec(e)[i] for i, e in enumerate(np.eye(v.size))])
+    free = ~pat.zero.ravel()
+    assert np.all(diag[free] > 0) and np.all(diag[~free] == 0)
+    got = inv.matvec(np.ones(v.size))
+    assert_allclose(got[free], 1.0 / diag[free], rtol=1e-12)
+    assert np.all(got[~free] == 1.0)
+
+
 def test_the_cases_hold_clusters_zeros_and_nonzeros():
     """The polish cases are not degenerate: between them, rows fused at every client, rows
     fused at some clients only, zero entries and nonzero ones."""

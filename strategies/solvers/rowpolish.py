@@ -13,8 +13,9 @@ sparsity split's; within a cluster an entry counts as zero if any member's is). 
 pattern the problem is smooth: the unknowns are one centre per cluster with the zero entries
 removed, the pairs in different clusters have nonzero differences and the nonzero entries
 fixed signs.  :func:`polish_rows` minimizes it there by Newton's method (conjugate gradients
-on Hessian-vector products, an Armijo search that keeps the signs) and then *certifies* the
-point: it builds multipliers that satisfy the optimality conditions exactly,
+on Hessian-vector products preconditioned by the Hessian's diagonal, an Armijo search that
+keeps the signs) and then *certifies* the point: it builds multipliers that satisfy the
+optimality conditions exactly,
 
 * on a pair in different clusters, ``lam1 d / ||d||`` (``d`` the rows' difference); on a
   nonzero entry, ``lam2 sign``;
@@ -54,10 +55,10 @@ CG_MAX = 200  # conjugate-gradient steps per Newton step
 #: 60-160 at (100, 100), M = 10); the inner ADMM allows fewer (:data:`PRODUCTS_PER_STEP`)
 CG_BUDGET = 300
 #: ... at most this many Hessian products per ADMM iteration since the last attempt (a
-#: product costs about a quarter of an iteration at (100, 100), M = 10 and 20: refused
-#: attempts then cost at most about as much as the iterations between them; unbounded,
-#: they cost M = 20's second model 3 times its ADMM)
-PRODUCTS_PER_STEP = 3
+#: product costs a quarter (M = 10) to a tenth (M = 50) of an iteration at (100, 100);
+#: docs/performance.md measures 3, 10 and no bound: 10 keeps most of the unbounded attempts'
+#: gain where patterns are found, and bounds what refused ones cost on degenerate problems)
+PRODUCTS_PER_STEP = 10
 FORCING = 0.1
 BISECTIONS = 60  # bisection steps for a cluster's common clip level (to rounding)
 #: Corrections of a pattern (entries joining or leaving the zero set) before it is given up
@@ -203,6 +204,20 @@ class _Reduced:
             return np.where(self.free, out, 0.0).ravel()
 
         return LinearOperator((v.size, v.size), matvec=apply, dtype=float)
+
+    def diagonal_inverse(self, v: np.ndarray):
+        """The inverse of the Hessian's diagonal at ``v`` as a :class:`LinearOperator` (a
+        Jacobi preconditioner: a cluster's curvature grows with its size, so at large M the
+        unknowns' scales differ by the clusters' sizes)."""
+        d = self.pat.cd @ v
+        dist = np.sqrt(np.sum(d * d, axis=1))
+        unit = d / dist[:, None]
+        weight = (self.pat.level / dist)[:, None]
+        smooth = self.pat.summer @ np.diagonal(self.hess, axis1=1, axis2=2).ravel()
+        diag = smooth[:, None] + abs(self.pat.cd).T @ (weight * (1.0 - unit * unit))
+        inv = np.where(self.free & (diag > 0.0), 1.0 / np.where(diag > 0.0, diag, 1.0), 1.0)
+        inv = inv.ravel()  # 1 on the zero set, where the Hessian's rows and columns are 0
+        return LinearOperator((v.size, v.size), matvec=lambda w: inv * w, dtype=float)
 
 
 def _clip_level(lo: np.ndarray, hi: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -406,8 +421,13 @@ def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, sca
     """Newton's method on the pattern from ``v``, the pattern corrected on the way: entries
     that an accepted step carries across zero are held at zero and join the zero set (a
     projected search, :func:`_search`); zeros whose boxes cannot balance
-    (:func:`certify`, checked at rough minima) leave it.  Once a rough
-    minimum needs no change the minimum is found to rounding and certified.
+    (:func:`certify`, checked at rough minima, and at the exact one) leave it.  Entries
+    released so are not put back by the eps-active rule, only by a step that carries them
+    across zero: a released entry's minimum is often within eps of zero, and the rule would
+    otherwise hold it there again, release after release.  A step that carries more than
+    :data:`STABLE` of the entries across zero shows a pattern far from the problem's (last
+    round's, say) and is refused.  Once a rough minimum needs no change the minimum is found
+    to rounding and certified.
 
     Returns
     -------
@@ -419,6 +439,7 @@ def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, sca
     """
     red = _Reduced(pat, x, grad, hess, lam_s)
     f, rough, steps, corrections, products = red.value(v), True, 0, 0, 0
+    freed = np.zeros(x.shape, bool)  # entries released in this attempt
     while True:
         g = red.gradient(v)
         g_norm = float(np.linalg.norm(g))
@@ -438,6 +459,7 @@ def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, sca
                 if release is None:
                     return None
             out = release != 0.0  # zeros that cannot hold leave the zero set, signed
+            freed |= out[pat.gid]
             pat = replace(pat, zero=pat.zero & ~out, sign=np.where(out, release, pat.sign))
             corrections += 1  # each costs a rough minimum
             if corrections > CORRECTIONS:
@@ -447,6 +469,8 @@ def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, sca
             # zero set before the step (Bertsekas 1982's eps-active set)
             eps = min(EPS_ACTIVE * scale, g_norm)
             stuck = red.free & (np.abs(v) <= eps) & (np.sign(g) == pat.sign)
+            if freed.any():  # released zeros leave the set only by a step that crosses zero
+                stuck &= ~(pat.gather(freed.astype(float)) > 0.0)
             if stuck.any():
                 pat = replace(pat, zero=pat.zero | stuck, sign=np.where(stuck, 0.0, pat.sign))
                 v = np.where(stuck, 0.0, v)
@@ -460,7 +484,7 @@ def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, sca
             forcing = min(FORCING, np.sqrt(g_norm / scale))
             count = [0]
             direction, _ = cg(
-                red.hessian(v), -g.ravel(), rtol=forcing,
+                red.hessian(v), -g.ravel(), rtol=forcing, M=red.diagonal_inverse(v),
                 maxiter=min(CG_MAX, budget - products), callback=lambda _, c=count: c.append(1),
             )  # fmt: skip
             products += len(count)
@@ -484,6 +508,8 @@ def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, sca
             v, f = moved, f_new
             if not hits.any():
                 continue
+            if hits.sum() > STABLE * hits.size:  # far from the pattern: left to ADMM
+                return None
             pat = replace(pat, zero=pat.zero | hits, sign=np.where(hits, 0.0, pat.sign))
         pat, v = _merged(pat, v, lam_f)
         red, rough = _Reduced(pat, x, grad, hess, lam_s), True
