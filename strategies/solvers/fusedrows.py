@@ -199,6 +199,15 @@ class _Held:
         """``u = D a + w`` of the rows in ``mask``."""
         return self.rows.apply(self.a[:, mask]) + self.remainder(np.flatnonzero(mask))
 
+    def write(self, out: np.ndarray, rows: np.ndarray, a: np.ndarray | None = None) -> None:
+        """``u = D a + w`` of every held row into ``out[:, rows]`` (``out`` the full ``P x p x
+        q`` dual, ``rows`` the held rows' indices; ``a`` the potentials, by default the
+        held ones), with no other array of that size."""
+        out[:, rows] = self.rows.apply(self.a if a is None else a)
+        for j, w in zip(rows, self.w, strict=True):
+            if w is not None:
+                out[:, j] += w
+
     def keep(self, mask: np.ndarray) -> None:
         for name in ("a", "prev"):
             setattr(self, name, getattr(self, name)[:, mask])
@@ -260,7 +269,9 @@ def _polisher(problem: Problem, x, hess, linear, frozen, scale: float, solution)
 
     def attempt(fused, delta_s, b, u_f, rho, weights, done, budget=CG_BUDGET):
         def y_f():
-            return rho * weights[0] * u_f()
+            y = u_f()
+            y *= rho * weights[0]
+            return y
 
         res = polish_rows(x, grad, hess, lam_f, lam_s, fused, delta_s, b, y_f, scale, budget)
         if res is None:
@@ -451,7 +462,7 @@ def solve_rows(
             def duals(held=held, new_u=new_u, new_a=new_a, expanded=expanded):
                 u_full = np.empty((pairs, p, q))
                 u_full[:, expanded] = new_u
-                u_full[:, held] = rows.apply(new_a) + held_rows.remainder(np.arange(held.size))
+                held_rows.write(u_full, held, new_a)
                 return u_full
 
             sol = attempt(seen[0], new_eta, b, duals, rho, weights, it, budget)
@@ -499,5 +510,5 @@ def solve_rows(
     d_full[:, expanded] = d_e
     u_full[:, expanded] = u_e
     held_rows.a = a_c
-    u_full[:, held] = held_rows.dual(np.ones(held.size, bool))
+    held_rows.write(u_full, held)
     return solution(b, (d_full, eta), (u_full, v), rho, it, tuple(map(float, weights)))

@@ -260,6 +260,7 @@ def certify(
         The sparsity levels per entry.
     y_pairs : callable or None
         ``y_pairs() -> ndarray (E, p, q)``: a guess of the fusion's multipliers (``lam1 z``),
+        a new array each call (overwritten with the certificate's multipliers),
         read on the pairs inside a cluster (not asked for when ``rough``).
     scale : float
         The problem's scale (the residual allowed for rounding is relative to it).
@@ -296,14 +297,13 @@ def certify(
     y_open = np.where(same_o[:, :, None], inside, d * (lam_f[:, open_rows] / safe)[:, :, None])
     del d
     y_s = np.where(zero_b, 0.0, lam_s * np.sign(b))
-    pull = np.zeros((n, p, q))
-    pull[:, open_rows] = (inc_t @ y_open.reshape(n_pairs, n_open * q)).reshape(n, n_open, q)
-    if guess is not None:  # the rows fused whole: their pairs all inside
-        closed = np.flatnonzero(np.all(same, axis=0))
-        flat = guess[:, closed].reshape(n_pairs, closed.size * q)
-        pull[:, closed] = (inc_t @ flat).reshape(n, closed.size, q)
-        y_f = guess.copy()
+    if guess is None:
+        pull = np.zeros((n, p, q))
+    else:  # the guess balances the rows fused whole (their pairs all inside); it becomes y_f
+        pull = (inc_t @ guess.reshape(n_pairs, p * q)).reshape(n, p, q)
+        y_f = guess
         y_f[:, open_rows] = y_open
+    pull[:, open_rows] = (inc_t @ y_open.reshape(n_pairs, n_open * q)).reshape(n, n_open, q)
     resid = grad + np.matmul(hess, b - x) + y_s + pull
     # zero entries: lam2 s in its box, the members' remainders summing to zero per cluster
     m_i, j_i, k_i = np.nonzero(zero_b)
@@ -336,9 +336,10 @@ def certify(
         return None, None
     resid = resid - mean[pat.gid]
     size = pat.size[pat.gid[all_pairs(n)[:, 0]]]  # (E, p): the cluster's size, inside
-    fix = (inc @ resid.reshape(n, p * q)).reshape(-1, p, q) / size[:, :, None]
-    y_in = y_f - fix
-    norm = np.sqrt(np.sum(y_in * y_in, axis=2))
+    y_in = (inc @ resid.reshape(n, p * q)).reshape(-1, p, q)  # the correction, in place:
+    y_in /= -size[:, :, None]
+    y_in += y_f  # y_f - D e / c (large at large M: no more temporaries than needed)
+    norm = np.sqrt(np.einsum("epq,epq->ep", y_in, y_in))
     allowed = lam_f * (1.0 + DUAL_SLACK) + 1e-12 * scale
     over = np.flatnonzero(np.any((norm > allowed) & same, axis=0))
     if over.size:  # rows whose multipliers leave their balls: alternating projections
@@ -348,7 +349,8 @@ def certify(
     if np.any(norm[same] > allowed[same]):  # a cluster that should split
         return None, None
     shrink = np.minimum(1.0, lam_f / np.where(norm > 0.0, norm, 1.0))  # rounding only
-    y_f = np.where(same[:, :, None], y_in * shrink[:, :, None], y_f)
+    y_in *= shrink[:, :, None]
+    np.copyto(y_f, y_in, where=same[:, :, None])
     return (y_f, y_s), None
 
 
