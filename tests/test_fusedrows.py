@@ -346,6 +346,35 @@ def test_the_preconditioner_is_the_inverse_of_the_hessians_diagonal(monkeypatch)
     assert np.all(got[~free] == 1.0)
 
 
+def test_a_tight_cut_is_carried_at_full_level_and_keeps_the_balance():
+    """A cluster whose first member must send the flow F to the others across pairs of
+    unequal levels summing exactly to ||F|| (the boundary case of two clusters that just
+    met): from multipliers that balance it but stray by 1e-4 off the only feasible flow
+    across (as an inner ADMM's do), some pairs over their levels, the cut puts every pair
+    across at its level and keeps what the multipliers balance, exactly."""
+    n, q = 6, 3
+    pairs = admm.all_pairs(n)
+    first = pairs[:, 0] == 0  # the pairs (0, b): across the cut {0} | {1, ..., 5}
+    lam = np.ones(len(pairs))
+    lam[first] = [0.5, 1.0, 1.5, 2.0, 1.0]
+    flow = np.array([3.0, -4.0, 12.0]) / 13.0 * lam[first].sum()
+    exact = np.zeros((len(pairs), q))
+    exact[first] = lam[first][:, None] * flow / lam[first].sum()
+    d = admm.incidence_matrix(pairs, n).toarray()
+    need = d.T @ exact
+    z = np.random.default_rng(0).normal(size=exact.shape)
+    y = exact + 1e-4 * (z - d @ (d.T @ z) / n)  # plus a circulation: D^T y = need still
+    assert_allclose(d.T @ y, need, atol=1e-14)
+    allowed = lam * (1 + 1e-9)
+    assert np.any(np.linalg.norm(y, axis=1) > allowed)
+    cut = rowpolish._across_cut(y, np.ones(len(pairs), bool), np.zeros(n, int), lam, allowed, n)
+    assert cut is not None
+    assert_allclose(d.T @ cut, need, atol=1e-12)
+    norm = np.linalg.norm(cut, axis=1)
+    assert np.all(norm <= allowed)
+    assert_allclose(norm[first], lam[first], rtol=1e-12)  # the cut's pairs at their levels
+
+
 def test_the_cases_hold_clusters_zeros_and_nonzeros():
     """The polish cases are not degenerate: between them, rows fused at every client, rows
     fused at some clients only, zero entries and nonzero ones."""

@@ -69,6 +69,13 @@ STABLE = 0.02
 #: Clusters of a row within this distance (relative to the scale) are merged where the line
 #: search stalls at their kink
 MEET = 1e-6
+#: ... and those that a stalled search's direction carries through each other: their
+#: difference's closest approach along it within this share of their distance
+CROSSING = 1e-3
+#: The shares of their levels below which a cluster's pairs are read as inside a part, for a
+#: tight cut between two (:func:`_across_cut`)
+CUT_SHARES = (1.0, 0.999, 0.99, 0.95, 0.9)
+CUT_DEPTH = 8  # cuts within cuts
 #: Entries within this distance of zero (relative to the scale; at most the gradient's norm)
 #: that the gradient pushes across it are held at zero before a Newton step
 EPS_ACTIVE = 1e-6
@@ -342,7 +349,13 @@ def certify(
     norm = np.sqrt(np.einsum("epq,epq->ep", y_in, y_in))
     allowed = lam_f * (1.0 + DUAL_SLACK) + 1e-12 * scale
     over = np.flatnonzero(np.any((norm > allowed) & same, axis=0))
-    if over.size:  # rows whose multipliers leave their balls: alternating projections
+    for j in over:  # rows whose multipliers leave their balls: a tight cut carried evenly
+        cut = _across_cut(y_in[:, j], same[:, j], pat.gid[:, j], lam_f[:, j], allowed[:, j], n)
+        if cut is not None:
+            y_in[:, j] = cut
+            norm[:, j] = np.sqrt(np.sum(cut * cut, axis=1))
+    over = np.flatnonzero(np.any((norm > allowed) & same, axis=0))
+    if over.size:  # ... else alternating projections
         y_in[:, over], norm[:, over] = _into_balls(
             y_in[:, over], same[:, over], lam_f[:, over], size[:, over], allowed[:, over], n
         )
@@ -352,6 +365,81 @@ def certify(
     y_in *= shrink[:, :, None]
     np.copyto(y_f, y_in, where=same[:, :, None])
     return (y_f, y_s), None
+
+
+def _across_cut(y, inside, gid, lam, allowed, n: int):
+    """One row's multipliers inside its clusters (``y``, ``E x q``, balancing what they must)
+    moved into their balls by tight cuts, or ``None``.
+
+    Where clusters met (:func:`_merged`) and the minimum has them fused with their
+    multipliers on the boundary, every pair between the two parts must carry the flow ``F``
+    between them at full level, in one direction: the least-squares correction spreads it
+    over all pairs and leaves some across over their levels.  A cluster's parts are the
+    components of its pairs below a share of their level (:data:`CUT_SHARES`, the first
+    that gives exactly two, ``S`` and ``T``); the pairs across get ``lam F / sum(lam)``
+    (within their levels iff ``||F|| <= sum lam``), each part's own pairs the least-squares
+    correction to what is left, and a part whose pairs are still over is split again (at
+    most :data:`CUT_DEPTH` deep).  What ``y`` balances, ``D^T y``, is kept exactly."""
+    plus, minus = all_pairs(n).T
+    norm = np.sqrt(np.sum(y * y, axis=1))
+    out = y
+    for g in np.unique(gid[plus[(norm > allowed) & inside]]):
+        members = np.flatnonzero(gid == g)
+        mine = inside & (gid[plus] == g)
+        need = np.zeros((n, y.shape[1]))  # what the cluster's pairs balance at each member
+        np.add.at(need, plus[mine], y[mine])
+        np.add.at(need, minus[mine], -y[mine])
+        out = _settle(out, need, mine, members, lam, allowed, CUT_DEPTH, n)
+        if out is None:
+            return None
+    return out
+
+
+def _settle(y, need, mine, members, lam, allowed, depth: int, n: int):
+    """:func:`_across_cut` for one cluster or part (pairs ``mine``, members ``members``,
+    ``D^T y = need`` there), ``None`` if no cut moves its multipliers in."""
+    plus, minus = all_pairs(n).T
+    norm = np.sqrt(np.sum(y * y, axis=1))
+    if np.all(norm[mine] <= allowed[mine]):
+        return y
+    for share in CUT_SHARES if depth else ():
+        keep = mine & (norm <= share * lam)
+        links = sp.coo_matrix((np.ones(int(keep.sum())), (plus[keep], minus[keep])), (n, n))
+        _, label = connected_components(links, directed=False)
+        parts = np.unique(label[members])
+        if parts.size != 2:
+            continue
+        in_s = label == parts[0]
+        across = mine & (in_s[plus] != in_s[minus])
+        out = y.copy()
+        flow = need[in_s].sum(axis=0)  # from S to T
+        sign = np.where(in_s[plus[across]], 1.0, -1.0)
+        out[across] = (sign * lam[across] / lam[across].sum())[:, None] * flow
+        if np.any(np.sqrt(np.sum(out[across] ** 2, axis=1)) > allowed[across]):
+            continue
+        left = need.copy()
+        np.add.at(left, plus[across], -out[across])
+        np.add.at(left, minus[across], out[across])
+        for part in (in_s, ~in_s):  # each part's own pairs: least squares to what is left
+            own = mine & part[plus] & part[minus]
+            if not own.any():
+                continue
+            got = np.zeros_like(left)
+            np.add.at(got, plus[own], out[own])
+            np.add.at(got, minus[own], -out[own])
+            gap = np.where(part[:, None], got - left, 0.0)  # sums to 0 over the part
+            inner = members[part[members]]
+            out[own] -= (gap[plus[own]] - gap[minus[own]]) / float(inner.size)
+            out = _settle(out, np.where(part[:, None], left, 0.0), own, inner, lam, allowed,
+                          depth - 1, n)  # fmt: skip
+            if out is None:
+                break
+        if out is not None:
+            return out
+    # no cut: alternating projections on the cluster's own pairs
+    size = np.full((y.shape[0], 1), float(members.size))
+    z, z_norm = _into_balls(y[:, None], mine[:, None], lam[:, None], size, allowed[:, None], n)
+    return z[:, 0] if np.all(z_norm[mine, 0] <= allowed[mine]) else None
 
 
 def _into_balls(y, inside, lam, size, allowed, n: int):
@@ -501,7 +589,7 @@ def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, sca
             moved, f_new, hits = _search(red, v, f, g, direction, cross)
             if moved is None:  # a kink: two clusters about to meet are merged, else give up
                 corrections += 1
-                merged, v = _merged(pat, v, lam_f, MEET * scale)
+                merged, v = _merged(pat, v, lam_f, MEET * scale, direction)
                 if merged is pat or corrections > CORRECTIONS:
                     return None
                 pat, red = merged, _Reduced(merged, x, grad, hess, lam_s)
@@ -518,19 +606,30 @@ def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, sca
         f = red.value(v)
 
 
-def _merged(pat: RowPattern, v: np.ndarray, lam_f, close: float = 0.0):
+def _merged(pat: RowPattern, v: np.ndarray, lam_f, close: float = 0.0, direction=None):
     """The pattern with the clusters of a row that sit within ``close`` of each other merged
-    (rows zeroed whole in two clusters, say; two clusters that meet), read again from the
-    blocks: ``(pattern, v)``, the signs of entries at zero off the zero set (just released)
-    kept."""
+    (rows zeroed whole in two clusters, say; two clusters that meet), and, given the
+    ``direction`` of a stalled search, the clusters it carries through each other (their
+    difference's closest approach along it, at a step in (0, 1], within :data:`CROSSING`
+    of their distance), read again from the blocks: ``(pattern, v)``, the signs of entries
+    at zero off the zero set (just released) kept."""
     if not pat.level.size:
         return pat, v
-    dist = np.sqrt(np.sum((pat.cd @ v) ** 2, axis=1))
-    if not np.any(dist <= close):
+    d = pat.cd @ v
+    dist2 = np.sum(d * d, axis=1)
+    meets = dist2 <= close * close
+    if direction is not None:
+        dd = pat.cd @ direction
+        dd2, inner = np.sum(dd * dd, axis=1), np.sum(d * dd, axis=1)
+        moving = dd2 > 0.0
+        t = np.where(moving, -inner / np.where(moving, dd2, 1.0), 0.0)  # closest approach
+        gap2 = np.maximum(dist2 + inner * t, 0.0)  # ||d + t dd||^2 there
+        meets |= moving & (t > 0.0) & (t <= 1.0) & (gap2 <= CROSSING**2 * dist2)
+    if not meets.any():
         return pat, v
     n_groups = pat.size.size
     ends = pat.cd.indices.reshape(-1, 2)  # each row of cd: its two clusters (sorted)
-    meet = set((np.minimum(*ends.T) * n_groups + np.maximum(*ends.T))[dist <= close].tolist())
+    meet = set((np.minimum(*ends.T) * n_groups + np.maximum(*ends.T))[meets].tolist())
     b = pat.expand(v)
     plus, minus = all_pairs(b.shape[0]).T
     g_plus, g_minus = pat.gid[plus], pat.gid[minus]
