@@ -434,8 +434,7 @@ def _settle(y, need, mine, members, lam, allowed, depth: int, n: int):
                           depth - 1, n)  # fmt: skip
             if out is None:
                 break
-        if out is not None:
-            return out
+        return out  # the first cut found is kept (no search over others: work stays linear)
     # no cut: alternating projections on the cluster's own pairs
     size = np.full((y.shape[0], 1), float(members.size))
     z, z_norm = _into_balls(y[:, None], mine[:, None], lam[:, None], size, allowed[:, None], n)
