@@ -348,23 +348,32 @@ def certify(
     y_in += y_f  # y_f - D e / c (large at large M: no more temporaries than needed)
     norm = np.sqrt(np.einsum("epq,epq->ep", y_in, y_in))
     allowed = lam_f * (1.0 + DUAL_SLACK) + 1e-12 * scale
-    over = np.flatnonzero(np.any((norm > allowed) & same, axis=0))
-    for j in over:  # rows whose multipliers leave their balls: a tight cut carried evenly
-        cut = _across_cut(y_in[:, j], same[:, j], pat.gid[:, j], lam_f[:, j], allowed[:, j], n)
-        if cut is not None:
-            y_in[:, j] = cut
-            norm[:, j] = np.sqrt(np.sum(cut * cut, axis=1))
-    over = np.flatnonzero(np.any((norm > allowed) & same, axis=0))
-    if over.size:  # ... else alternating projections
-        y_in[:, over], norm[:, over] = _into_balls(
-            y_in[:, over], same[:, over], lam_f[:, over], size[:, over], allowed[:, over], n
-        )
+    norm = _into_levels(y_in, norm, same, pat.gid, lam_f, allowed, size, n)
     if np.any(norm[same] > allowed[same]):  # a cluster that should split
         return None, None
     shrink = np.minimum(1.0, lam_f / np.where(norm > 0.0, norm, 1.0))  # rounding only
     y_in *= shrink[:, :, None]
     np.copyto(y_f, y_in, where=same[:, :, None])
     return (y_f, y_s), None
+
+
+def _into_levels(y, norm, same, gid, lam, allowed, size, n: int) -> np.ndarray:
+    """The multipliers of the pairs inside clusters ``y`` (``E x p x q``, norms ``norm``)
+    moved into their balls where they leave them, in place, keeping what they balance: per
+    row a tight cut carried evenly (:func:`_across_cut`), else alternating projections
+    (:func:`_into_balls`).  The new norms."""
+    over = np.flatnonzero(np.any((norm > allowed) & same, axis=0))
+    for j in over:
+        cut = _across_cut(y[:, j], same[:, j], gid[:, j], lam[:, j], allowed[:, j], n)
+        if cut is not None:
+            y[:, j] = cut
+            norm[:, j] = np.sqrt(np.sum(cut * cut, axis=1))
+    over = np.flatnonzero(np.any((norm > allowed) & same, axis=0))
+    if over.size:
+        y[:, over], norm[:, over] = _into_balls(
+            y[:, over], same[:, over], lam[:, over], size[:, over], allowed[:, over], n
+        )
+    return norm
 
 
 def _across_cut(y, inside, gid, lam, allowed, n: int):
