@@ -265,15 +265,18 @@ def _polisher(problem: Problem, x, hess, linear, frozen, scale: float, solution)
     lam_f = np.broadcast_to(lam.reshape(lam.shape[0], -1), (lam.shape[0], p))
     lam = np.asarray(sparsity.lam, dtype=float)
     lam_s = np.broadcast_to(lam.reshape(lam.shape + (1,) * (3 - lam.ndim)), x.shape)
-    grad = np.matmul(hess, x) - linear
+    grad = []  # the model's gradient at x, computed at the first attempt
 
     def attempt(fused, delta_s, b, u_f, rho, weights, done, budget=CG_BUDGET):
+        if not grad:
+            grad.append(np.matmul(hess, x) - linear)
+
         def y_f():
             y = u_f()
             y *= rho * weights[0]
             return y
 
-        res = polish_rows(x, grad, hess, lam_f, lam_s, fused, delta_s, b, y_f, scale, budget)
+        res = polish_rows(x, grad[0], hess, lam_f, lam_s, fused, delta_s, b, y_f, scale, budget)
         if res is None:
             return None
         u = tuple(y / (rho * w) for y, w in zip(res.y, weights, strict=True))

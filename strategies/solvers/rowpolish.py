@@ -194,8 +194,10 @@ class _Reduced:
         out += self.pat.cd.T @ (d * (self.pat.level / dist)[:, None])
         return np.where(self.free, out, 0.0)
 
-    def hessian(self, v: np.ndarray):
-        """The Hessian at ``v`` as a :class:`LinearOperator` on the flattened centres."""
+    def newton_system(self, v: np.ndarray):
+        """The Hessian at ``v`` and its Jacobi preconditioner (the inverse of its diagonal:
+        a cluster's curvature grows with its size, so at large M the unknowns' scales differ
+        by the clusters' sizes), as :class:`LinearOperator`s on the flattened centres."""
         d = self.pat.cd @ v
         dist = np.sqrt(np.sum(d * d, axis=1))
         unit = d / dist[:, None]
@@ -210,21 +212,14 @@ class _Reduced:
             out += self.pat.cd.T @ dw
             return np.where(self.free, out, 0.0).ravel()
 
-        return LinearOperator((v.size, v.size), matvec=apply, dtype=float)
-
-    def diagonal_inverse(self, v: np.ndarray):
-        """The inverse of the Hessian's diagonal at ``v`` as a :class:`LinearOperator` (a
-        Jacobi preconditioner: a cluster's curvature grows with its size, so at large M the
-        unknowns' scales differ by the clusters' sizes)."""
-        d = self.pat.cd @ v
-        dist = np.sqrt(np.sum(d * d, axis=1))
-        unit = d / dist[:, None]
-        weight = (self.pat.level / dist)[:, None]
         smooth = self.pat.summer @ np.diagonal(self.hess, axis1=1, axis2=2).ravel()
         diag = smooth[:, None] + abs(self.pat.cd).T @ (weight * (1.0 - unit * unit))
         inv = np.where(self.free & (diag > 0.0), 1.0 / np.where(diag > 0.0, diag, 1.0), 1.0)
         inv = inv.ravel()  # 1 on the zero set, where the Hessian's rows and columns are 0
-        return LinearOperator((v.size, v.size), matvec=lambda w: inv * w, dtype=float)
+        return (
+            LinearOperator((v.size, v.size), matvec=apply, dtype=float),
+            LinearOperator((v.size, v.size), matvec=lambda w: inv * w, dtype=float),
+        )
 
 
 def _clip_level(lo: np.ndarray, hi: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -398,16 +393,17 @@ def _across_cut(y, inside, gid, lam, allowed, n: int):
         need = np.zeros((n, y.shape[1]))  # what the cluster's pairs balance at each member
         np.add.at(need, plus[mine], y[mine])
         np.add.at(need, minus[mine], -y[mine])
-        out = _settle(out, need, mine, members, lam, allowed, CUT_DEPTH, n)
+        out = _settle(out, need, mine, members, lam, allowed, CUT_DEPTH, n, (plus, minus))
         if out is None:
             return None
     return out
 
 
-def _settle(y, need, mine, members, lam, allowed, depth: int, n: int):
+def _settle(y, need, mine, members, lam, allowed, depth: int, n: int, ends):
     """:func:`_across_cut` for one cluster or part (pairs ``mine``, members ``members``,
-    ``D^T y = need`` there), ``None`` if no cut moves its multipliers in."""
-    plus, minus = all_pairs(n).T
+    ``D^T y = need`` there; ``ends`` the pairs' ``(plus, minus)``), ``None`` if no cut moves
+    its multipliers in."""
+    plus, minus = ends
     norm = np.sqrt(np.sum(y * y, axis=1))
     if np.all(norm[mine] <= allowed[mine]):
         return y
@@ -440,7 +436,7 @@ def _settle(y, need, mine, members, lam, allowed, depth: int, n: int):
             inner = members[part[members]]
             out[own] -= (gap[plus[own]] - gap[minus[own]]) / float(inner.size)
             out = _settle(out, np.where(part[:, None], left, 0.0), own, inner, lam, allowed,
-                          depth - 1, n)  # fmt: skip
+                          depth - 1, n, ends)  # fmt: skip
             if out is None:
                 break
         return out  # the first cut found is kept (no search over others: work stays linear)
@@ -581,8 +577,9 @@ def _active_newton(pat: RowPattern, v, x, grad, hess, lam_f, lam_s, y_guess, sca
             steps += 1
             forcing = min(FORCING, np.sqrt(g_norm / scale))
             count = [0]
+            hessian, jacobi = red.newton_system(v)
             direction, _ = cg(
-                red.hessian(v), -g.ravel(), rtol=forcing, M=red.diagonal_inverse(v),
+                hessian, -g.ravel(), rtol=forcing, M=jacobi,
                 maxiter=min(CG_MAX, budget - products), callback=lambda _, c=count: c.append(1),
             )  # fmt: skip
             products += len(count)
